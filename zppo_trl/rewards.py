@@ -1,0 +1,410 @@
+"""The binary reward: a boxed-answer grader with a time guard, and TRL reward functions.
+
+The paper's reward (appendix "The binary reward"): take the last ``\\boxed{...}`` span,
+compare it with the gold answer under mathruler's ``grade_answer``; if that fails, strip
+degree and percent signs from both sides and grade once more. No span scores 0.
+
+mathruler ends in ``sympy.parse_expr``, which evaluates Python and can run for ever on
+an answer such as ``9**9**9**9``. So grading never runs in the caller's process: a small
+pool of worker processes (one per core, at most :data:`DEFAULT_WORKERS`) grades, each
+answer under a hard deadline; a worker that overruns is killed and replaced and that
+answer scores 0. Answers that are not plausible math (too long, or with Python syntax
+no answer needs) never reach sympy at all. Results are cached per (answer, gold) pair,
+since the answers of one rollout group repeat.
+
+This module is pure apart from its worker processes: no TRL, no trainer.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import re
+import selectors
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "extract_boxed",
+    "strip_degree_percent",
+    "grade",
+    "grade_batch",
+    "completion_text",
+    "boxed_accuracy_reward",
+    "judged_accuracy_reward",
+    "GuardedGrader",
+    "default_grader",
+]
+
+DEFAULT_WORKERS = 2
+DEFAULT_TIMEOUT = 3.0  # seconds per distinct answer; legitimate answers take milliseconds
+MAX_SPAN_CHARS = 1000  # longer "answers" are only ever matched exactly, never parsed
+# Python syntax that no math answer needs; such spans are matched exactly, never parsed.
+_UNSAFE_SPAN = re.compile(r"__|[\"'`;@]|\b(?:lambda|import|exec|eval|open|getattr|globals|locals)\b")
+_BOXED = re.compile(r"\\boxed\{")
+_BRACES = re.compile(r"[{}]")
+
+
+# ---------------------------------------------------------------- extraction
+
+
+def extract_boxed(text: str | None) -> str | None:
+    """Content of the last balanced ``\\boxed{...}`` in ``text``, stripped.
+
+    Nested braces are matched; a ``\\boxed{`` left open (a truncated rollout) is skipped
+    in favour of the last one that closes. Empty boxes do not count. Returns None when
+    no span parses. Linear in ``len(text)``.
+    """
+    if not text or "\\boxed{" not in text:
+        return None
+    # One pass pairs every "{" with its "}" (stack), so each box is matched in O(1) later.
+    close_of: dict[int, int] = {}
+    stack: list[int] = []
+    for match in _BRACES.finditer(text):
+        if match.group() == "{":
+            stack.append(match.start())
+        elif stack:
+            close_of[stack.pop()] = match.start()
+    for box in reversed([m.end() - 1 for m in _BOXED.finditer(text)]):
+        close = close_of.get(box)
+        if close is not None:
+            content = text[box + 1 : close].strip()
+            if content:
+                return content
+    return None
+
+
+_DEGREE_PERCENT = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree|°|\\%|%")
+
+
+def strip_degree_percent(answer: str) -> str:
+    """``answer`` without degree signs (``^\\circ``, ``^{\\circ}``, ``°``, ``\\degree``) and percent signs."""
+    return _DEGREE_PERCENT.sub("", answer).strip()
+
+
+# ---------------------------------------------------------------- the grading rule (runs in workers)
+
+
+def _grade_span(span: str, gold: str) -> bool:
+    """The paper's rule on an extracted span. Runs inside a worker process only."""
+    from mathruler.grader import grade_answer
+
+    if grade_answer(span, gold):
+        return True
+    stripped_span, stripped_gold = strip_degree_percent(span), strip_degree_percent(gold)
+    if (stripped_span, stripped_gold) == (span, gold) or not stripped_span:
+        return False
+    return bool(grade_answer(stripped_span, stripped_gold))
+
+
+def _worker_main() -> None:  # pragma: no cover - exercised through GuardedGrader
+    """Worker loop: one JSON ``[span, gold]`` per stdin line, one ``0``/``1`` per stdout line."""
+    try:
+        import resource
+
+        limit = 4 << 30  # a runaway sympy expression must not take the machine's memory
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    except (ImportError, ValueError, OSError):
+        pass
+    import mathruler.grader  # noqa: F401  (import before announcing readiness)
+
+    out = sys.stdout
+    out.write("ready\n")
+    out.flush()
+    for line in sys.stdin:
+        try:
+            span, gold = json.loads(line)
+            ok = _grade_span(span, gold)
+        except Exception:  # noqa: BLE001 - any failure of the grader is a wrong answer
+            ok = False
+        out.write("1\n" if ok else "0\n")
+        out.flush()
+
+
+# ---------------------------------------------------------------- the guarded pool
+
+
+class _Worker:
+    def __init__(self) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from zppo_trl.rewards import _worker_main; _worker_main()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        self.ready = False
+        self.task: int | None = None
+        self.deadline = time.monotonic() + 120.0  # start-up (imports sympy)
+        self.buffer = b""
+
+    def send(self, index: int, span: str, gold: str, timeout: float) -> None:
+        self.task = index
+        self.deadline = time.monotonic() + timeout
+        self.proc.stdin.write((json.dumps([span, gold]) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def read_lines(self) -> list[str]:
+        chunk = os.read(self.proc.stdout.fileno(), 65536)
+        if not chunk:
+            raise EOFError
+        self.buffer += chunk
+        *lines, self.buffer = self.buffer.split(b"\n")
+        return [line.decode() for line in lines]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+class GuardedGrader:
+    """Grades (response, gold) pairs with mathruler in killable worker processes.
+
+    Args:
+        workers: worker processes (default: ``min(2, cores)``).
+        timeout: seconds one distinct answer may take before its worker is killed and
+            the answer scores 0.
+        cache_size: (span, gold) results kept, least recently used evicted.
+
+    ``stats`` counts graded pairs, cache hits, answers screened out before sympy, and
+    timeouts. Thread-safe; workers start on first use and stop at exit or :meth:`close`.
+    """
+
+    def __init__(self, workers: int | None = None, timeout: float = DEFAULT_TIMEOUT, cache_size: int = 200_000):
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0, got {timeout}")
+        self.num_workers = workers or max(1, min(DEFAULT_WORKERS, os.cpu_count() or 1))
+        self.timeout = timeout
+        self.cache_size = cache_size
+        self._cache: OrderedDict[tuple[str, str], bool] = OrderedDict()
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+        self.stats = {"graded": 0, "cache_hits": 0, "screened": 0, "timeouts": 0, "worker_restarts": 0}
+        atexit.register(self.close)
+
+    # -- public
+
+    def grade_batch(self, responses: Sequence[str | None], golds: Sequence[Any]) -> list[bool]:
+        """``grade`` for each (response, gold) pair, in order; distinct answers graded in parallel."""
+        if len(responses) != len(golds):
+            raise ValueError(f"{len(responses)} responses but {len(golds)} gold answers")
+        keys: list[tuple[str, str] | None] = []
+        for response, gold in zip(responses, golds):
+            span = extract_boxed(response) if isinstance(response, str) else None
+            keys.append(None if span is None else (span, _gold_text(gold)))
+        with self._lock:
+            self.stats["graded"] += len(keys)
+            todo = {key: None for key in keys if key is not None and key not in self._cache}
+            self.stats["cache_hits"] += sum(1 for key in keys if key is not None) - len(todo)
+            results = self._grade_distinct(list(todo))
+            for key, ok in zip(todo, results):
+                self._remember(key, ok)
+            out = []
+            for key in keys:
+                if key is None:
+                    out.append(False)
+                else:
+                    self._cache.move_to_end(key)
+                    out.append(self._cache[key])
+            return out
+
+    def close(self) -> None:
+        """Stop the worker processes (they restart on the next call)."""
+        for worker in self._workers:
+            worker.kill()
+        self._workers = []
+
+    # -- internals
+
+    def _remember(self, key: tuple[str, str], ok: bool) -> None:
+        self._cache[key] = ok
+        if len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+    def _screen(self, span: str, gold: str) -> bool | None:
+        """Decide without sympy where possible: exact matches, and spans sympy must not see."""
+        if span == gold.strip():
+            return True
+        if len(span) > MAX_SPAN_CHARS or _UNSAFE_SPAN.search(span) or "\x00" in span:
+            self.stats["screened"] += 1
+            return False
+        return None
+
+    def _grade_distinct(self, pairs: list[tuple[str, str]]) -> list[bool]:
+        results: list[bool | None] = [self._screen(span, gold) for span, gold in pairs]
+        pending = [i for i, r in enumerate(results) if r is None]
+        if not pending:
+            return [bool(r) for r in results]
+        while len(self._workers) < self.num_workers:
+            self._workers.append(_Worker())
+        queue = list(reversed(pending))
+        with selectors.DefaultSelector() as selector:
+            for worker in self._workers:
+                selector.register(worker.proc.stdout, selectors.EVENT_READ, worker)
+            while queue or any(w.task is not None for w in self._workers):
+                for worker in self._workers:
+                    if worker.ready and worker.task is None and queue:
+                        index = queue.pop()
+                        try:
+                            worker.send(index, *pairs[index], self.timeout)
+                        except OSError:  # died between tasks: replace it, retry the answer
+                            queue.append(index)
+                            worker.task = None
+                            self._replace(selector, worker)
+                now = time.monotonic()
+                wait = max(0.0, min(w.deadline for w in self._workers) - now)
+                for key, _ in selector.select(timeout=min(wait, 1.0)):
+                    worker = key.data
+                    try:
+                        lines = worker.read_lines()
+                    except (EOFError, OSError):
+                        self._fail(selector, worker, results)
+                        continue
+                    for line in lines:
+                        if line == "ready":
+                            worker.ready = True
+                        elif worker.task is not None:
+                            results[worker.task] = line == "1"
+                            worker.task = None
+                now = time.monotonic()
+                for worker in list(self._workers):
+                    if worker.deadline < now and (worker.task is not None or not worker.ready):
+                        if worker.task is not None:
+                            self.stats["timeouts"] += 1
+                            logger.warning("grading %r timed out after %.1fs; scored 0", pairs[worker.task][0][:80], self.timeout)
+                        self._fail(selector, worker, results)
+        return [bool(r) for r in results]
+
+    def _fail(self, selector, worker: _Worker, results: list) -> None:
+        """A worker died or overran: its answer scores 0 and a fresh worker takes its place."""
+        if worker.task is not None:
+            results[worker.task] = False
+        elif not worker.ready:
+            raise RuntimeError("the grader worker process failed to start (see `python -c 'import mathruler.grader'`)")
+        self._replace(selector, worker)
+
+    def _replace(self, selector, worker: _Worker) -> None:
+        selector.unregister(worker.proc.stdout)
+        worker.kill()
+        fresh = _Worker()
+        self._workers[self._workers.index(worker)] = fresh
+        selector.register(fresh.proc.stdout, selectors.EVENT_READ, fresh)
+        self.stats["worker_restarts"] += 1
+
+
+def _gold_text(gold: Any) -> str:
+    if gold is None:
+        raise ValueError("gold answer is None; every row needs an answer")
+    return str(gold).strip()
+
+
+_default_grader: GuardedGrader | None = None
+_default_lock = threading.Lock()
+
+
+def default_grader() -> GuardedGrader:
+    """The process-wide :class:`GuardedGrader` used by :func:`grade` and the reward functions."""
+    global _default_grader
+    with _default_lock:
+        if _default_grader is None:
+            _default_grader = GuardedGrader()
+        return _default_grader
+
+
+def grade(response: str | None, gold: Any) -> bool:
+    """Whether ``response``'s last ``\\boxed{}`` answer matches ``gold``.
+
+    mathruler's ``grade_answer`` on the extracted span, then the same with degree and
+    percent signs stripped from both sides. False without a span. Never raises on any
+    response string and never takes longer than the grader's timeout.
+    """
+    return default_grader().grade_batch([response], [gold])[0]
+
+
+def grade_batch(responses: Sequence[str | None], golds: Sequence[Any]) -> list[bool]:
+    """:func:`grade` over pairs, using the shared worker pool and answer cache."""
+    return default_grader().grade_batch(responses, golds)
+
+
+# ---------------------------------------------------------------- TRL reward functions
+
+
+def completion_text(completion: Any) -> str:
+    """The text of one TRL completion: a string, or a message list (the last message's text)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Mapping):
+        completion = [completion]
+    if isinstance(completion, Sequence) and completion:
+        content = completion[-1].get("content", "") if isinstance(completion[-1], Mapping) else completion[-1]
+        if isinstance(content, str):
+            return content
+        if isinstance(content, Sequence):
+            return "".join(part.get("text", "") for part in content if isinstance(part, Mapping) and part.get("type") == "text")
+    if completion in (None, []):
+        return ""
+    raise TypeError(f"cannot read a completion of type {type(completion).__name__}")
+
+
+def boxed_accuracy_reward(completions: Sequence[Any], answer: Sequence[Any], **kwargs) -> list[float]:
+    """TRL reward function: 1.0 where the completion's last ``\\boxed{}`` matches ``answer``, else 0.0.
+
+    Accepts TRL's standard (string) and conversational (message list) completions;
+    ``answer`` is the dataset column of gold answers, aligned with ``completions``.
+    """
+    texts = [completion_text(c) for c in completions]
+    return [float(ok) for ok in grade_batch(texts, answer)]
+
+
+class _Judge:  # the duck type judged_accuracy_reward needs (e.g. zppo_trl.teacher.TeacherClient)
+    def judge(self, items: Sequence[Mapping[str, Any]]) -> list[bool]: ...
+
+
+def judged_accuracy_reward(judge: _Judge, question_column: str = "question", options_column: str = "options") -> Callable[..., list[float]]:
+    """A TRL reward function that routes as the paper does: grader first, judge on zeros.
+
+    The deterministic grader scores every completion; only completions it scores 0 go
+    to ``judge.judge`` (items with ``question``, ``response``, ``ground_truth`` and
+    ``options`` where the dataset has that column). A judge that fails returns wrong,
+    so an outage never raises here. The question is read from ``question_column``,
+    falling back to the prompt TRL passes.
+    """
+
+    def reward(completions: Sequence[Any], answer: Sequence[Any], **kwargs) -> list[float]:
+        texts = [completion_text(c) for c in completions]
+        scores = [float(ok) for ok in grade_batch(texts, answer)]
+        retry = [i for i, score in enumerate(scores) if score == 0.0]
+        if retry:
+            questions = kwargs.get(question_column) or [completion_text(p) for p in kwargs.get("prompts", [""] * len(texts))]
+            options = kwargs.get(options_column)
+            items = [
+                {
+                    "question": questions[i],
+                    "response": texts[i],
+                    "ground_truth": str(answer[i]),
+                    **({"options": options[i]} if options is not None else {}),
+                }
+                for i in retry
+            ]
+            for i, verdict in zip(retry, judge.judge(items)):
+                scores[i] = 1.0 if verdict else 0.0
+        return scores
+
+    reward.__name__ = "judged_accuracy_reward"
+    return reward
