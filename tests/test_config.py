@@ -1,0 +1,91 @@
+import pytest
+from trl import TrlParser
+
+from zppo_trl.config import ZPPOConfig
+from zppo_trl.prompts import RL_CLOSER
+
+CPU = dict(output_dir="unused", use_cpu=True, bf16=False, per_device_train_batch_size=8, report_to="none")
+TEACHER = dict(teacher_base_url="http://127.0.0.1:8000/v1", teacher_model="Qwen/Qwen3.5-27B-FP8")
+
+
+def test_defaults_are_the_papers():
+    c = ZPPOConfig(**CPU, **TEACHER)
+    # ZPPO-specific rows of tab:appendix:hyperparameters
+    assert (c.hard_threshold, c.replay_fraction, c.replay_capacity, c.augment_fraction) == (0.5, 0.25, 10_000, 0.25)
+    assert c.reformulations == ["bcq", "ncq"] and c.compression_max_tokens == 512
+    assert (c.num_partitions, c.advantage_normalization) == (4, "without_zero")
+    assert (c.num_generations, c.teacher_num_generations, c.teacher_max_tokens) == (8, 4, 12_288)
+    assert (c.teacher_temperature, c.teacher_top_p, c.temperature, c.top_p) == (1.0, 1.0, 1.0, 1.0)
+    # GRPO backbone and optimisation rows
+    assert (c.epsilon, c.epsilon_high, c.delta, c.loss_type, c.beta) == (0.2, 0.28, 10.0, "dapo", 0.0)
+    assert (c.learning_rate, c.weight_decay, c.max_grad_norm, c.warmup_steps) == (1e-6, 0.1, 1.0, 0)
+    assert (c.adam_beta1, c.adam_beta2, c.adam_epsilon) == (0.9, 0.999, 1e-8)
+    assert c.lr_scheduler_type == "constant" and c.num_iterations == 1
+    assert c.closer == RL_CLOSER
+    # the judge defaults to the teacher
+    assert (c.judge_base_url, c.judge_model) == (TEACHER["teacher_base_url"], TEACHER["teacher_model"])
+
+
+def test_partitions_map_onto_trl_batching():
+    c = ZPPOConfig(**CPU, **TEACHER, gradient_accumulation_steps=2)
+    assert c.steps_per_generation == 8 and c.generation_batch_size == 8 * 8
+    with pytest.raises(ValueError, match="num_partitions .* steps_per_generation"):
+        ZPPOConfig(**CPU, **TEACHER, steps_per_generation=3)
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (dict(hard_threshold=1.5), "hard_threshold"),
+        (dict(replay_fraction=-0.1), "replay_fraction"),
+        (dict(augment_fraction=2), "augment_fraction"),
+        (dict(reformulations=["bcq", "hint"]), "reformulations"),
+        (dict(reformulations=["bcq", "bcq"]), "reformulations"),
+        (dict(advantage_normalization="batch"), "advantage_normalization"),
+        (dict(num_partitions=0), "num_partitions"),
+        (dict(replay_capacity=-1), "replay_capacity"),
+        (dict(teacher_num_generations=0), "teacher_num_generations"),
+        (dict(compression_max_tokens=0), "compression_max_tokens"),
+        (dict(num_iterations=2), "num_iterations"),
+        (dict(delta=1.1), "delta"),
+    ],
+)
+def test_bad_values_name_the_field(overrides, field):
+    with pytest.raises(ValueError, match=field):
+        ZPPOConfig(**{**CPU, **TEACHER, **overrides})
+
+
+def test_reformulations_need_a_teacher():
+    with pytest.raises(ValueError, match="teacher_base_url"):
+        ZPPOConfig(**CPU)
+    assert ZPPOConfig(**CPU, reformulations=[]).teacher_base_url is None  # GRPO† needs none
+
+
+@pytest.mark.parametrize(
+    "reformulations, replay_fraction, variant",
+    [
+        (["bcq", "ncq"], 0.25, "ZPPO"),
+        (["bcq", "ncq"], 0.0, "GRPO+Both"),
+        ([], 0.25, "GRPO\u2020"),
+        ([], 0.0, "GRPO"),
+        (["bcq"], 0.25, "GRPO\u2020+BCQ"),
+        (["ncq"], 0.25, "GRPO\u2020+NCQ"),
+    ],
+)
+def test_ablations_are_configurations(reformulations, replay_fraction, variant):
+    c = ZPPOConfig(**CPU, **TEACHER, reformulations=reformulations, replay_fraction=replay_fraction)
+    assert c.variant == variant
+
+
+def test_command_line_and_api_key_env(monkeypatch):
+    args = [
+        "--output_dir", "unused", "--use_cpu", "--bf16", "false", "--per_device_train_batch_size", "8",
+        "--teacher_base_url", "http://127.0.0.1:9/v1", "--teacher_model", "t",
+        "--reformulations", "ncq", "--hard_threshold", "0.375",
+        "--teacher_extra_body", '{"chat_template_kwargs": {"enable_thinking": true}}',
+    ]
+    (config,) = TrlParser((ZPPOConfig,)).parse_args_and_config(args)
+    assert config.reformulations == ["ncq"] and config.hard_threshold == 0.375
+    assert config.teacher_extra_body == {"chat_template_kwargs": {"enable_thinking": True}}
+    monkeypatch.setenv("MY_TEACHER_KEY", "sk-test")
+    assert ZPPOConfig(**CPU, **TEACHER, teacher_api_key_env="MY_TEACHER_KEY").teacher_api_key() == "sk-test"

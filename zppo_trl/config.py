@@ -1,0 +1,186 @@
+"""`ZPPOConfig`: every ZPPO field, with the paper's defaults, validated on construction.
+
+ZPPO reuses TRL's own fields where TRL has the concept (``num_generations`` is G_S,
+``epsilon``/``epsilon_high`` the clip-higher pair, ``delta`` the dual-clip ratio,
+``loss_type`` the token-level ``"dapo"`` aggregation, ``beta`` the KL weight) and only
+changes their defaults to the paper's (tab:appendix:hyperparameters). TRL's ``delta``
+clamps the unclipped ratio at ``delta`` inside the min; for A < 0 that is exactly the
+dual clip ``max(q, c_dual * A)`` of eq. dualclip, and for A >= 0 it never binds because
+``1 + epsilon_high < delta``.
+
+The I optimizer partitions of one rollout step map onto TRL's batching as
+``steps_per_generation = num_partitions * gradient_accumulation_steps``: one generation
+feeds ``num_partitions`` optimizer updates.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from .advantages import NORMALIZATIONS
+from .prompts import RL_CLOSER
+from .reformulate import KINDS
+
+__all__ = ["ZPPOConfig"]
+
+
+@dataclass
+class ZPPOConfig(GRPOConfig):
+    """Configuration for :class:`zppo_trl.ZPPOTrainer` (a `trl.GRPOConfig` with ZPPO's fields).
+
+    Ablations are configurations: ``reformulations=[]`` is GRPO† (ZPPO's pipeline with the
+    replay buffer, without BCQ/NCQ); adding ``replay_fraction=0`` is plain GRPO with the
+    paper's recipe; ``reformulations=["bcq"]`` or ``["ncq"]`` keep one branch.
+    """
+
+    # --- ZPPO (tab:appendix:hyperparameters, "ZPPO-specific")
+    hard_threshold: float = field(
+        default=0.5,
+        metadata={"help": "tau: a question is hard when its plain-group accuracy is below this (admission, graduation, pre-cap)."},
+    )
+    replay_fraction: float = field(
+        default=0.25,
+        metadata={"help": "rho_replay: residents replayed per step, as a fraction of the new questions."},
+    )
+    replay_capacity: int = field(
+        default=10_000,
+        metadata={"help": "|B|_max: replay buffer capacity; the oldest residents are evicted FIFO above it."},
+    )
+    augment_fraction: float = field(
+        default=0.25,
+        metadata={"help": "rho_aug: cap on hard questions (pre-cap) and on BCQ+NCQ instances (post-cap), as a fraction of the new questions."},
+    )
+    reformulations: list[str] = field(
+        default_factory=lambda: list(KINDS),
+        metadata={"help": "Reformulations to build: a subset of ['bcq', 'ncq']; [] turns BCQ and NCQ off."},
+    )
+    num_partitions: int = field(
+        default=4,
+        metadata={"help": "I: optimizer mini-batch partitions per rollout step (groups kept intact; empty-signal partitions skipped)."},
+    )
+    advantage_normalization: str = field(
+        default="without_zero",
+        metadata={"help": "Step 2 of the two-step advantage: 'without_zero' (paper), 'with_zero' or 'none'."},
+    )
+    advantage_epsilon: float = field(
+        default=1e-6,
+        metadata={"help": "Stabiliser added to the partition's advantage standard deviation."},
+    )
+    closer: str = field(
+        default=RL_CLOSER,
+        metadata={"help": "Appended last to every student prompt (plain, BCQ and NCQ); datasets hold raw questions."},
+    )
+
+    # --- the frozen teacher (an OpenAI-compatible server; vLLM in production)
+    teacher_base_url: str | None = field(
+        default=None,
+        metadata={"help": "Base URL of the teacher's OpenAI-compatible API, e.g. http://teacher-node:8000/v1."},
+    )
+    teacher_model: str | None = field(
+        default=None,
+        metadata={"help": "Model name the teacher server serves, e.g. Qwen/Qwen3.5-27B-FP8."},
+    )
+    teacher_api_key_env: str = field(
+        default="TEACHER_API_KEY",
+        metadata={"help": "Environment variable holding the teacher's API key (the key itself never enters the config)."},
+    )
+    teacher_num_generations: int = field(
+        default=4,
+        metadata={"help": "G_T: teacher rollouts per question, drawn for every question of the step."},
+    )
+    teacher_max_tokens: int = field(
+        default=12_288,
+        metadata={"help": "Max tokens of one teacher rollout."},
+    )
+    teacher_temperature: float = field(default=1.0, metadata={"help": "Teacher sampling temperature."})
+    teacher_top_p: float = field(default=1.0, metadata={"help": "Teacher nucleus sampling top-p."})
+    teacher_max_concurrency: int = field(default=32, metadata={"help": "Concurrent requests to the teacher server."})
+    teacher_timeout: float = field(default=600.0, metadata={"help": "Per-request timeout (seconds) for the teacher."})
+    teacher_extra_body: dict | str | None = field(
+        default=None,
+        metadata={"help": "Extra request fields passed to the teacher server, e.g. {'chat_template_kwargs': {'enable_thinking': true}}."},
+    )
+    compression_max_tokens: int = field(
+        default=512,
+        metadata={"help": "Token cap of each compressed BCQ/NCQ candidate."},
+    )
+    judge_base_url: str | None = field(
+        default=None,
+        metadata={"help": "Judge server for free-form answers the grader scores 0 (default: the teacher's server)."},
+    )
+    judge_model: str | None = field(default=None, metadata={"help": "Judge model name (default: the teacher model)."})
+
+    # --- TRL fields whose defaults the paper changes
+    num_generations: int | None = field(default=8, metadata={"help": "G_S: student rollouts per prompt group."})
+    epsilon_high: float | None = field(default=0.28, metadata={"help": "Clip-higher upper epsilon (DAPO)."})
+    delta: float | None = field(default=10.0, metadata={"help": "Dual-clip ratio c_dual for negative advantages."})
+    scale_rewards: str = field(
+        default="none",
+        metadata={"help": "TRL's group scaling is unused: ZPPO's two-step advantages replace it."},
+    )
+    lr_scheduler_type: str = field(default="constant", metadata={"help": "Paper: constant learning rate, no warmup, no decay."})
+    weight_decay: float = field(default=0.1, metadata={"help": "Paper: decoupled weight decay 0.1."})
+
+    _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["teacher_extra_body"]
+
+    def __post_init__(self):
+        self._validate_zppo()
+        if self.steps_per_generation is None and self.generation_batch_size is None:
+            self.steps_per_generation = self.num_partitions * self.gradient_accumulation_steps
+        super().__post_init__()
+        expected = self.num_partitions * self.gradient_accumulation_steps
+        if self.steps_per_generation != expected:
+            raise ValueError(
+                f"num_partitions ({self.num_partitions}) x gradient_accumulation_steps ({self.gradient_accumulation_steps}) "
+                f"must equal steps_per_generation ({self.steps_per_generation}): each rollout step feeds num_partitions "
+                "optimizer updates; leave steps_per_generation and generation_batch_size unset to derive them"
+            )
+        self.judge_base_url = self.judge_base_url or self.teacher_base_url
+        self.judge_model = self.judge_model or self.teacher_model
+
+    def _validate_zppo(self) -> None:
+        for name in ("hard_threshold", "replay_fraction", "augment_fraction"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+        if isinstance(self.reformulations, str):  # "bcq,ncq" from the command line
+            self.reformulations = [k.strip() for k in self.reformulations.split(",") if k.strip()]
+        self.reformulations = list(self.reformulations or [])
+        unknown = [k for k in self.reformulations if k not in KINDS]
+        if unknown or len(set(self.reformulations)) != len(self.reformulations):
+            raise ValueError(f"reformulations must be a subset of {list(KINDS)} without repeats, got {self.reformulations}")
+        if self.advantage_normalization not in NORMALIZATIONS:
+            raise ValueError(f"advantage_normalization must be one of {list(NORMALIZATIONS)}, got {self.advantage_normalization!r}")
+        for name in ("replay_capacity", "num_partitions", "teacher_num_generations", "teacher_max_tokens", "compression_max_tokens", "teacher_max_concurrency"):
+            value = getattr(self, name)
+            minimum = 0 if name == "replay_capacity" else 1
+            if not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        if self.reformulations and not (self.teacher_base_url and self.teacher_model):
+            raise ValueError(
+                f"reformulations {self.reformulations} need a teacher: set teacher_base_url and teacher_model "
+                "(or reformulations: [] for GRPO\u2020)"
+            )
+        if self.num_iterations != 1:
+            raise ValueError(f"num_iterations must be 1 (ZPPO makes one pass over each rollout step in num_partitions updates), got {self.num_iterations}")
+        if self.delta is not None and self.delta <= 1 + (self.epsilon_high if self.epsilon_high is not None else self.epsilon):
+            raise ValueError(f"delta (dual-clip ratio, {self.delta}) must exceed 1 + epsilon_high to act as the dual clip")
+
+    @property
+    def variant(self) -> str:
+        """The paper's name for this configuration (ZPPO, GRPO, GRPO†, GRPO†+BCQ, GRPO†+NCQ, GRPO+Both)."""
+        kinds = set(self.reformulations)
+        replay = self.replay_fraction > 0
+        if kinds == set(KINDS):
+            return "ZPPO" if replay else "GRPO+Both"
+        if not kinds:
+            return "GRPO\u2020" if replay else "GRPO"
+        kind = next(iter(kinds)).upper()
+        return f"GRPO\u2020+{kind}" if replay else f"GRPO+{kind}"
+
+    def teacher_api_key(self) -> str | None:
+        """The teacher's API key, read from ``teacher_api_key_env`` at call time."""
+        return os.environ.get(self.teacher_api_key_env)
