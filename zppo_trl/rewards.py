@@ -267,8 +267,9 @@ class GuardedGrader:
                             queue.append(index)
                             worker.task = None
                             self._replace(selector, worker)
-                now = time.monotonic()
-                wait = max(0.0, min(w.deadline for w in self._workers) - now)
+                # Only busy or starting workers have a live deadline; an idle one's is stale.
+                live = [w.deadline for w in self._workers if w.task is not None or not w.ready]
+                wait = max(0.0, min(live) - time.monotonic()) if live else 0.0
                 for key, _ in selector.select(timeout=min(wait, 1.0)):
                     worker = key.data
                     try:
