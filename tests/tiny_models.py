@@ -10,6 +10,7 @@ Everything is cached per process; `save_*` writes a directory that `from_pretrai
 
 from __future__ import annotations
 
+import copy
 import functools
 from pathlib import Path
 
@@ -53,9 +54,17 @@ _CORPUS = [
 ]
 
 
-@functools.lru_cache(maxsize=None)
 def tiny_tokenizer():
-    """A byte-level BPE `PreTrainedTokenizerFast` with Qwen's special tokens and chat template."""
+    """A byte-level BPE `PreTrainedTokenizerFast` with Qwen's special tokens and chat template.
+
+    Trained once per process; every call returns a fresh copy, because saving a processor
+    writes into its tokenizer (``processor_class``) and must not leak into the next model.
+    """
+    return copy.deepcopy(_trained_tokenizer())
+
+
+@functools.lru_cache(maxsize=None)
+def _trained_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
