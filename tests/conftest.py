@@ -1,0 +1,195 @@
+"""Shared fixtures: real `transformers serve` processes on 127.0.0.1 serving the tiny models.
+
+`teacher_server` (session) serves the tiny text model, `vlm_server` (session, started only
+when a test asks for it) the tiny VLM, and `make_server` starts throwaway servers that a
+test may kill and restart on the same port (`Server.kill`, `Server.restart`). Every server
+runs on CPU with the Hub offline and is stopped at teardown, whatever the test did.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+try:  # tests/ is on sys.path under pytest's default (rootdir-less, prepend) import mode
+    from tiny_models import save_tiny_text_model, save_tiny_vlm
+except ImportError:  # tests/ imported as a package
+    from tests.tiny_models import save_tiny_text_model, save_tiny_vlm
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+STARTUP_TIMEOUT = 180.0
+
+# `transformers serve`; for a VL checkpoint the image-only Qwen VL processor is registered
+# first: torchvision is missing here, so AutoProcessor would otherwise fall back to the
+# tokenizer and the server would treat the tiny VLM as text-only (silently dropping images).
+_LAUNCHER = """
+import json, pathlib, sys
+if "vision_config" in json.loads((pathlib.Path(sys.argv[1]) / "config.json").read_text()):
+    from transformers import AutoProcessor, Qwen3_5Config
+    from zppo_trl.processing import ImageOnlyQwen3VLProcessor
+    AutoProcessor.register(Qwen3_5Config, ImageOnlyQwen3VLProcessor, exist_ok=True)
+from transformers.cli.transformers import main
+sys.argv = ["transformers", "serve", *sys.argv[1:]]
+sys.exit(main())
+"""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """One `transformers serve` process for ``model_dir`` on 127.0.0.1:``port``."""
+
+    def __init__(self, model_dir: str | Path, port: int | None = None, log_dir: str | Path | None = None):
+        self.model_dir = Path(model_dir)
+        self.port = port or free_port()
+        self.log_dir = Path(log_dir or self.model_dir.parent)
+        self.log_path = self.log_dir / f"serve-{self.port}.log"
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL (``.../v1``)."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def model(self) -> str:
+        """The model name requests must carry (the server is pinned to this directory)."""
+        return str(self.model_dir)
+
+    def start(self, timeout: float = STARTUP_TIMEOUT) -> Server:
+        """Start the process and return once ``/health`` answers 200 (raises with the log tail otherwise)."""
+        if self.process is not None and self.process.poll() is None:
+            raise RuntimeError(f"server on port {self.port} is already running")
+        env = dict(
+            os.environ,
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            HF_HUB_CACHE=str(self.log_dir / "hf-cache"),  # an empty cache keeps /v1/models working
+            CUDA_VISIBLE_DEVICES="",
+            # One intra-op thread: with more, concurrent requests to a tiny model oversubscribe the
+            # cores and throughput collapses (about 5 req/s at 16 in flight on 2 cores, 80 with this).
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        )
+        (self.log_dir / "hf-cache").mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-c", _LAUNCHER, str(self.model_dir), "--host", "127.0.0.1", "--port", str(self.port)]
+        command += ["--device", "cpu", "--log-level", "info"]
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"transformers serve exited with {self.process.returncode}:\n{self.log_tail()}")
+            if self.healthy():
+                return self
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"transformers serve did not become healthy in {timeout:.0f}s:\n{self.log_tail()}")
+
+    def healthy(self) -> bool:
+        """Whether ``GET /health`` answers 200 now."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group: a crash, not a shutdown."""
+        self._signal(signal.SIGKILL)
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 10 s; a no-op when not running."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self._signal(signal.SIGTERM, wait=10.0)
+        if self.process.poll() is None:
+            self.kill()
+
+    def restart(self, timeout: float = STARTUP_TIMEOUT) -> Server:
+        """Stop (if running) and start again on the same port."""
+        self.stop()
+        return self.start(timeout)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        """The end of the server's log."""
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def _signal(self, sig: int, wait: float = 30.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, sig)  # the server's own session: start_new_session=True
+        except ProcessLookupError:
+            pass
+        try:
+            self.process.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+@pytest.fixture(scope="session")
+def tiny_text_model_dir(tmp_path_factory) -> Path:
+    """The tiny random Qwen3 text model, saved once per session."""
+    return save_tiny_text_model(tmp_path_factory.mktemp("tiny-text") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory) -> Path:
+    """The tiny random Qwen3.5 VLM, saved once per session."""
+    return save_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm") / "model")
+
+
+@pytest.fixture(scope="session")
+def teacher_server(tiny_text_model_dir) -> Iterator[Server]:
+    """`transformers serve` with the tiny text model; use ``.base_url`` and ``.model``. Do not kill it."""
+    server = Server(tiny_text_model_dir).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def vlm_server(tiny_vlm_dir) -> Iterator[Server]:
+    """`transformers serve` with the tiny VLM (images reach the model)."""
+    server = Server(tiny_vlm_dir).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def make_server(tiny_text_model_dir, tmp_path) -> Iterator:
+    """A factory ``make_server(model_dir=None, port=None) -> Server`` (started); all stopped at teardown."""
+    servers: list[Server] = []
+
+    def make(model_dir: str | Path | None = None, port: int | None = None) -> Server:
+        server = Server(model_dir or tiny_text_model_dir, port=port, log_dir=tmp_path)
+        servers.append(server)
+        return server.start()
+
+    try:
+        yield make
+    finally:
+        for server in servers:
+            server.stop()
