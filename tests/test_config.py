@@ -83,9 +83,11 @@ def test_command_line_and_api_key_env(monkeypatch):
         "--teacher_base_url", "http://127.0.0.1:9/v1", "--teacher_model", "t",
         "--reformulations", "ncq", "--hard_threshold", "0.375",
         "--teacher_extra_body", '{"chat_template_kwargs": {"enable_thinking": true}}',
+        "--judge_extra_body", '{"chat_template_kwargs": {"enable_thinking": false}}',
     ]
     (config,) = TrlParser((ZPPOConfig,)).parse_args_and_config(args)
     assert config.reformulations == ["ncq"] and config.hard_threshold == 0.375
     assert config.teacher_extra_body == {"chat_template_kwargs": {"enable_thinking": True}}
+    assert config.judge_extra_body == {"chat_template_kwargs": {"enable_thinking": False}}
     monkeypatch.setenv("MY_TEACHER_KEY", "sk-test")
     assert ZPPOConfig(**CPU, **TEACHER, teacher_api_key_env="MY_TEACHER_KEY").teacher_api_key() == "sk-test"

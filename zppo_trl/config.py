@@ -112,6 +112,10 @@ class ZPPOConfig(GRPOConfig):
         metadata={"help": "Judge server for free-form answers the grader scores 0 (default: the teacher's server)."},
     )
     judge_model: str | None = field(default=None, metadata={"help": "Judge model name (default: the teacher model)."})
+    judge_extra_body: dict | str | None = field(
+        default=None,
+        metadata={"help": "Extra request fields for the judge; with Qwen3.5 on vLLM use {'chat_template_kwargs': {'enable_thinking': false}} so the 512-token verdict is not spent thinking."},
+    )
 
     # --- TRL fields whose defaults the paper changes
     num_generations: int | None = field(default=8, metadata={"help": "G_S: student rollouts per prompt group."})
@@ -124,7 +128,7 @@ class ZPPOConfig(GRPOConfig):
     lr_scheduler_type: str = field(default="constant", metadata={"help": "Paper: constant learning rate, no warmup, no decay."})
     weight_decay: float = field(default=0.1, metadata={"help": "Paper: decoupled weight decay 0.1."})
 
-    _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["teacher_extra_body"]
+    _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["teacher_extra_body", "judge_extra_body"]
 
     def __post_init__(self):
         self._validate_zppo()
