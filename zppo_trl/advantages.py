@@ -34,14 +34,18 @@ def _group_index(group_ids: Sequence[Hashable]) -> tuple[torch.Tensor, int]:
     return torch.tensor(index, dtype=torch.long), len(dense)
 
 
+def _nontrivial(r: torch.Tensor, index: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """Per group: whether its rewards are not all equal (std_g > 0)."""
+    lo = torch.full((num_groups,), float("inf"), dtype=r.dtype).scatter_reduce_(0, index, r, "amin")
+    hi = torch.full((num_groups,), float("-inf"), dtype=r.dtype).scatter_reduce_(0, index, r, "amax")
+    return hi > lo
+
+
 def nontrivial_groups(rewards: Sequence[float] | torch.Tensor, group_ids: Sequence[Hashable]) -> set:
     """The ids of the groups whose rewards are not all equal (std_g > 0)."""
-    rewards = torch.as_tensor(rewards, dtype=torch.float64)
-    spread: dict[Hashable, tuple[float, float]] = {}
-    for g, r in zip(group_ids, rewards.tolist()):
-        lo, hi = spread.get(g, (r, r))
-        spread[g] = (min(lo, r), max(hi, r))
-    return {g for g, (lo, hi) in spread.items() if hi > lo}
+    index, num_groups = _group_index(group_ids)
+    flags = _nontrivial(torch.as_tensor(rewards, dtype=torch.float64).flatten(), index, num_groups).tolist()
+    return {g for g, flag in zip(dict.fromkeys(group_ids), flags) if flag}
 
 
 def two_step_advantages(
@@ -77,9 +81,7 @@ def two_step_advantages(
     index, num_groups = _group_index(group_ids)
     sums = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, index, r)
     counts = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, index, torch.ones_like(r))
-    lo = torch.full((num_groups,), float("inf"), dtype=torch.float64).scatter_reduce_(0, index, r, "amin")
-    hi = torch.full((num_groups,), float("-inf"), dtype=torch.float64).scatter_reduce_(0, index, r, "amax")
-    nontrivial_row = (hi > lo)[index]
+    nontrivial_row = _nontrivial(r, index, num_groups)[index]
 
     # Step 1; trivial groups are set to exactly 0 rather than r - mean (which can round).
     a1 = torch.where(nontrivial_row, r - (sums / counts)[index], torch.zeros_like(r))
