@@ -29,7 +29,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ class GuardedGrader:
 
     def _screen(self, span: str, gold: str) -> bool | None:
         """Decide without sympy where possible: exact matches, and spans sympy must not see."""
-        if span == gold.strip():
+        if span == gold:  # both stripped already
             return True
         if len(span) > MAX_SPAN_CHARS or _UNSAFE_SPAN.search(span) or "\x00" in span:
             self.stats["screened"] += 1
@@ -373,11 +373,13 @@ def boxed_accuracy_reward(completions: Sequence[Any], answer: Sequence[Any], **k
     return [float(ok) for ok in grade_batch(texts, answer)]
 
 
-class _Judge:  # the duck type judged_accuracy_reward needs (e.g. zppo_trl.teacher.TeacherClient)
+class Judge(Protocol):
+    """What :func:`judged_accuracy_reward` needs, e.g. a `zppo_trl.teacher.TeacherClient`."""
+
     def judge(self, items: Sequence[Mapping[str, Any]]) -> list[bool]: ...
 
 
-def judged_accuracy_reward(judge: _Judge, question_column: str = "question", options_column: str = "options") -> Callable[..., list[float]]:
+def judged_accuracy_reward(judge: Judge, question_column: str = "question", options_column: str = "options") -> Callable[..., list[float]]:
     """A TRL reward function that routes as the paper does: grader first, judge on zeros.
 
     The deterministic grader scores every completion; only completions it scores 0 go
