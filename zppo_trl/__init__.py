@@ -6,7 +6,7 @@ TRL; `ZPPOConfig` (and the trainer) are imported lazily so `import zppo_trl` sta
 
 __version__ = "0.1.0.dev0"
 
-__all__ = ["ZPPOConfig"]
+__all__ = ["ZPPOConfig", "ZPPOTrainer"]
 
 
 def __getattr__(name: str):
@@ -14,4 +14,8 @@ def __getattr__(name: str):
         from .config import ZPPOConfig
 
         return ZPPOConfig
+    if name == "ZPPOTrainer":
+        from .trainer import ZPPOTrainer
+
+        return ZPPOTrainer
     raise AttributeError(f"module 'zppo_trl' has no attribute {name!r}")

@@ -1,0 +1,169 @@
+"""Row-level surgery on TRL's scored rollout batches: concatenate rounds, select rows.
+
+A ZPPO rollout step scores two rounds with `GRPOTrainer._generate_and_score_completions`
+(plain prompts, then BCQ/NCQ prompts) and then regroups the rows into ``num_partitions``
+optimizer mini-batches. Each round comes back as TRL's padded dict: prompts left-padded,
+completions right-padded, per-token tensors as wide as the completions, and images as
+one flat ``pixel_values`` tensor indexed by ``image_grid_thw``/``num_images``. This module
+merges such dicts and picks rows out of them, padding every field the way TRL does.
+
+A field this module does not know raises ``ValueError`` naming it, rather than being
+merged wrongly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["concat_batches", "select_rows", "num_rows"]
+
+# (B, P) fields, left-padded like the prompts; value = padding (None: the tokenizer's pad id)
+_PROMPT_FIELDS = {"prompt_ids": None, "prompt_mask": 0}
+# (B, C) fields, right-padded like the completions
+_COMPLETION_FIELDS = {
+    "completion_ids": None,
+    "completion_mask": 0,
+    "old_per_token_logps": 0.0,
+    "sampling_per_token_logps": 0.0,
+    "ref_per_token_logps": 0.0,
+    "tool_mask": 1,
+    "importance_sampling_ratio": 1.0,  # (B, C) per token, or (B, 1) per sequence
+}
+# (B, P + C) fields spanning prompt and completion
+_SEQUENCE_FIELDS = {"token_type_ids": 0, "mm_token_type_ids": 0}
+# one value per row
+_ROW_FIELDS = ("advantages",)
+# images, kept per row between concat and select: {"pixel_values": [tensor per row], ...}
+_IMAGE_FIELDS = ("pixel_values", "image_grid_thw", "num_images")
+# recomputed by the caller per optimizer mini-batch
+_DROPPED = ("num_items_in_batch",)
+
+
+def num_rows(batch: Mapping) -> int:
+    """Number of rollouts in ``batch``."""
+    return int(batch["completion_ids"].size(0))
+
+
+def _check_fields(batch: Mapping) -> None:
+    known = {*_PROMPT_FIELDS, *_COMPLETION_FIELDS, *_SEQUENCE_FIELDS, *_ROW_FIELDS, *_IMAGE_FIELDS, *_DROPPED}
+    unknown = sorted(set(batch) - known)
+    if unknown:
+        raise ValueError(
+            f"ZPPOTrainer cannot regroup the rollout field(s) {unknown} this model produces; "
+            "supported: text models and Qwen-VL style models (pixel_values with image_grid_thw)"
+        )
+    if "pixel_values" in batch and "image_grid_thw" not in batch:
+        raise ValueError("pixel_values without image_grid_thw: only Qwen-VL style image inputs are supported")
+
+
+def _pad_width(x: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
+    missing = width - x.size(1)
+    if missing <= 0:
+        return x
+    return F.pad(x, (missing, 0) if left else (0, missing), value=value)
+
+
+def _per_row_images(batch: Mapping) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]] | None:
+    """Split flat image tensors into one (pixel_values, image_grid_thw) pair per row."""
+    if "pixel_values" not in batch:
+        return None
+    if isinstance(batch["pixel_values"], list):  # already per row
+        return batch["pixel_values"], batch["image_grid_thw"], list(batch["num_images"])
+    counts = [int(n) for n in batch["num_images"]]
+    grids = list(torch.split(batch["image_grid_thw"], counts))
+    patches = [int(g.prod(-1).sum()) if g.numel() else 0 for g in grids]
+    pixels = list(torch.split(batch["pixel_values"], patches))
+    return pixels, grids, counts
+
+
+def concat_batches(batches: Sequence[Mapping], pad_token_id: int) -> dict:
+    """Stack the rows of several scored batches into one, padding to common widths.
+
+    Images stay split per row in the result (``pixel_values`` and ``image_grid_thw`` as
+    lists), ready for :func:`select_rows`; ``num_items_in_batch`` is dropped.
+    """
+    batches = [b for b in batches if b is not None]
+    if not batches:
+        raise ValueError("nothing to concatenate")
+    for batch in batches:
+        _check_fields(batch)
+    prompt_width = max(b["prompt_ids"].size(1) for b in batches)
+    completion_width = max(b["completion_ids"].size(1) for b in batches)
+    out: dict = {}
+    for name, pad in _PROMPT_FIELDS.items():
+        value = pad_token_id if pad is None else pad
+        out[name] = torch.cat([_pad_width(b[name], prompt_width, value, left=True) for b in batches])
+    for name, pad in _COMPLETION_FIELDS.items():
+        present = [name in b for b in batches]
+        if not any(present):
+            continue
+        if not all(present):
+            raise ValueError(f"rollout field {name!r} is present in some rounds but not others")
+        value = pad_token_id if pad is None else pad
+        parts = [b[name] for b in batches]
+        if all(p.dim() == 2 and p.size(1) == 1 for p in parts):  # per-sequence values
+            out[name] = torch.cat(parts)
+        else:
+            out[name] = torch.cat([_pad_width(p, completion_width, value, left=False) for p in parts])
+    for name, pad in _SEQUENCE_FIELDS.items():
+        if not any(name in b for b in batches):
+            continue
+        parts = []
+        for b in batches:
+            width = b["prompt_ids"].size(1)
+            full = b[name] if name in b else torch.zeros_like(torch.cat([b["prompt_ids"], b["completion_ids"]], 1))
+            prompt_part, completion_part = full[:, :width], full[:, width:]
+            parts.append(
+                torch.cat(
+                    [
+                        _pad_width(prompt_part, prompt_width, pad, left=True),
+                        _pad_width(completion_part, completion_width, pad, left=False),
+                    ],
+                    dim=1,
+                )
+            )
+        out[name] = torch.cat(parts)
+    out["advantages"] = torch.cat([b["advantages"] for b in batches])
+    images = [_per_row_images(b) for b in batches]
+    if any(i is not None for i in images):
+        pixels, grids, counts = [], [], []
+        for batch, split in zip(batches, images):
+            if split is None:  # a round without images: rows carry none
+                n = num_rows(batch)
+                pixels += [None] * n
+                grids += [None] * n
+                counts += [0] * n
+            else:
+                pixels += split[0]
+                grids += split[1]
+                counts += split[2]
+        out["pixel_values"], out["image_grid_thw"], out["num_images"] = pixels, grids, counts
+    return out
+
+
+def select_rows(batch: Mapping, rows: Sequence[int]) -> dict:
+    """The rows ``rows`` (repeats allowed) of a :func:`concat_batches` result, as a TRL batch.
+
+    Images are flattened back into TRL's layout; a selection without any image carries
+    no image fields.
+    """
+    index = torch.as_tensor(list(rows), dtype=torch.long)
+    out: dict = {}
+    for name, value in batch.items():
+        if name in _IMAGE_FIELDS:
+            continue
+        out[name] = value.index_select(0, index.to(value.device))
+    if "pixel_values" in batch:
+        counts = [batch["num_images"][i] for i in rows]
+        if sum(counts):
+            out["pixel_values"] = torch.cat([batch["pixel_values"][i] for i in rows if _has_images(batch, i)])
+            out["image_grid_thw"] = torch.cat([batch["image_grid_thw"][i] for i in rows if _has_images(batch, i)])
+            out["num_images"] = counts
+    return out
+
+
+def _has_images(batch: Mapping, row: int) -> bool:
+    return bool(batch["num_images"][row]) and batch["pixel_values"][row] is not None

@@ -1,0 +1,589 @@
+"""`ZPPOTrainer`: Algorithm 1 of the paper inside TRL's `GRPOTrainer`.
+
+One rollout step (every ``num_partitions * gradient_accumulation_steps`` micro-steps):
+
+1. ``X = X_new + X_replay``: the dataloader's new questions, plus
+   ``min(replay_fraction * |X_new|, |B|)`` buffer residents drawn before the refresh.
+2. Teacher sampling for every question of ``X`` starts (a Future) ...
+3. ... while the student's plain rollouts are generated and scored by TRL.
+   Pre-cap (:func:`select_hard`) on the gathered plain accuracies.
+4. The teacher's replies are collected and graded; BCQ/NCQ instances are planned and
+   post-capped (:func:`plan_reformulations`); only their candidates are compressed.
+5. The student samples a group on every BCQ/NCQ prompt (question + image(s) + block +
+   closer); TRL scores them like any group. Teacher text is only ever prompt.
+6. All groups are split, intact, into ``num_partitions`` optimizer mini-batches;
+   advantages are two-step per partition; a partition without a non-trivial group
+   makes no update at all (no forward, no backward, no optimizer state change).
+7. The buffer is refreshed from the plain groups only.
+
+Distributed runs: every decision (replay draw, ranking, caps, planning, partitioning,
+buffer) is computed from gathered data with the same seeded ``random.Random`` on every
+rank. Replay groups and BCQ/NCQ instances are dealt round-robin over ranks; a rank
+short of one group generates a *filler* group (never trained, never counted) so that
+every rank scores equal row counts, and optimizer mini-batches are padded with
+zero-weight rows to equal sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+from trl import GRPOTrainer
+
+from . import data
+from .advantages import nontrivial_groups, partition_groups, two_step_advantages
+from .batches import concat_batches, select_rows
+from .config import ZPPOConfig
+from .prompts import bcq_block, compose_prompt, ncq_block
+from .reformulate import Reformulation, augment_limit, plan_reformulations, select_hard
+from .replay import PromptReplayBuffer, replay_count
+from .rewards import boxed_accuracy_reward, completion_text, extract_boxed, grade_batch
+from .teacher import TeacherClient
+
+__all__ = ["ZPPOTrainer", "ZPPO_STATE_NAME"]
+
+logger = logging.getLogger(__name__)
+
+ZPPO_STATE_NAME = "zppo_state.json"
+_SKIP = "zppo_skip"  # marks the micro-batches of an empty-signal partition
+_FILLER = "filler"  # a group generated only to keep ranks' row counts equal
+_CORRECT = 0.5  # rewards are binary accuracies; a rollout is correct above this
+
+
+class ZPPOTrainer(GRPOTrainer):
+    """GRPO with ZPPO's teacher-in-the-prompt reformulations and prompt replay buffer.
+
+    Takes `trl.GRPOTrainer`'s arguments; ``args`` must be a :class:`zppo_trl.ZPPOConfig`.
+
+    Args:
+        model: the student (a model id/path or a loaded model).
+        reward_funcs: callable TRL reward functions returning binary accuracies;
+            default :func:`zppo_trl.rewards.boxed_accuracy_reward`. The same functions
+            grade the teacher's rollouts.
+        train_dataset: a map-style dataset in the schema of :mod:`zppo_trl.data`
+            (``id``, ``question`` without the closer, ``images``, ``answer``, ...). The
+            trainer renders prompts itself: question (+ images), block, closer.
+        teacher: a ready :class:`zppo_trl.teacher.TeacherClient`; by default one is
+            built from ``args.teacher_*`` when reformulations are on.
+        **kwargs: any other `GRPOTrainer` argument (``processing_class``, ``callbacks``,
+            ``peft_config``, ...). Pass the processor explicitly for VLM students.
+
+    Attributes:
+        replay_buffer: the :class:`PromptReplayBuffer` (saved in every checkpoint).
+        counters: cumulative ZPPO counters (saved in every checkpoint).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        reward_funcs: Any = None,
+        args: ZPPOConfig | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        *,
+        teacher: TeacherClient | None = None,
+        **kwargs: Any,
+    ):
+        if not isinstance(args, ZPPOConfig):
+            raise TypeError(f"args must be a ZPPOConfig, got {type(args).__name__}")
+        if args.fp16:
+            raise ValueError("fp16 is not supported: its GradScaler cannot skip an empty-signal partition; use bf16")
+        reward_funcs = boxed_accuracy_reward if reward_funcs is None else reward_funcs
+        for func in reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]:
+            if not callable(func) or isinstance(func, (str, torch.nn.Module)):
+                raise ValueError(f"ZPPO needs verifiable rewards: reward_funcs must be plain callables, got {func!r}")
+        _check_dataset(train_dataset, args)
+        super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, **kwargs)
+
+        rows_per_rank = args.per_device_train_batch_size * args.steps_per_generation
+        if rows_per_rank % self.num_generations:
+            raise ValueError(
+                f"per_device_train_batch_size x steps_per_generation ({rows_per_rank}) must be a multiple of "
+                f"num_generations ({self.num_generations}) so that every rank holds whole groups"
+            )
+        self._row_of = {key: i for i, key in enumerate(train_dataset[data.ID])}
+        self.replay_buffer = PromptReplayBuffer(capacity=args.replay_capacity, threshold=args.hard_threshold)
+        self._rng = random.Random(args.seed)  # identical on every rank: every decision is replicated
+        self._admitted_at: dict[Any, float] = {}  # resident -> plain accuracy at admission (for the bin metrics)
+        self.counters: dict[str, float] = defaultdict(float)
+        self.teacher = teacher
+        if self.teacher is None and args.reformulations:
+            self.teacher = TeacherClient(
+                args.teacher_base_url,
+                args.teacher_model,
+                max_concurrency=args.teacher_max_concurrency,
+                timeout=args.teacher_timeout,
+                api_key_env=args.teacher_api_key_env,
+                extra_body=args.teacher_extra_body,
+            )
+        self._resumed = False
+
+    # ------------------------------------------------------------------ TRL hooks
+
+    def _set_signature_columns_if_needed(self):
+        if self._signature_columns is None:
+            self._signature_columns = list(data.COLUMNS)
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        model.train()  # before generating: the rollout step reads the training mode
+        batch = self._prepare_inputs(inputs)  # generates at the start of a rollout step
+        if batch.get(_SKIP):
+            # Empty-signal partition: no forward, no backward, so every gradient stays None and
+            # the optimizer step that follows leaves parameters and optimizer state untouched.
+            self._step += 1
+            return torch.zeros((), device=self.accelerator.device)
+        return super().training_step(model, batch, num_items_in_batch)
+
+    def _prepare_inputs(self, generation_batch):
+        if isinstance(generation_batch, Mapping):  # a micro-batch this trainer already prepared
+            return generation_batch
+        if not self.model.training:
+            return super()._prepare_inputs([self._with_prompt(row) for row in generation_batch])
+        spg = self.args.steps_per_generation
+        if self._buffered_inputs is None:  # first step of this process: align with a resumed run
+            self._step = self.state.global_step * self.args.gradient_accumulation_steps
+            if self._step % spg:
+                logger.warning(
+                    "resumed at global step %d, inside a rollout step (num_partitions=%d): that step's rollouts are "
+                    "regenerated and its first partitions are not trained; save checkpoints at multiples of num_partitions",
+                    self.state.global_step,
+                    self.args.num_partitions,
+                )
+        if self._step % spg == 0 or self._buffered_inputs is None:
+            self._buffered_inputs = self._rollout_step(generation_batch)
+        return self._buffered_inputs[self._step % spg]
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        # Keep what the rollout step needs from each scoring round: the gathered rewards and
+        # this rank's completion texts.
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        weighted = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+        weighted[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        self._round_rewards = weighted.detach().cpu().double()
+        self._round_texts = [completion_text(c) for c in completions]
+        return rewards_per_func
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        super()._save_rng_state(output_dir)
+        if self.args.should_save:
+            with open(os.path.join(output_dir, ZPPO_STATE_NAME), "w") as f:
+                json.dump(self.zppo_state_dict(), f)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, ZPPO_STATE_NAME)
+        if os.path.exists(path):
+            with open(path) as f:
+                self.load_zppo_state_dict(json.load(f))
+        else:
+            logger.warning("checkpoint %s has no %s: the replay buffer and ZPPO counters start empty", checkpoint, ZPPO_STATE_NAME)
+
+    # ------------------------------------------------------------------ state
+
+    def zppo_state_dict(self) -> dict:
+        """The buffer, admission accuracies, counters and ZPPO's RNG state (JSON-serialisable)."""
+        version, internal, gauss = self._rng.getstate()
+        return {
+            "buffer": self.replay_buffer.state_dict(),
+            "admitted_at": [[key, r] for key, r in self._admitted_at.items()],
+            "counters": dict(self.counters),
+            "rng": [version, list(internal), gauss],
+        }
+
+    def load_zppo_state_dict(self, state: Mapping) -> None:
+        """Restore :meth:`zppo_state_dict` exactly."""
+        self.replay_buffer.load_state_dict(state["buffer"])
+        self._admitted_at = {key: r for key, r in state["admitted_at"]}
+        self.counters = defaultdict(float, state["counters"])
+        version, internal, gauss = state["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
+
+    # ------------------------------------------------------------------ prompts
+
+    def _with_prompt(self, row: Mapping, block: str | None = None) -> dict:
+        """The row with TRL's conversational ``prompt``: question, block, closer (images added by TRL)."""
+        text = compose_prompt(row[data.QUESTION], block, self.args.closer)
+        return {**row, "prompt": [{"role": "user", "content": text}]}
+
+    def _teacher_conversation(self, row: Mapping) -> list[dict]:
+        text = compose_prompt(row[data.QUESTION], None, self.args.closer)
+        images = row.get(data.IMAGES) or []
+        if not images:
+            return [{"role": "user", "content": text}]
+        return [{"role": "user", "content": [*({"type": "image", "image": im} for im in images), {"type": "text", "text": text}]}]
+
+    # ------------------------------------------------------------------ the rollout step
+
+    def _score_round(self, groups: Sequence[tuple[str, Mapping, str | None]]) -> tuple[dict, torch.Tensor, list[str]]:
+        """Generate and score ``num_generations`` rollouts per (kind, row, block) group on this rank."""
+        rows = [self._with_prompt(row, block) for _, row, block in groups for _ in range(self.num_generations)]
+        out = super()._generate_and_score_completions(rows)
+        rewards = torch.nan_to_num(self._round_rewards, nan=0.0)  # unscorable rollouts count as wrong
+        self.counters["unscorable_total"] += int(torch.isnan(self._round_rewards).sum())
+        return out, rewards, self._round_texts
+
+    def _rollout_step(self, inputs: list[dict]) -> list[dict]:
+        args, G = self.args, self.num_generations
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        start = time.perf_counter()
+        metrics: dict[str, float] = {}
+        kinds = list(args.reformulations) if self.teacher is not None else []
+
+        # 1. X_new from the dataloader (each row repeated G times), X_replay from the buffer.
+        local_new = [inputs[i] for i in range(0, len(inputs), G)]
+        for i, row in enumerate(local_new):
+            if any(r[data.ID] != row[data.ID] for r in inputs[i * G : (i + 1) * G]):
+                raise RuntimeError("the dataloader must repeat each question num_generations times in a row")
+        new_keys = [key for part in gather_object([[r[data.ID] for r in local_new]]) for key in part]
+        replay_keys = self.replay_buffer.sample(replay_count(len(new_keys), args.replay_fraction, len(self.replay_buffer)), rng=self._rng)
+        mine = replay_keys[rank::world]
+        fillers = math.ceil(len(replay_keys) / world) - len(mine)
+        plain = [("new", row, None) for row in local_new]
+        plain += [("replay", self.train_dataset[self._row_of[key]], None) for key in mine]
+        plain += [(_FILLER, local_new[0], None)] * fillers
+
+        # 2. Teacher sampling for every question of X starts now, overlapping the student's rollouts.
+        teacher_future = None
+        if kinds:
+            teacher_future = self.teacher.sample_async(
+                [self._teacher_conversation(row) for kind, row, _ in plain if kind != _FILLER],
+                n=args.teacher_num_generations,
+                max_tokens=args.teacher_max_tokens,
+                temperature=args.teacher_temperature,
+                top_p=args.teacher_top_p,
+            )
+
+        # 3. Plain rollouts, scored; plain accuracy r_x per question over all ranks.
+        t0 = time.perf_counter()
+        plain_out, plain_rewards, plain_texts = self._score_round(plain)
+        metrics["time/plain_generation_s"] = time.perf_counter() - t0
+        plain_meta = _gather_groups([(kind, row[data.ID]) for kind, row, _ in plain])
+        accuracy = _plain_accuracy(plain_meta, plain_rewards, G, order=new_keys + replay_keys)
+        limit = augment_limit(len(new_keys), args.augment_fraction)
+        hard = select_hard(accuracy, limit, args.hard_threshold) if kinds else []
+
+        # 4. Teacher replies collected and graded; wrong student rollouts of the pre-capped questions.
+        plan: list[Reformulation] = []
+        teacher_wait = 0.0
+        if kinds:
+            t0 = time.perf_counter()
+            replies = _result_or_empty(teacher_future, len(plain) - fillers)
+            teacher_wait += time.perf_counter() - t0
+            wanted = set(hard)
+            local_wrong: dict[Any, list[str]] = defaultdict(list)
+            local_teacher: dict[Any, list[str]] = defaultdict(list)
+            for g, (kind, row, _) in enumerate(plain):
+                key = row[data.ID]
+                if kind == _FILLER or key not in wanted:
+                    continue
+                for i in range(g * G, (g + 1) * G):
+                    if plain_rewards[rank * len(plain) * G + i] <= _CORRECT:
+                        local_wrong[key].append(plain_texts[i])
+                for text, ok in zip(replies[g], self._grade(row, replies[g])):
+                    if ok:
+                        local_teacher[key].append(text)
+            student_wrong, teacher_correct = _merge(gather_object([dict(local_wrong)])), _merge(gather_object([dict(local_teacher)]))
+            parsed = {key for key in hard if any(extract_boxed(t) is not None for t in student_wrong.get(key, ()))}
+            metrics["hard"] = len(hard)
+            metrics["hard_bcq_possible"] = sum(1 for key in parsed if teacher_correct.get(key))
+            metrics["hard_ncq_only"] = len(parsed) - metrics["hard_bcq_possible"]
+            plan = plan_reformulations(hard, teacher_correct, student_wrong, limit, kinds, rng=self._rng)
+
+        # 5. Compression of the surviving candidates (each rank compresses its own instances),
+        #    then the student's group on every BCQ/NCQ prompt.
+        local_plan = plan[rank::world]
+        reform: list[tuple[str, Mapping, str]] = []
+        kept: list[Reformulation] = []
+        if local_plan:
+            t0 = time.perf_counter()
+            texts = [text for inst in local_plan for text in inst.candidates]
+            compressed = _result_or_empty(
+                self.teacher.compress_async(
+                    texts,
+                    max_tokens=args.compression_max_tokens,
+                    temperature=args.teacher_temperature,
+                    top_p=args.teacher_top_p,
+                ),
+                len(texts),
+                single=True,
+            )
+            teacher_wait += time.perf_counter() - t0
+            it = iter(compressed)
+            for inst in local_plan:
+                candidates = [next(it) for _ in inst.candidates]
+                if any(not c for c in candidates):  # a failed compression drops the instance
+                    self.counters["compression_failures_total"] += 1
+                    continue
+                block = bcq_block(candidates) if inst.kind == "bcq" else ncq_block(inst.wrong_answers, candidates)
+                reform.append((inst.kind, self.train_dataset[self._row_of[inst.key]], block))
+                kept.append(inst)
+        most = max(gather_object([len(reform)]))
+        reform_out = reform_rewards = None
+        reform_texts: list[str] = []
+        reform += [(_FILLER, local_new[0], None)] * (most - len(reform))
+        if most:
+            t0 = time.perf_counter()
+            reform_out, reform_rewards, reform_texts = self._score_round(reform)
+            metrics["time/reformulated_generation_s"] = time.perf_counter() - t0
+        reform_meta = _gather_groups([(kind, row[data.ID]) for kind, row, _ in reform]) if most else [[] for _ in range(world)]
+
+        # 6. Partitions, two-step advantages per partition, padded micro-batches.
+        batch = concat_batches([plain_out, reform_out], self._tokenizer.pad_token_id)
+        micro_batches = self._partition(batch, plain_meta, plain_rewards, reform_meta, reform_rewards, metrics)
+
+        # 7. Buffer refresh from the plain groups only.
+        self._refresh_buffer(accuracy, metrics)
+
+        # Metrics of the step.
+        metrics.update(self._reformulation_metrics(plan, kept, reform, reform_rewards, reform_texts, reform_meta, accuracy))
+        metrics["new"], metrics["replayed"] = len(new_keys), len(replay_keys)
+        metrics["plain_accuracy"] = sum(accuracy.values()) / max(len(accuracy), 1)
+        step_time = time.perf_counter() - start
+        metrics["time/rollout_step_s"] = step_time
+        metrics["time/teacher_wait_s"] = teacher_wait
+        metrics["teacher_wait_fraction"] = teacher_wait / step_time if step_time else 0.0
+        if self.teacher is not None and kinds:
+            stats = self.teacher.stats(reset=True)
+            metrics["teacher/latency_s"] = stats["latency_mean_s"]
+            metrics["teacher/failures"] = stats["failed"]
+            metrics["teacher/requests"] = stats["requests"]
+            if stats["failed"]:
+                logger.warning("teacher: %d of %d requests failed this step; the step continues with what came back", stats["failed"], stats["requests"])
+        self.counters["rollout_steps"] += 1
+        for name in ("bcq", "ncq", "skipped_partitions", "admitted", "graduated", "evicted"):
+            self.counters[f"{name}_total"] += metrics.get(name, 0)
+        metrics.update({name: value for name, value in self.counters.items()})
+        for name, value in metrics.items():
+            self._metrics["train"][f"zppo/{name}"].append(float(value))
+        return micro_batches
+
+    def _grade(self, row: Mapping, texts: Sequence[str]) -> list[bool]:
+        """Grade teacher rollouts with the trainer's own reward functions."""
+        if not texts:
+            return []
+        prompt = self._with_prompt(row)["prompt"]
+        completions = [[{"role": "assistant", "content": t}] for t in texts]
+        columns = {k: [v] * len(texts) for k, v in row.items() if k != "prompt"}
+        total = torch.zeros(len(texts), dtype=torch.float64)
+        for func, weight in zip(self.reward_funcs, self.reward_weights.tolist()):
+            scores = func(
+                prompts=[prompt] * len(texts),
+                completions=completions,
+                completion_ids=None,
+                trainer_state=self.state,
+                log_extra=lambda *a, **k: None,
+                log_metric=lambda *a, **k: None,
+                **columns,
+            )
+            total += weight * torch.tensor([0.0 if s is None else float(s) for s in scores], dtype=torch.float64)
+        return [bool(score > _CORRECT) for score in total]
+
+    def _partition(self, batch, plain_meta, plain_rewards, reform_meta, reform_rewards, metrics) -> list[dict]:
+        """Split every rank's groups into ``num_partitions`` mini-batches; advantages per partition."""
+        args, G = self.args, self.num_generations
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        partitions, ga = args.num_partitions, args.gradient_accumulation_steps
+        seed = self._rng.getrandbits(32)
+        # rows[r][p]: local row indices of rank r in partition p; rewards and group ids by (rank, row)
+        rows: list[list[list[int]]] = []
+        reward_of: dict[tuple[int, int], float] = {}
+        group_of: dict[tuple[int, int], tuple[int, int]] = {}
+        kind_of: dict[tuple[int, int], str] = {}
+        for r in range(world):
+            groups = list(plain_meta[r]) + list(reform_meta[r])
+            n_plain = len(plain_meta[r])
+            ids, strata = [], []
+            for g, (kind, _key) in enumerate(groups):
+                for i in range(g * G, (g + 1) * G):
+                    source = plain_rewards[r * n_plain * G + i] if g < n_plain else reform_rewards[r * len(reform_meta[r]) * G + i - n_plain * G]
+                    reward_of[(r, i)] = float(source)
+                    group_of[(r, i)] = (r, g)
+                    kind_of[(r, i)] = kind
+                    ids.append(g if kind != _FILLER else -1 - g)
+                    strata.append(kind)
+            real = [i for i, g in enumerate(ids) if g >= 0]
+            split = partition_groups([ids[i] for i in real], partitions, rng=random.Random(seed + r), strata=[strata[i] for i in real])
+            rows.append([[real[i] for i in part] for part in split])
+
+        loss_mask = batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
+        local_tokens = torch.tensor([float(loss_mask[rows[rank][p]].sum()) for p in range(partitions)], device=self.accelerator.device)
+        tokens = self.accelerator.reduce(local_tokens, reduction="sum").tolist() if world > 1 else local_tokens.tolist()
+
+        micro_batches: list[dict] = []
+        skipped, positive, counted = 0, 0, 0
+        for p in range(partitions):
+            members = [(r, i) for r in range(world) for i in rows[r][p]]
+            rewards = [reward_of[m] for m in members]
+            gids = [group_of[m] for m in members]
+            signal = bool(members) and bool(nontrivial_groups(rewards, gids))
+            if not signal:
+                skipped += 1
+                micro_batches += [{_SKIP: True}] * ga
+                continue
+            adv = two_step_advantages(rewards, gids, args.advantage_normalization, args.advantage_epsilon).float()
+            positive += int((adv > 0).sum())
+            counted += len(members)
+            advantage_of = dict(zip(members, adv.tolist()))
+            local = rows[rank][p]
+            size = max(len(rows[r][p]) for r in range(world))
+            size = max(ga, math.ceil(size / ga) * ga)
+            pad_source = local[0] if local else 0
+            index = local + [pad_source] * (size - len(local))
+            advantages = [advantage_of[(rank, i)] for i in local] + [0.0] * (size - len(local))
+            # TRL's dapo loss divides by num_items_in_batch / processes * grad_accum / steps_per_generation;
+            # this makes the divisor the partition's own token count: a token mean per optimizer update.
+            items = torch.tensor(tokens[p] * partitions, device=self.accelerator.device)
+            per_micro = size // ga
+            for m in range(ga):
+                lo, hi = m * per_micro, (m + 1) * per_micro
+                micro = select_rows(batch, index[lo:hi])
+                micro["advantages"] = torch.tensor(advantages[lo:hi], device=micro["advantages"].device)
+                padding = [j - lo for j in range(max(lo, len(local)), hi)]
+                if padding:  # zero-weight padding rows: no loss tokens
+                    micro["completion_mask"][padding] = 0
+                micro["num_items_in_batch"] = items
+                micro_batches.append(micro)
+        metrics["skipped_partitions"] = skipped
+        metrics["positive_advantage_fraction"] = positive / counted if counted else 0.0
+        return micro_batches
+
+    def _refresh_buffer(self, accuracy: Mapping[Any, float], metrics: dict) -> None:
+        events = self.replay_buffer.update(accuracy)
+        bins = _admission_bins(self.num_generations, self.args.hard_threshold)
+        for key in events.admitted:
+            self._admitted_at[key] = accuracy[key]
+        for name in ("admitted", "graduated", "evicted", "retained"):
+            metrics[name] = len(getattr(events, name))
+        for name, keys in (("admitted", events.admitted), ("graduated", events.graduated)):
+            counts = dict.fromkeys(bins, 0)
+            for key in keys:
+                label = _bin_label(self._admitted_at.get(key, accuracy[key]), self.num_generations)
+                if label in counts:
+                    counts[label] += 1
+            for label, count in counts.items():
+                metrics[f"{name}_bin_{label}"] = count
+                self.counters[f"{name}_bin_{label}_total"] += count
+        for key in events.graduated + events.evicted:
+            self._admitted_at.pop(key, None)
+        metrics["buffer_size"] = len(self.replay_buffer)
+
+    def _reformulation_metrics(self, plan, kept, reform, reform_rewards, reform_texts, reform_meta, accuracy) -> dict:
+        """BCQ/NCQ counts, in-prompt accuracies, the BCQ candidate-match audit and the NCQ repeat rate."""
+        G, world, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
+        out: dict[str, float] = {}
+        out["bcq"] = sum(1 for inst in plan if inst.kind == "bcq")
+        out["ncq"] = sum(1 for inst in plan if inst.kind == "ncq")
+        questions = len({inst.key for inst in plan})
+        out["teacher_success_rate"] = out["bcq"] / questions if questions else 0.0
+        # In-prompt accuracy over all ranks' BCQ/NCQ rollouts.
+        for kind in ("bcq", "ncq"):
+            hits = total = 0
+            for r in range(world):
+                per_rank = len(reform_meta[r])
+                for g, (k, _key) in enumerate(reform_meta[r]):
+                    if k == kind:
+                        values = reform_rewards[r * per_rank * G + g * G : r * per_rank * G + (g + 1) * G]
+                        hits += float((values > _CORRECT).sum())
+                        total += G
+            out[f"{kind}_trained"] = total // G
+            out[f"{kind}_accuracy"] = hits / total if total else 0.0
+        # Audit on this rank's groups, summed over ranks.
+        counts = torch.zeros(5, dtype=torch.float64)  # bcq teacher / student / neither, ncq repeats / ncq rollouts
+        for g, inst in enumerate(kept):
+            texts = reform_texts[g * G : (g + 1) * G]
+            answers = inst.candidate_answers()
+            if inst.kind == "bcq":
+                teacher_answer = answers[inst.teacher_position]
+                student_answer = answers[1 - inst.teacher_position]
+                match_teacher = grade_batch(texts, [teacher_answer] * len(texts))
+                match_student = grade_batch(texts, [student_answer] * len(texts))
+                for t, s in zip(match_teacher, match_student):
+                    counts[0 if t else 1 if s else 2] += 1
+            else:
+                repeats = [False] * len(texts)
+                for wrong in inst.wrong_answers:
+                    repeats = [a or b for a, b in zip(repeats, grade_batch(texts, [wrong] * len(texts)))]
+                counts[3] += sum(repeats)
+                counts[4] += len(texts)
+        if world > 1:
+            counts = self.accelerator.reduce(counts.to(self.accelerator.device), reduction="sum").cpu()
+        bcq_rollouts = float(counts[:3].sum())
+        for i, name in enumerate(("teacher", "student", "neither")):
+            out[f"bcq_match_{name}"] = float(counts[i]) / bcq_rollouts if bcq_rollouts else 0.0
+        out["ncq_repeat_rate"] = float(counts[3] / counts[4]) if counts[4] else 0.0
+        return out
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _check_dataset(dataset: Any, args: ZPPOConfig) -> None:
+    if dataset is None:
+        raise ValueError("ZPPOTrainer needs a train_dataset")
+    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "column_names") or not hasattr(dataset, "__len__"):
+        raise ValueError("train_dataset must be a map-style datasets.Dataset: replayed questions are looked up by id")
+    missing = [c for c in (data.ID, data.QUESTION, data.ANSWER, data.IMAGES) if c not in dataset.column_names]
+    if missing:
+        raise ValueError(f"train_dataset is missing column(s) {missing}; expected the schema of zppo_trl.data {list(data.COLUMNS)}")
+    seen: dict[Any, int] = {}
+    for i, key in enumerate(dataset[data.ID]):
+        if key in seen:
+            raise ValueError(f"train_dataset rows {seen[key]} and {i}: duplicate id {key!r}; ids key the replay buffer and must be unique")
+        seen[key] = i
+
+
+def _gather_groups(local: list[tuple[str, Any]]) -> list[list[tuple[str, Any]]]:
+    """Every rank's (kind, key) group list, indexed by rank."""
+    return [list(part) for part in gather_object([local])]
+
+
+def _plain_accuracy(meta: list[list[tuple[str, Any]]], rewards: torch.Tensor, G: int, order: Sequence[Any]) -> dict:
+    """``{key: r_x}`` over the plain groups of all ranks, pooled per key, in ``X`` order (new, then replay)."""
+    sums: dict[Any, float] = defaultdict(float)
+    counts: dict[Any, int] = defaultdict(int)
+    offset = 0
+    for groups in meta:
+        for kind, key in groups:
+            if kind != _FILLER:
+                sums[key] += float(rewards[offset : offset + G].sum())
+                counts[key] += G
+            offset += G
+    return {key: min(max(sums[key] / counts[key], 0.0), 1.0) for key in dict.fromkeys(order)}
+
+
+def _merge(parts: Sequence[Mapping[Any, list]]) -> dict[Any, list]:
+    merged: dict[Any, list] = defaultdict(list)
+    for part in parts:
+        for key, values in part.items():
+            merged[key].extend(values)
+    return dict(merged)
+
+
+def _result_or_empty(future, count: int, single: bool = False) -> list:
+    """A teacher Future's result; on an unexpected error, an empty result (logged), never a crash."""
+    try:
+        return future.result()
+    except Exception as err:  # noqa: BLE001 - an outage must degrade the step, not stop training
+        logger.warning("teacher request failed (%s); continuing without it", err)
+        return [None] * count if single else [[] for _ in range(count)]
+
+
+def _admission_bins(G: int, threshold: float) -> list[str]:
+    """Plain-accuracy bins of hard questions at group size G: 0/G, 1/G, ... below the threshold."""
+    return [f"{k}of{G}" for k in range(G + 1) if k / G < threshold]
+
+
+def _bin_label(r: float, G: int) -> str:
+    return f"{math.floor(r * G + 1e-9)}of{G}"
