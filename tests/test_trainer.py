@@ -1,0 +1,180 @@
+"""`ZPPOTrainer` on the tiny random text model with synthetic rewards (no teacher).
+
+These tests pin the trainer's bookkeeping: the replay buffer follows the plain groups,
+empty-signal partitions leave the parameters and the optimizer state untouched, and a
+resumed run continues the same run. BCQ/NCQ against a real teacher server are in
+``test_trainer_zppo.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections import defaultdict
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+from zppo_trl import ZPPOConfig, ZPPOTrainer
+from zppo_trl.replay import PromptReplayBuffer
+from zppo_trl.rewards import completion_text
+from zppo_trl.trainer import ZPPO_STATE_NAME
+
+pytestmark = pytest.mark.integration
+
+QUESTIONS = [dict(id=f"q{i:02d}", question=f"What is {i} + {i}?", images=[], answer=str(2 * i), source="toy", subdataset="sum") for i in range(24)]
+
+
+def _config(tmp_path, **overrides) -> ZPPOConfig:
+    settings = dict(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        per_device_train_batch_size=8,  # 2 new questions per partition at G=4
+        num_generations=4,
+        max_completion_length=6,
+        num_partitions=2,
+        gradient_accumulation_steps=1,
+        reformulations=[],
+        replay_fraction=0.5,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        data_seed=0,
+        disable_tqdm=True,
+    )
+    settings.update(overrides)
+    return ZPPOConfig(**settings)
+
+
+def _trainer(model_dir, args, reward, **kwargs) -> ZPPOTrainer:
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return ZPPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(QUESTIONS), processing_class=tokenizer, **kwargs)
+
+
+class CoinReward:
+    """A pseudo-random 0/1 reward per rollout, a function of the question and the completion text.
+
+    Each question has a bias (``id % 4`` quarters), so groups mix trivial and non-trivial.
+    Being a pure function of the rollout, it scores a resumed run exactly like the
+    original. ``calls`` keeps (question id, reward) per rollout of each call (one call
+    = one scoring round), so a test can recompute the plain accuracies the trainer saw.
+    """
+
+    __name__ = "coin"
+
+    def __init__(self, seed: int = 0, trivial_after: int | None = None):
+        self.seed = seed
+        self.trivial_after = trivial_after
+        self.calls: list[list[tuple[str, float]]] = []
+
+    def __call__(self, completions, id, trainer_state, **kwargs):
+        if self.trivial_after is not None and trainer_state.global_step >= self.trivial_after:
+            rewards = [0.0] * len(completions)  # every group trivial: no learning signal
+        else:
+            rewards = []
+            for n, (key, completion) in enumerate(zip(id, completions)):
+                coin = zlib.crc32(f"{self.seed}|{key}|{n}|{completion_text(completion)}".encode()) % 1000 / 1000
+                rewards.append(float(coin < (int(key[1:]) % 4) / 4))
+        self.calls.append(list(zip(id, rewards)))
+        return rewards
+
+
+def _snapshot(trainer):
+    params = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    optimizer_state = trainer.optimizer.state if trainer.optimizer is not None else {}
+    state = {
+        n: {k: v.clone() if torch.is_tensor(v) else v for k, v in optimizer_state[p].items()}
+        for n, p in trainer.model.named_parameters()
+        if p in optimizer_state
+    }
+    return params, state
+
+
+def _same(a, b) -> bool:
+    (pa, sa), (pb, sb) = a, b
+    if pa.keys() != pb.keys() or sa.keys() != sb.keys():
+        return False
+    if any(not torch.equal(pa[n], pb[n]) for n in pa):
+        return False
+    return all(set(sa[n]) == set(sb[n]) and all(torch.equal(torch.as_tensor(sa[n][k]), torch.as_tensor(sb[n][k])) for k in sa[n]) for n in sa)
+
+
+class Snapshots(TrainerCallback):
+    """Parameters + optimizer state after every optimizer step, and whether that step was skipped."""
+
+    def __init__(self):
+        self.trainer = None
+        self.after: dict[int, tuple] = {}
+        self.skipped: dict[int, bool] = {}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        t = self.trainer
+        self.after[state.global_step] = _snapshot(t)
+        self.skipped[state.global_step] = bool(t._buffered_inputs[(t._step - 1) % args.steps_per_generation].get("zppo_skip"))
+
+
+def test_buffer_follows_plain_groups(tiny_text_model_dir, tmp_path):
+    reward = CoinReward(seed=1)
+    trainer = _trainer(tiny_text_model_dir, _config(tmp_path, max_steps=8), reward)
+    trainer.train()
+    # Recompute the refresh from what the reward function scored in each plain round.
+    expected = PromptReplayBuffer(capacity=10_000, threshold=0.5)
+    replayed = 0
+    for call in reward.calls:
+        scores = defaultdict(list)
+        for key, r in call:
+            scores[key].append(r)
+        replayed += sum(1 for key in scores if key in expected)
+        expected.update({key: sum(v) / len(v) for key, v in scores.items()})
+    assert len(reward.calls) == 4  # one plain round per rollout step, nothing else is scored in GRPO†
+    assert trainer.replay_buffer.residents() == expected.residents()
+    assert replayed > 0, "residents must come back as replayed questions"
+    logs = [h for h in trainer.state.log_history if "zppo/buffer_size" in h]
+    assert [h["zppo/buffer_size"] for h in logs][-1] == len(expected)
+    assert sum(h["zppo/replayed"] for h in logs) == replayed
+    assert trainer.counters["admitted_total"] == sum(h["zppo/admitted"] for h in logs)
+
+
+def test_empty_signal_partitions_change_nothing(tiny_text_model_dir, tmp_path):
+    # Rollout step 1 (global steps 0-1) has signal; from global step 2 on every group is trivial.
+    reward = CoinReward(seed=3, trivial_after=2)
+    snaps = Snapshots()
+    trainer = _trainer(tiny_text_model_dir, _config(tmp_path, max_steps=4), reward, callbacks=[snaps])
+    snaps.trainer = trainer
+    before = _snapshot(trainer)
+    trainer.train()
+    assert snaps.skipped == {1: False, 2: False, 3: True, 4: True}
+    assert not _same(before, snaps.after[1]) and not _same(snaps.after[1], snaps.after[2])
+    # Parameters and optimizer state (moments and step counts) unchanged through the skipped updates.
+    assert snaps.after[2][1], "AdamW state must exist after the real updates"
+    assert _same(snaps.after[2], snaps.after[3]) and _same(snaps.after[3], snaps.after[4])
+    logs = [h for h in trainer.state.log_history if "zppo/skipped_partitions" in h]
+    assert [h["zppo/skipped_partitions"] for h in logs] == [0.0, 2.0]
+
+
+def test_resume_continues_the_same_run(tiny_text_model_dir, tmp_path):
+    def run(out, max_steps, resume=False, save=False):
+        overrides = dict(output_dir=str(out), max_steps=max_steps)
+        if save:
+            overrides.update(save_strategy="steps", save_steps=4)
+        trainer = _trainer(tiny_text_model_dir, _config(tmp_path, **overrides), CoinReward(seed=5))
+        trainer.train(resume_from_checkpoint=resume or None)
+        return trainer
+
+    straight = run(tmp_path / "straight", 8)
+    half = run(tmp_path / "resumed", 4, save=True)
+    state = json.loads((tmp_path / "resumed" / "checkpoint-4" / ZPPO_STATE_NAME).read_text())
+    assert state["buffer"]["residents"] == half.replay_buffer.residents()
+    resumed = run(tmp_path / "resumed", 8, resume=True)
+    assert resumed.replay_buffer.residents() == straight.replay_buffer.residents()
+    assert len(straight.replay_buffer) > 0
+    assert dict(resumed.counters) == dict(straight.counters)
+    assert resumed._rng.getstate() == straight._rng.getstate()
+    for name, p in straight.model.named_parameters():
+        torch.testing.assert_close(resumed.model.get_parameter(name), p, rtol=0, atol=0)
