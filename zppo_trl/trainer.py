@@ -226,13 +226,21 @@ class ZPPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ the rollout step
 
-    def _score_round(self, groups: Sequence[tuple[str, Mapping, str | None]]) -> tuple[dict, torch.Tensor, list[str]]:
-        """Generate and score ``num_generations`` rollouts per (kind, row, block) group on this rank."""
-        rows = [self._with_prompt(row, block) for _, row, block in groups for _ in range(self.num_generations)]
+    def _score_round(self, groups: Sequence[tuple[str, Mapping, str | None]]) -> tuple[dict, torch.Tensor, list[str], list]:
+        """Generate and score ``num_generations`` rollouts per (kind, row, block) group on this rank.
+
+        Returns TRL's scored batch, the rewards of every rank's rollouts (gathered, rank-major),
+        this rank's completion texts, and every rank's (kind, key) group list.
+        """
+        G = self.num_generations
+        rows = [self._with_prompt(row, block) for _, row, block in groups for _ in range(G)]
         out = super()._generate_and_score_completions(rows)
+        meta = _gather_groups([(kind, row[data.ID]) for kind, row, _ in groups])
+        unscorable = torch.isnan(self._round_rewards)
+        real = torch.tensor([kind != _FILLER for groups_of_rank in meta for kind, _ in groups_of_rank]).repeat_interleave(G)
+        self.counters["unscorable_total"] += int((unscorable & real).sum())
         rewards = torch.nan_to_num(self._round_rewards, nan=0.0)  # unscorable rollouts count as wrong
-        self.counters["unscorable_total"] += int(torch.isnan(self._round_rewards).sum())
-        return out, rewards, self._round_texts
+        return out, rewards, self._round_texts, meta
 
     def _rollout_step(self, inputs: list[dict]) -> list[dict]:
         args, G = self.args, self.num_generations
@@ -267,9 +275,8 @@ class ZPPOTrainer(GRPOTrainer):
 
         # 3. Plain rollouts, scored; plain accuracy r_x per question over all ranks.
         t0 = time.perf_counter()
-        plain_out, plain_rewards, plain_texts = self._score_round(plain)
+        plain_out, plain_rewards, plain_texts, plain_meta = self._score_round(plain)
         metrics["time/plain_generation_s"] = time.perf_counter() - t0
-        plain_meta = _gather_groups([(kind, row[data.ID]) for kind, row, _ in plain])
         accuracy = _plain_accuracy(plain_meta, plain_rewards, G, order=new_keys + replay_keys)
         limit = augment_limit(len(new_keys), args.augment_fraction)
         hard = select_hard(accuracy, limit, args.hard_threshold) if kinds else []
@@ -303,7 +310,8 @@ class ZPPOTrainer(GRPOTrainer):
 
         # 5. Compression of the surviving candidates (each rank compresses its own instances),
         #    then the student's group on every BCQ/NCQ prompt.
-        local_plan = plan[rank::world]
+        # Deal the instances round-robin, BCQ first then NCQ, so every rank gets a mix of both kinds.
+        local_plan = sorted(plan, key=lambda inst: inst.kind != "bcq")[rank::world]
         reform: list[tuple[str, Mapping, str]] = []
         kept: list[Reformulation] = []
         if local_plan:
@@ -323,21 +331,22 @@ class ZPPOTrainer(GRPOTrainer):
             it = iter(compressed)
             for inst in local_plan:
                 candidates = [next(it) for _ in inst.candidates]
-                if any(not c for c in candidates):  # a failed compression drops the instance
-                    self.counters["compression_failures_total"] += 1
+                if any(not c for c in candidates):  # a failed or empty compression drops the instance
                     continue
                 block = bcq_block(candidates) if inst.kind == "bcq" else ncq_block(inst.wrong_answers, candidates)
                 reform.append((inst.kind, self.train_dataset[self._row_of[inst.key]], block))
                 kept.append(inst)
-        most = max(gather_object([len(reform)]))
+        kept_per_rank = gather_object([len(reform)])
+        self.counters["compression_failures_total"] += len(plan) - sum(kept_per_rank)
+        most = max(kept_per_rank)
         reform_out = reform_rewards = None
         reform_texts: list[str] = []
+        reform_meta: list = [[] for _ in range(world)]
         reform += [(_FILLER, local_new[0], None)] * (most - len(reform))
         if most:
             t0 = time.perf_counter()
-            reform_out, reform_rewards, reform_texts = self._score_round(reform)
+            reform_out, reform_rewards, reform_texts, reform_meta = self._score_round(reform)
             metrics["time/reformulated_generation_s"] = time.perf_counter() - t0
-        reform_meta = _gather_groups([(kind, row[data.ID]) for kind, row, _ in reform]) if most else [[] for _ in range(world)]
 
         # 6. Partitions, two-step advantages per partition, padded micro-batches.
         batch = concat_batches([plain_out, reform_out], self._tokenizer.pad_token_id)
@@ -350,17 +359,21 @@ class ZPPOTrainer(GRPOTrainer):
         metrics.update(self._reformulation_metrics(plan, kept, reform, reform_rewards, reform_texts, reform_meta, accuracy))
         metrics["new"], metrics["replayed"] = len(new_keys), len(replay_keys)
         metrics["plain_accuracy"] = sum(accuracy.values()) / max(len(accuracy), 1)
+        # Time and teacher counters over all ranks: the slowest rank's times, summed requests.
         step_time = time.perf_counter() - start
+        stats = self.teacher.stats(reset=True) if kinds else {"requests": 0, "failed": 0, "latency_mean_s": 0.0}
+        local = torch.tensor([step_time, teacher_wait, stats["requests"], stats["failed"], stats["latency_mean_s"]], dtype=torch.float64)
+        every = torch.stack([torch.as_tensor(x) for x in gather_object([local])]) if world > 1 else local[None]
+        step_time, teacher_wait = float(every[:, 0].max()), float(every[:, 1].max())
         metrics["time/rollout_step_s"] = step_time
         metrics["time/teacher_wait_s"] = teacher_wait
         metrics["teacher_wait_fraction"] = teacher_wait / step_time if step_time else 0.0
-        if self.teacher is not None and kinds:
-            stats = self.teacher.stats(reset=True)
-            metrics["teacher/latency_s"] = stats["latency_mean_s"]
-            metrics["teacher/failures"] = stats["failed"]
-            metrics["teacher/requests"] = stats["requests"]
-            if stats["failed"]:
-                logger.warning("teacher: %d of %d requests failed this step; the step continues with what came back", stats["failed"], stats["requests"])
+        if kinds:
+            requests, failed = int(every[:, 2].sum()), int(every[:, 3].sum())
+            metrics["teacher/requests"], metrics["teacher/failures"] = requests, failed
+            metrics["teacher/latency_s"] = float(every[:, 4].max())
+            if failed:
+                logger.warning("teacher: %d of %d requests failed this step; the step continues with what came back", failed, requests)
         self.counters["rollout_steps"] += 1
         for name in ("bcq", "ncq", "skipped_partitions", "admitted", "graduated", "evicted"):
             self.counters[f"{name}_total"] += metrics.get(name, 0)

@@ -1,0 +1,234 @@
+"""One rank of a 2-process ZPPO run, for ``tests/test_distributed.py`` (launched by `accelerate launch`).
+
+Usage::
+
+    accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no \\
+        --dynamo_backend no --main_process_port PORT tests/distributed_worker.py OUTDIR MODEL_DIR \\
+        [--mode grpo|zppo] [--max-steps N] [--teacher-url URL --teacher-model NAME]
+
+(``--multi_gpu`` selects accelerate's torchrun launcher; the config sets ``use_cpu=True``, so
+the processes run on CPU with the gloo backend. ``--cpu`` would start one process only.)
+
+``--mode grpo`` trains GRPO† (``reformulations=[]``) on synthetic questions with a
+deterministic pseudo-random reward; ``--mode zppo`` trains with BCQ/NCQ against a teacher
+server on the boxed toy questions of :mod:`boxed_models`, graded by the real boxed reward.
+
+Each rank writes ``OUTDIR/rank{R}.json`` with what the test compares across ranks: the
+buffer residents, counters and ZPPO RNG state at the end, per rollout step the groups this
+rank scored in each round (kind and key), the micro-batches it built (rows, padding rows,
+skipped) and the ZPPO metrics of the step, per micro-step the rows it trained on, per
+optimizer step a parameter checksum, and the final parameter checksum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import json
+import sys
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+from zppo_trl import ZPPOConfig, ZPPOTrainer
+from zppo_trl.rewards import completion_text
+
+QUESTIONS = [dict(id=f"q{i:02d}", question=f"What is {i} + {i}?", images=[], answer=str(2 * i), source="toy", subdataset="sum") for i in range(24)]
+
+
+class CoinReward:
+    """A pseudo-random 0/1 reward, a pure function of (question id, rollout index, completion).
+
+    Question ``qNN`` is rewarded with probability ``(NN % 4) / 4``, so groups mix trivial
+    and non-trivial ones and about half the questions are hard (admitted to the buffer).
+    """
+
+    __name__ = "coin"
+
+    def __call__(self, completions, id, **kwargs):
+        rewards = []
+        for n, (key, completion) in enumerate(zip(id, completions)):
+            coin = zlib.crc32(f"{key}|{n}|{completion_text(completion)}".encode()) % 1000 / 1000
+            rewards.append(float(coin < (int(key[1:]) % 4) / 4))
+        return rewards
+
+
+def param_checksum(model: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        digest.update(name.encode())
+        digest.update(p.detach().cpu().contiguous().float().numpy().tobytes())
+    return digest.hexdigest()
+
+
+class ParamChecksums(TrainerCallback):
+    """A parameter checksum after every optimizer step."""
+
+    def __init__(self):
+        self.trainer = None
+        self.after: list[str] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.after.append(param_checksum(self.trainer.model))
+
+
+def _describe(micro: Mapping) -> dict:
+    if micro.get("zppo_skip"):
+        return {"skip": True}
+    mask = micro["completion_mask"]
+    return {
+        "skip": False,
+        "rows": int(mask.size(0)),
+        "padding": int((mask.sum(dim=1) == 0).sum()),
+        "tokens": int(mask.sum()),
+        "num_items_in_batch": float(micro["num_items_in_batch"]),
+    }
+
+
+def instrument(trainer: ZPPOTrainer) -> dict:
+    """Wrap the rollout step, the scoring rounds and the per-micro-step inputs; return the record."""
+    record: dict = {"rollout_steps": [], "micro_steps": []}
+    current: dict = {}
+    rollout_step, score_round, prepare_inputs = trainer._rollout_step, trainer._score_round, trainer._prepare_inputs
+
+    def _rollout_step(inputs):
+        current.clear()
+        current.update(buffer_before=trainer.replay_buffer.residents(), rounds=[], global_step=trainer.state.global_step)
+        micro_batches = rollout_step(inputs)
+        zppo = {k.removeprefix("zppo/"): v[-1] for k, v in trainer._metrics["train"].items() if k.startswith("zppo/") and not k.startswith("zppo/time") and v}
+        # teacher/* are this rank's own client statistics (requests, failures, latency), not decisions
+        zppo = {k: v for k, v in zppo.items() if not k.startswith("teacher/") and k != "teacher_wait_fraction"}
+        record["rollout_steps"].append({**current, "micro_batches": [_describe(m) for m in micro_batches], "metrics": zppo})
+        return micro_batches
+
+    def _score_round(groups):
+        current["rounds"].append([[kind, row["id"], block is not None] for kind, row, block in groups])
+        return score_round(groups)
+
+    def _prepare_inputs(generation_batch):
+        out = prepare_inputs(generation_batch)
+        if not isinstance(generation_batch, Mapping) and trainer.model.training:
+            record["micro_steps"].append(_describe(out))
+        return out
+
+    trainer._rollout_step, trainer._score_round, trainer._prepare_inputs = _rollout_step, _score_round, _prepare_inputs
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("outdir")
+    parser.add_argument("model_dir")
+    parser.add_argument("--mode", choices=["grpo", "zppo"], default="grpo")
+    parser.add_argument("--max-steps", type=int, default=9)
+    parser.add_argument("--teacher-url")
+    parser.add_argument("--teacher-model")
+    parser.add_argument(
+        "--identity-compression",
+        action="store_true",
+        help="keep BCQ/NCQ candidates verbatim instead of asking the teacher to compress them",
+    )
+    cli = parser.parse_args()
+    outdir = Path(cli.outdir)
+
+    settings = dict(
+        output_dir=str(outdir / "trainer"),
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        # 4 rows per micro-batch x 3 partitions = 12 rows per rank = 3 questions per rank at G=4:
+        # |X_new| = 6 over both ranks, so up to 3 replays, which two ranks cannot split evenly.
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=6,
+        num_partitions=3,
+        gradient_accumulation_steps=1,
+        replay_fraction=0.5,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        max_steps=cli.max_steps,
+        seed=0,
+        data_seed=0,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    if cli.mode == "grpo":
+        settings.update(reformulations=[])
+        rows, reward = QUESTIONS, CoinReward()
+    else:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from boxed_models import toy_rows
+
+        from zppo_trl.rewards import boxed_accuracy_reward
+
+        settings.update(
+            reformulations=["bcq", "ncq"],
+            learning_rate=1e-4,  # keep the boxed student answering in format for the next steps
+            augment_fraction=0.5,  # at most floor(0.5 * 6) = 3 instances per step: an odd number to deal over 2 ranks
+            teacher_base_url=cli.teacher_url,
+            teacher_model=cli.teacher_model,
+            teacher_num_generations=4,
+            teacher_max_tokens=32,
+            compression_max_tokens=32,
+            max_completion_length=32,
+        )
+        rows, reward = toy_rows("text"), boxed_accuracy_reward
+
+    args = ZPPOConfig(**settings)
+    model = AutoModelForCausalLM.from_pretrained(cli.model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(cli.model_dir)
+    checksums = ParamChecksums()
+    trainer = ZPPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        callbacks=[checksums],
+    )
+    checksums.trainer = trainer
+    if cli.identity_compression:
+        # The boxed toy teacher only learnt to answer toy questions: it answers the compression
+        # prompt with an empty reply, and an empty compression drops its instance. Compression
+        # itself is covered by test_teacher.py; here the candidates go into the blocks verbatim.
+        def compress_async(texts, *args, **kwargs):
+            future = concurrent.futures.Future()
+            future.set_result(list(texts))
+            return future
+
+        trainer.teacher.compress_async = compress_async
+    record = instrument(trainer)
+    initial = param_checksum(trainer.model)
+    trainer.train()
+
+    acc = trainer.accelerator
+    version, internal, gauss = trainer._rng.getstate()
+    record.update(
+        rank=acc.process_index,
+        world=acc.num_processes,
+        distributed_type=str(acc.distributed_type),
+        backend=torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
+        residents=trainer.replay_buffer.residents(),
+        counters=dict(trainer.counters),
+        rng=[version, list(internal), gauss],
+        initial_params=initial,
+        params_after_step=checksums.after,
+        final_params=param_checksum(trainer.model),
+        log_history=[
+            {k: v for k, v in h.items() if k.startswith("zppo/") and not k.startswith(("zppo/time", "zppo/teacher/")) and k != "zppo/teacher_wait_fraction"}
+            for h in trainer.state.log_history
+        ],
+    )
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / f"rank{acc.process_index}.json").write_text(json.dumps(record, indent=1, sort_keys=True))
+    acc.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    main()
