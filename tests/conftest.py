@@ -4,6 +4,11 @@
 when a test asks for it) the tiny VLM, and `make_server` starts throwaway servers that a
 test may kill and restart on the same port (`Server.kill`, `Server.restart`). Every server
 runs on CPU with the Hub offline and is stopped at teardown, whatever the test did.
+
+The `boxed_*` fixtures (session, each built only when a test asks for it) are tiny models
+fine-tuned to answer the toy arithmetic rows of boxed_models.py as ``<think> ...
+</think> \\boxed{N}``: students with a mix of right and wrong answers, teachers right about
+80% of the time, and servers for the two teachers.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ from pathlib import Path
 import pytest
 
 try:  # tests/ is on sys.path under pytest's default (rootdir-less, prepend) import mode
+    from boxed_models import train_boxed_model
     from tiny_models import save_tiny_text_model, save_tiny_vlm
 except ImportError:  # tests/ imported as a package
+    from tests.boxed_models import train_boxed_model
     from tests.tiny_models import save_tiny_text_model, save_tiny_vlm
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -172,6 +179,50 @@ def teacher_server(tiny_text_model_dir) -> Iterator[Server]:
 def vlm_server(tiny_vlm_dir) -> Iterator[Server]:
     """`transformers serve` with the tiny VLM (images reach the model)."""
     server = Server(tiny_vlm_dir).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def boxed_text_student_dir(tmp_path_factory) -> Path:
+    """A tiny text student that answers the toy rows in the paper's format, right on some questions only."""
+    return train_boxed_model(tmp_path_factory.mktemp("boxed-text-student") / "model", role="student", kind="text")
+
+
+@pytest.fixture(scope="session")
+def boxed_text_teacher_dir(tmp_path_factory) -> Path:
+    """A tiny text teacher that answers every toy row right about 80% of the time."""
+    return train_boxed_model(tmp_path_factory.mktemp("boxed-text-teacher") / "model", role="teacher", kind="text")
+
+
+@pytest.fixture(scope="session")
+def boxed_vlm_student_dir(tmp_path_factory) -> Path:
+    """The VLM counterpart of `boxed_text_student_dir` (rows from ``toy_rows("vlm")``, one image each)."""
+    return train_boxed_model(tmp_path_factory.mktemp("boxed-vlm-student") / "model", role="student", kind="vlm")
+
+
+@pytest.fixture(scope="session")
+def boxed_vlm_teacher_dir(tmp_path_factory) -> Path:
+    """The VLM counterpart of `boxed_text_teacher_dir`."""
+    return train_boxed_model(tmp_path_factory.mktemp("boxed-vlm-teacher") / "model", role="teacher", kind="vlm")
+
+
+@pytest.fixture(scope="session")
+def boxed_teacher_server(boxed_text_teacher_dir) -> Iterator[Server]:
+    """`transformers serve` with the boxed text teacher. Do not kill it."""
+    server = Server(boxed_text_teacher_dir).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def boxed_vlm_teacher_server(boxed_vlm_teacher_dir) -> Iterator[Server]:
+    """`transformers serve` with the boxed VLM teacher (images reach the model). Do not kill it."""
+    server = Server(boxed_vlm_teacher_dir).start()
     try:
         yield server
     finally:

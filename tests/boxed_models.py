@@ -1,0 +1,279 @@
+"""Tiny students and teachers that answer toy arithmetic in the paper's format.
+
+Random tiny models never write ``\\boxed{}``, so trainer tests could only ever see reward 0.
+:func:`train_boxed_model` fine-tunes :mod:`tiny_models`' text model or VLM for seconds to
+answer :data:`TOY_QUESTIONS` as ``<think> ... </think> \\boxed{N}<|im_end|>``, on prompts
+rendered exactly as the trainer renders them (the RL closer appended, the chat template with
+a generation prompt, the image through the processor).
+
+The completions are a calibrated mix of right and wrong: a student answers question q
+correctly with probability :data:`STUDENT_ACCURACY` [q] (hard, middling and easy questions)
+and otherwise gives one of two fixed distractors, so its wrong answers repeat like a real
+student's; a teacher is right with probability :data:`TEACHER_ACCURACY` on every question.
+Training minimises the cross-entropy against that mixture (each completion weighted by its
+probability), so sampling at temperature 1 reproduces it, give or take a sample in 8.
+
+Gotcha: the tokenizer is saved first and training tokenizes with the copy reloaded from
+disk, because that is what the trainer and ``transformers serve`` will use: the VLM's
+tokenizer reloads as ``Qwen3_5Tokenizer``, which splits digits differently from the
+in-memory tokenizer it was saved from.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+
+from zppo_trl.prompts import compose_prompt, render_compression
+
+try:  # tests/ on sys.path (pytest's default import mode) or imported as a package
+    from tiny_models import tiny_processor, tiny_text_model, tiny_tokenizer, tiny_vlm
+except ImportError:
+    from tests.tiny_models import tiny_processor, tiny_text_model, tiny_tokenizer, tiny_vlm
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "TOY_QUESTIONS",
+    "STUDENT_ACCURACY",
+    "TEACHER_ACCURACY",
+    "distractors",
+    "completion",
+    "COMPRESSION_REPLY",
+    "toy_image",
+    "toy_rows",
+    "toy_conversation",
+    "train_boxed_model",
+]
+
+EOS = "<|im_end|>"
+THINK = "<think> Let me compute. </think> "
+
+_OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+_PROBLEMS = [
+    (17, "+", 25), (48, "-", 19), (6, "*", 7), (33, "+", 58), (91, "-", 46), (8, "*", 9),
+    (24, "+", 39), (75, "-", 28), (12, "*", 5), (66, "+", 17), (53, "-", 37), (9, "*", 4),
+    (45, "+", 45), (82, "-", 55), (7, "*", 8), (29, "+", 64),
+]  # fmt: skip
+
+TOY_QUESTIONS = [
+    {
+        "id": f"toy-{i:02d}",
+        "question": f"What is {a} {op} {b}?",
+        "images": [],
+        "answer": str(_OPERATIONS[op](a, b)),
+        "source": "toy",
+        "subdataset": "arithmetic",
+    }
+    for i, (a, op, b) in enumerate(_PROBLEMS)
+]
+
+# The student's probability of answering each question right, cycling hard / middling / easy:
+# six questions near 0 (the student alone never learns them), five near 1/3, five near 1.
+_TIERS = ([0.0, 0.1, 0.05, 0.15, 0.0, 0.1], [0.3, 0.4, 0.35, 0.3, 0.4], [0.9, 1.0, 0.85, 0.95, 0.9])
+STUDENT_ACCURACY = {row["id"]: _TIERS[i % 3][i // 3] for i, row in enumerate(TOY_QUESTIONS)}
+TEACHER_ACCURACY = 0.8
+
+LEARNING_RATE = 1e-2
+MAX_STEPS = 300
+# Stop once the loss is this many nats per question above its floor (the answers' entropy):
+# close enough for sampling to reproduce the accuracies above, give or take a sample in 8.
+TOLERANCE = {"teacher": 0.3, "student": 0.15}
+
+_TEACHER_WEIGHTS: dict[tuple[str, int], dict] = {}  # (kind, seed) -> trained teacher state dict
+
+
+def distractors(row: dict) -> list[str]:
+    """The two fixed wrong answers to ``row``: off by one, and a carry slip (off by ten)."""
+    answer = int(row["answer"])
+    return [str(answer + 1), str(answer + 10)]
+
+
+def completion(answer: str) -> str:
+    """A target completion: a short think, the boxed answer, then EOS."""
+    return f"{THINK}\\boxed{{{answer}}}{EOS}"
+
+
+def _targets(row: dict, role: str) -> list[tuple[str, float]]:
+    """``(completion, probability)`` pairs for one question (zero-probability ones left out)."""
+    p = STUDENT_ACCURACY[row["id"]] if role == "student" else TEACHER_ACCURACY
+    wrong = distractors(row)
+    pairs = [(completion(row["answer"]), p)] + [(completion(w), (1 - p) / len(wrong)) for w in wrong]
+    return [(text, weight) for text, weight in pairs if weight > 0]
+
+
+def toy_image(row: dict):
+    """A deterministic 32x32 image for ``row``: a solid colour with a lighter square."""
+    from PIL import Image, ImageDraw
+
+    i = int(row["id"].split("-")[1])
+    image = Image.new("RGB", (32, 32), ((37 * i) % 256, (91 * i + 60) % 256, (53 * i + 120) % 256))
+    ImageDraw.Draw(image).rectangle([8, 8, 8 + i, 8 + i], fill=(255, 255, 255))
+    return image
+
+
+def toy_rows(kind: str = "text") -> list[dict]:
+    """Fresh copies of :data:`TOY_QUESTIONS`; for ``kind="vlm"`` each row carries one image."""
+    if kind not in ("text", "vlm"):
+        raise ValueError(f"kind must be 'text' or 'vlm', got {kind!r}")
+    return [{**row, "images": [toy_image(row)] if kind == "vlm" else []} for row in TOY_QUESTIONS]
+
+
+def toy_conversation(row: dict, image_part: dict | None = None) -> list[dict]:
+    """The trainer's conversational prompt for ``row``: one user turn ending with the RL closer.
+
+    Rows with images get TRL's multimodal content (an image part, then the text);
+    ``image_part`` replaces the bare ``{"type": "image"}`` placeholder (e.g. to carry the
+    image itself, as a teacher request must).
+    """
+    text = compose_prompt(row["question"])
+    if not row["images"]:
+        return [{"role": "user", "content": text}]
+    return [{"role": "user", "content": [image_part or {"type": "image"}, {"type": "text", "text": text}]}]
+
+
+def train_boxed_model(
+    directory: str | Path, role: str = "student", kind: str = "text", seed: int = 0, seconds_budget: float | None = None
+) -> Path:
+    """Fine-tune a tiny model to answer the toy questions as ``role`` would; save it to ``directory``.
+
+    A teacher is trained from :mod:`tiny_models`' random model; a student is fine-tuned from
+    that teacher (whose weights are kept in memory, once per process, kind and seed), which
+    is several times faster than from scratch since the format and the questions are learnt
+    already. Each stage stops once its loss is close to its minimum (:data:`TOLERANCE`), after
+    :data:`MAX_STEPS`, or when ``seconds_budget`` (per stage) runs out; the last two are
+    logged as warnings (the model may be under-trained). Without a budget the result depends
+    only on ``role``, ``kind`` and ``seed``. ``directory`` ends up loadable by
+    ``from_pretrained`` (with the tokenizer, or for a VLM the processor) and by
+    ``transformers serve``.
+    """
+    if role not in ("student", "teacher"):
+        raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
+    if kind not in ("text", "vlm"):
+        raise ValueError(f"kind must be 'text' or 'vlm', got {kind!r}")
+    directory = Path(directory)
+    model = tiny_text_model(seed) if kind == "text" else tiny_vlm(seed)
+    processing = _save_and_reload_processing(directory, model.config)
+    if (kind, seed) in _TEACHER_WEIGHTS:
+        model.load_state_dict(_TEACHER_WEIGHTS[kind, seed])
+    else:
+        _fit(model, processing, kind, "teacher", seed, seconds_budget, warmup_steps=20)
+        _TEACHER_WEIGHTS[kind, seed] = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    if role == "student":
+        _fit(model, processing, kind, "student", seed, seconds_budget, warmup_steps=5)
+    model.save_pretrained(directory)
+    return directory
+
+
+def _fit(model, processing, kind: str, role: str, seed: int, seconds_budget: float | None, warmup_steps: int) -> None:
+    """Full-batch AdamW on ``role``'s examples until the loss is within :data:`TOLERANCE` of its floor.
+
+    Linear warm-up, gradient norm clipped to 1, the loss on completion tokens only and
+    weighted per sequence (see :func:`_training_batches`); the floor is the entropy of the
+    answer mixture. Leaves ``model`` in eval mode.
+    """
+    import torch
+
+    rows = toy_rows(kind)
+    batches = _training_batches(processing, rows, role, kind)
+    floor = -sum(w * math.log(w) for row in rows for _, w in _targets(row, role)) / len(rows)
+    torch.manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.99), weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup_steps))
+    model.train()
+    start, step, loss = time.monotonic(), 0, float("inf")
+    while loss - floor > TOLERANCE[role]:
+        if step == MAX_STEPS or (seconds_budget is not None and time.monotonic() - start > seconds_budget):
+            logger.warning("boxed %s %s: stopped early after %d steps, loss %.3f (floor %.3f)", kind, role, step, loss, floor)
+            break
+        loss = sum(_weighted_loss(model, batch, weights, len(rows)) for batch, weights in batches)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        loss, step = loss.item(), step + 1
+    model.eval()
+    logger.info("boxed %s %s: %d steps, %.1f s, loss %.3f (floor %.3f)", kind, role, step, time.monotonic() - start, loss, floor)
+
+
+def _save_and_reload_processing(directory: Path, config):
+    """Save ``config`` and the tokenizer (text) or processor (VLM); return the latter as reloaded from disk."""
+    from zppo_trl.processing import load_processor
+
+    config.save_pretrained(directory)
+    processing = tiny_tokenizer() if getattr(config, "vision_config", None) is None else tiny_processor()
+    processing.save_pretrained(directory)
+    return load_processor(str(directory))
+
+
+COMPRESSION_REPLY = f"<think> </think> <summary> The attempt works it out step by step. </summary>{EOS}"
+
+
+def _training_batches(processing, rows: list[dict], role: str, kind: str) -> list[tuple[dict, "torch.Tensor"]]:
+    """The (batch, weights) pairs to fit: the answers, and for a teacher also the compressions.
+
+    A teacher also serves BCQ/NCQ compression, so it learns to answer the paper's compression
+    prompt with a non-empty ``<summary>`` (an empty one would drop the instance). Copying
+    the answer into the summary is beyond a model this size, so the summary is one fixed
+    sentence, learnt from a few responses in the two forms the trainer sends: a student's
+    decoded completion and a teacher's reply as `transformers serve` returns it (the think
+    part split off). The compression prompts are text only, in a batch of their own.
+    """
+    pairs = []
+    for row in rows:
+        prompt = processing.apply_chat_template(toy_conversation(row), tokenize=False, add_generation_prompt=True)
+        pairs += [(prompt + target, row["images"], target, weight) for target, weight in _targets(row, role)]
+    batches = [_training_batch(processing, pairs, with_images=kind == "vlm")]
+    if role == "teacher":
+        tokenizer = getattr(processing, "tokenizer", processing)
+        responses = []
+        for row in rows[:4]:
+            for answer in (row["answer"], distractors(row)[0]):
+                ids = tokenizer(completion(answer), add_special_tokens=False)["input_ids"]
+                responses += [tokenizer.decode(ids, skip_special_tokens=True), f"\\boxed{{{answer}}}"]
+        compressions = []
+        for response in responses:
+            conversation = [{"role": "user", "content": render_compression(response)}]
+            prompt = processing.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+            compressions.append((prompt + COMPRESSION_REPLY, [], COMPRESSION_REPLY, len(rows) / len(responses) / 4))
+        batches.append(_training_batch(processing, compressions, with_images=False))
+    return batches
+
+
+def _training_batch(processing, pairs: list[tuple[str, list, str, float]], with_images: bool):
+    """Right-padded inputs with ``labels`` on completion tokens only, and one weight per sequence.
+
+    ``pairs`` are ``(prompt + completion, images, completion, weight)``; a completion starts
+    and ends with a special token, so the joint text tokenizes as prompt + completion
+    (checked here).
+    """
+    import torch
+
+    tokenizer = getattr(processing, "tokenizer", processing)
+    texts = [text for text, *_ in pairs]
+    completion_ids = [tokenizer(target, add_special_tokens=False)["input_ids"] for _, _, target, _ in pairs]
+    tokenizer.padding_side = "right"
+    images = {"images": [row_images for _, row_images, *_ in pairs]} if with_images else {}
+    batch = processing(text=texts, padding=True, return_tensors="pt", **images)
+    labels = torch.full_like(batch["input_ids"], -100)
+    for i, (length, ids) in enumerate(zip(batch["attention_mask"].sum(1).tolist(), completion_ids)):
+        tail = batch["input_ids"][i, length - len(ids) : length]
+        if tail.tolist() != ids:
+            raise AssertionError(f"the completion tokenized differently inside the sequence: {texts[i]!r}")
+        labels[i, length - len(ids) : length] = tail
+    batch["labels"] = labels
+    return dict(batch), torch.tensor([weight for *_, weight in pairs])
+
+
+def _weighted_loss(model, batch: dict, weights, n_questions: int):
+    """Sum over sequences of weight x completion cross-entropy (summed over tokens), per question."""
+    import torch.nn.functional as F
+
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    logits = model(**inputs).logits[:, :-1]
+    labels = batch["labels"][:, 1:]
+    token_loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100, reduction="none")
+    return (token_loss.view(labels.shape).sum(1) * weights).sum() / n_questions

@@ -1,0 +1,249 @@
+"""ZPPO end to end: a student that writes ``\\boxed{}``, a real teacher server, BCQ and NCQ.
+
+The students and teachers are tiny models fine-tuned at the start of the session
+(``boxed_models.py``) to answer the toy questions with per-question reliability, so some
+questions are hard, the teacher is right on most of them, and wrong answers parse. The
+teacher is a real ``transformers serve`` process on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3_5ForConditionalGeneration, TrainerCallback
+
+from zppo_trl import ZPPOConfig, ZPPOTrainer
+from zppo_trl.processing import load_processor
+from zppo_trl.prompts import BCQ_INSTRUCTION, RL_CLOSER, bcq_block, compose_prompt, ncq_block
+from zppo_trl.replay import PromptReplayBuffer
+from zppo_trl.rewards import boxed_accuracy_reward, completion_text, extract_boxed
+from zppo_trl.teacher import TeacherClient
+
+try:
+    from boxed_models import toy_rows
+    from conftest import Server
+except ImportError:  # tests/ imported as a package
+    from tests.boxed_models import toy_rows
+    from tests.conftest import Server
+
+pytestmark = pytest.mark.integration
+
+# Every zppo/ metric the issue asks for (per rollout step).
+REQUIRED_METRICS = [
+    "buffer_size", "admitted", "graduated", "evicted", "admitted_total", "graduated_total", "evicted_total",
+    "admitted_bin_0of4", "admitted_bin_1of4", "graduated_bin_0of4", "graduated_bin_1of4",
+    "hard", "hard_bcq_possible", "hard_ncq_only", "bcq", "ncq", "teacher_success_rate",
+    "bcq_accuracy", "ncq_accuracy", "bcq_match_teacher", "bcq_match_student", "bcq_match_neither",
+    "ncq_repeat_rate", "positive_advantage_fraction", "skipped_partitions", "teacher/latency_s", "teacher/failures",
+]  # fmt: skip
+
+
+class Spy:
+    """The boxed reward, recording every scoring call: prompts, question ids, completions, rewards."""
+
+    __name__ = "boxed"
+
+    def __init__(self):
+        self.calls: list[dict] = []
+
+    def __call__(self, prompts, completions, answer, id, completion_ids=None, **kwargs):
+        rewards = boxed_accuracy_reward(completions, answer)
+        self.calls.append(dict(prompts=prompts, ids=list(id), texts=[completion_text(c) for c in completions], rewards=rewards, teacher=completion_ids is None))
+        return rewards
+
+    def rounds(self, reformulated: bool) -> list[dict]:
+        """The student's scoring rounds: plain ones, or BCQ/NCQ ones."""
+        return [c for c in self.calls if not c["teacher"] and ("<candidate>" in _text(c["prompts"][0])) == reformulated]
+
+
+class TrainedRows(TrainerCallback):
+    """After each optimizer step that was not skipped: the prompt, advantage and image count of every row with loss tokens."""
+
+    def __init__(self):
+        self.trainer = None
+        self.prompts: list[str] = []
+        self.advantages: list[float] = []
+        self.images: list[int] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        t = self.trainer
+        micro = t._buffered_inputs[(t._step - 1) % args.steps_per_generation]
+        if micro.get("zppo_skip"):
+            return
+        tokenizer = getattr(t.processing_class, "tokenizer", t.processing_class)
+        for row in range(micro["prompt_ids"].size(0)):
+            if micro["completion_mask"][row].any():
+                ids = micro["prompt_ids"][row][micro["prompt_mask"][row].bool()]
+                self.prompts.append(tokenizer.decode(ids))
+                self.advantages.append(float(micro["advantages"][row]))
+                self.images.append(micro["num_images"][row] if "num_images" in micro else 0)
+
+
+def _text(prompt) -> str:
+    content = prompt[-1]["content"]
+    return content if isinstance(content, str) else "".join(p.get("text", "") for p in content if p.get("type") == "text")
+
+
+def _config(tmp_path, server, **overrides) -> ZPPOConfig:
+    settings = dict(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        per_device_train_batch_size=16,  # 4 new questions per partition at G=4
+        num_generations=4,
+        max_completion_length=32,
+        num_partitions=2,
+        gradient_accumulation_steps=1,
+        max_steps=4,  # two rollout steps
+        replay_fraction=0.5,
+        augment_fraction=0.5,
+        teacher_base_url=server.base_url,
+        teacher_model=server.model,
+        teacher_max_tokens=32,
+        compression_max_tokens=48,
+        learning_rate=1e-4,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+    )
+    settings.update(overrides)
+    return ZPPOConfig(**settings)
+
+
+def _rollout_logs(trainer) -> list[dict]:
+    return [{k[5:]: v for k, v in h.items() if k.startswith("zppo/")} for h in trainer.state.log_history if "zppo/buffer_size" in h]
+
+
+def _check_reformulated_prompt(text: str, question: str) -> str:
+    """Assert ``text`` is exactly question + a block re-rendered from its own parts + closer; return the kind."""
+    candidates = re.findall(r"<candidate>\n(.*?)\n</candidate>", text, flags=re.S)
+    assert candidates, text
+    if BCQ_INSTRUCTION in text:
+        kind, block = "bcq", bcq_block(candidates)
+        assert len(candidates) == 2
+    else:
+        listed = re.search(r"The following answers are all WRONG: (.*?)\.?\n", text)
+        assert listed, text
+        wrong = [extract_boxed(part) for part in listed.group(1).split(", ")]
+        kind, block = "ncq", ncq_block(wrong, candidates)
+    assert text == compose_prompt(question, block, RL_CLOSER)
+    return kind
+
+
+def test_zppo_trains_bcq_and_ncq_groups_against_a_real_teacher(boxed_text_student_dir, boxed_teacher_server, tmp_path):
+    rows = toy_rows("text")
+    questions = {row["id"]: row["question"] for row in rows}
+    spy, trained = Spy(), TrainedRows()
+    trainer = ZPPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(boxed_text_student_dir),
+        reward_funcs=spy,
+        args=_config(tmp_path, boxed_teacher_server),
+        train_dataset=Dataset.from_list(rows),
+        processing_class=AutoTokenizer.from_pretrained(boxed_text_student_dir),
+        callbacks=[trained],
+    )
+    trained.trainer = trainer
+    trainer.train()
+
+    logs = _rollout_logs(trainer)
+    assert len(logs) == 2
+    for name in REQUIRED_METRICS:
+        assert all(name in log for log in logs), name
+    assert trainer.counters["bcq_total"] > 0 and trainer.counters["ncq_total"] > 0, logs
+    assert sum(log["bcq_trained"] for log in logs) > 0 and sum(log["ncq_trained"] for log in logs) > 0
+
+    # The student saw exactly the rendered prompts: question, block, closer; NCQ lists its own wrong answers.
+    plain_rounds, reformulated_rounds = spy.rounds(False), spy.rounds(True)
+    assert len(plain_rounds) == 2 and 1 <= len(reformulated_rounds) <= 2
+    kinds = defaultdict(int)
+    for call in reformulated_rounds:
+        for prompt, key in zip(call["prompts"][:: trainer.num_generations], call["ids"][:: trainer.num_generations]):
+            kinds[_check_reformulated_prompt(_text(prompt), questions[key])] += 1
+    assert kinds["bcq"] > 0 and kinds["ncq"] > 0
+    assert sum(kinds.values()) == sum(log["bcq_trained"] + log["ncq_trained"] for log in logs)
+
+    # BCQ/NCQ rows were trained on: optimizer updates took reformulated rows (their completion tokens
+    # in the loss), next to plain rows; some rows carried signal.
+    assert any("<candidate>" in p for p in trained.prompts)
+    assert any("<candidate>" not in p for p in trained.prompts)
+    assert any(a != 0 for a in trained.advantages)
+
+    # The buffer evolved as the plain groups say, and only they.
+    expected = PromptReplayBuffer(capacity=10_000, threshold=0.5)
+    for call in plain_rounds:
+        scores = defaultdict(list)
+        for key, r in zip(call["ids"], call["rewards"]):
+            scores[key].append(r)
+        expected.update({key: sum(v) / len(v) for key, v in scores.items()})
+    assert trainer.replay_buffer.residents() == expected.residents()
+    assert logs[-1]["buffer_size"] == len(expected) > 0
+
+
+def test_vlm_student_sees_question_image_block_closer(boxed_vlm_student_dir, boxed_vlm_teacher_server, tmp_path):
+    rows = toy_rows("vlm")
+    by_id = {row["id"]: row for row in rows}
+    spy, trained = Spy(), TrainedRows()
+    trainer = ZPPOTrainer(
+        model=Qwen3_5ForConditionalGeneration.from_pretrained(boxed_vlm_student_dir),
+        reward_funcs=spy,
+        args=_config(tmp_path, boxed_vlm_teacher_server, per_device_train_batch_size=12, max_steps=2, augment_fraction=1.0, replay_fraction=0.0),
+        train_dataset=Dataset.from_list(rows),
+        processing_class=load_processor(boxed_vlm_student_dir),
+        callbacks=[trained],
+    )
+    trained.trainer = trainer
+    trainer.train()
+
+    reformulated = spy.rounds(True)
+    assert reformulated, _rollout_logs(trainer)
+    seen = defaultdict(int)
+    for call in reformulated:
+        for prompt, key in zip(call["prompts"], call["ids"]):
+            parts = prompt[-1]["content"]
+            images = [p["image"] for p in parts if p.get("type") == "image"]
+            assert len(images) == 1 and images[0].tobytes() == by_id[key]["images"][0].tobytes()
+            seen[_check_reformulated_prompt(_text(prompt), by_id[key]["question"])] += 1
+    assert seen["ncq"] > 0, seen
+    # Trained rows carry their image: every trained prompt holds the image tokens and one image.
+    assert trained.prompts and all(n == 1 for n in trained.images)
+    assert any("<candidate>" in p for p in trained.prompts)
+    assert all("<|image_pad|>" in p for p in trained.prompts)
+
+
+def test_teacher_outage_degrades_and_recovers(boxed_text_student_dir, boxed_text_teacher_dir, tmp_path):
+    server = Server(boxed_text_teacher_dir, log_dir=tmp_path).start()
+
+    class Outage(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                server.kill()  # the second rollout step runs without a teacher
+            elif state.global_step == 4:
+                server.restart()
+
+    teacher = TeacherClient(server.base_url, server.model, max_retries=1, timeout=30, backoff_base=0.05, backoff_max=0.1)
+    try:
+        trainer = ZPPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(boxed_text_student_dir),
+            reward_funcs=Spy(),
+            args=_config(tmp_path, server, max_steps=6, replay_fraction=0.0, augment_fraction=1.0),
+            train_dataset=Dataset.from_list(toy_rows("text")),
+            processing_class=AutoTokenizer.from_pretrained(boxed_text_student_dir),
+            callbacks=[Outage()],
+            teacher=teacher,
+        )
+        trainer.train()
+    finally:
+        teacher.close()
+        server.stop()
+    up, down, back = _rollout_logs(trainer)
+    assert up["teacher/failures"] == 0 and up["bcq_trained"] + up["ncq_trained"] > 0
+    assert down["teacher/failures"] > 0 and down["bcq_trained"] == down["ncq_trained"] == 0
+    assert down["hard"] > 0  # there was work for the teacher; the step trained the plain groups anyway
+    assert back["teacher/failures"] == 0 and back["bcq"] > 0 and back["bcq_trained"] > 0
+    assert trainer.state.global_step == 6
