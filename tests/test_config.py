@@ -1,3 +1,5 @@
+import warnings
+
 import pytest
 from trl import TrlParser
 
@@ -91,3 +93,12 @@ def test_command_line_and_api_key_env(monkeypatch):
     assert config.judge_extra_body == {"chat_template_kwargs": {"enable_thinking": False}}
     monkeypatch.setenv("MY_TEACHER_KEY", "sk-test")
     assert ZPPOConfig(**CPU, **TEACHER, teacher_api_key_env="MY_TEACHER_KEY").teacher_api_key() == "sk-test"
+
+
+def test_checkpoints_inside_a_rollout_step_are_warned_about(tmp_path):
+    with pytest.warns(UserWarning, match="save_steps"):
+        ZPPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, reformulations=[], save_strategy="steps", save_steps=6, num_partitions=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ZPPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, reformulations=[], save_strategy="steps", save_steps=8, num_partitions=4)
+    assert not [w for w in caught if "save_steps" in str(w.message)]

@@ -16,6 +16,7 @@ feeds ``num_partitions`` optimizer updates.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
@@ -141,6 +142,12 @@ class ZPPOConfig(GRPOConfig):
                 f"num_partitions ({self.num_partitions}) x gradient_accumulation_steps ({self.gradient_accumulation_steps}) "
                 f"must equal steps_per_generation ({self.steps_per_generation}): each rollout step feeds num_partitions "
                 "optimizer updates; leave steps_per_generation and generation_batch_size unset to derive them"
+            )
+        if self.save_strategy == "steps" and self.save_steps >= 1 and int(self.save_steps) % self.num_partitions:
+            warnings.warn(
+                f"save_steps ({self.save_steps}) is not a multiple of num_partitions ({self.num_partitions}): a run "
+                "resumed from such a checkpoint regenerates that rollout step and trains only its remaining partitions",
+                stacklevel=2,
             )
         self.judge_base_url = self.judge_base_url or self.teacher_base_url
         self.judge_model = self.judge_model or self.teacher_model
