@@ -136,13 +136,18 @@ class ZPPOTrainer(GRPOTrainer):
 
     def training_step(self, model, inputs, num_items_in_batch):
         model.train()  # before generating: the rollout step reads the training mode
+        start = time.perf_counter()
         batch = self._prepare_inputs(inputs)  # generates at the start of a rollout step
-        if batch.get(_SKIP):
-            # Empty-signal partition: no forward, no backward, so every gradient stays None and
-            # the optimizer step that follows leaves parameters and optimizer state untouched.
-            self._step += 1
-            return torch.zeros((), device=self.accelerator.device)
-        return super().training_step(model, batch, num_items_in_batch)
+        self._current_train_step_time += time.perf_counter() - start  # TRL's step_time includes generation
+        if not batch.get(_SKIP):
+            return super().training_step(model, batch, num_items_in_batch)
+        # Empty-signal partition: no forward, no backward, so every gradient stays None and the
+        # optimizer step that follows leaves parameters and optimizer state untouched.
+        self._step += 1
+        if self._step % self.current_gradient_accumulation_steps == 0:
+            self._metrics["train"]["step_time"].append(self._current_train_step_time)
+            self._current_train_step_time = 0.0
+        return torch.zeros((), device=self.accelerator.device)
 
     def _prepare_inputs(self, generation_batch):
         if isinstance(generation_batch, Mapping):  # a micro-batch this trainer already prepared
@@ -287,7 +292,8 @@ class ZPPOTrainer(GRPOTrainer):
         if kinds:
             t0 = time.perf_counter()
             replies = _result_or_empty(teacher_future, len(plain) - fillers)
-            teacher_wait += time.perf_counter() - t0
+            metrics["time/teacher_sample_wait_s"] = time.perf_counter() - t0
+            teacher_wait += metrics["time/teacher_sample_wait_s"]
             wanted = set(hard)
             local_wrong: dict[Any, list[str]] = defaultdict(list)
             local_teacher: dict[Any, list[str]] = defaultdict(list)
@@ -327,7 +333,8 @@ class ZPPOTrainer(GRPOTrainer):
                 len(texts),
                 single=True,
             )
-            teacher_wait += time.perf_counter() - t0
+            metrics["time/compression_s"] = time.perf_counter() - t0
+            teacher_wait += metrics["time/compression_s"]
             it = iter(compressed)
             for inst in local_plan:
                 candidates = [next(it) for _ in inst.candidates]

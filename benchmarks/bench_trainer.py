@@ -1,0 +1,134 @@
+"""ZPPO vs GRPO† step time on the same tiny setup, and the share of a ZPPO step spent waiting on the teacher.
+
+Both runs use the same boxed student (a tiny model fine-tuned to answer toy questions in
+the paper's format, from ``tests/boxed_models.py``), the same seed and the same new
+prompts per step. ZPPO talks to a real ``transformers serve`` process on 127.0.0.1
+serving a same-size teacher, so the teacher is no slower than the student. The first
+rollout step of each run is a warm-up and not counted.
+
+    python benchmarks/bench_trainer.py [--steps 6] [--workdir /tmp/zppo-bench]
+
+Prints per-run mean step time (one rollout step and its optimizer updates), the ZPPO/GRPO†
+ratio, and the teacher-wait share (time blocked on teacher sampling and compression / step).
+Target: waiting <= 10% of a ZPPO step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def _models(workdir: Path) -> tuple[Path, Path]:
+    from boxed_models import train_boxed_model
+
+    student, teacher = workdir / "student", workdir / "teacher"
+    for directory, role in ((student, "student"), (teacher, "teacher")):
+        if not (directory / "config.json").exists():
+            print(f"fine-tuning the boxed {role} into {directory} ...", flush=True)
+            train_boxed_model(directory, role=role, kind="text")
+    return student, teacher
+
+
+def _run(variant: str, student: Path, server, steps: int, workdir: Path) -> dict:
+    from boxed_models import toy_rows
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from zppo_trl import ZPPOConfig, ZPPOTrainer
+
+    rows = toy_rows("text")
+    dataset = Dataset.from_list(rows * 8)  # enough distinct new prompts for every step (ids made unique below)
+    dataset = dataset.map(lambda row, i: {"id": f"{row['id']}-{i // len(rows)}"}, with_indices=True)
+    args = ZPPOConfig(
+        output_dir=str(workdir / variant),
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        per_device_train_batch_size=32,  # 4 new questions per partition at G=8
+        num_generations=8,
+        max_completion_length=32,
+        num_partitions=2,
+        gradient_accumulation_steps=1,
+        max_steps=2 * steps,
+        replay_fraction=0.25,
+        augment_fraction=0.5,
+        reformulations=["bcq", "ncq"] if variant == "ZPPO" else [],
+        teacher_base_url=server.base_url,
+        teacher_model=server.model,
+        teacher_max_tokens=32,
+        compression_max_tokens=48,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        data_seed=0,
+        disable_tqdm=True,
+    )
+    trainer = ZPPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(student),
+        args=args,
+        train_dataset=dataset,
+        processing_class=AutoTokenizer.from_pretrained(student),
+    )
+    start = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - start
+    logs = [h for h in trainer.state.log_history if "zppo/time/rollout_step_s" in h][1:]  # drop the warm-up step
+    # TRL's step_time covers one optimizer step, generation included; a full ZPPO step is one
+    # rollout step and its num_partitions optimizer updates.
+    step_times = [h["step_time"] for h in trainer.state.log_history if "step_time" in h][args.num_partitions :]
+    full_steps = [sum(step_times[i : i + args.num_partitions]) for i in range(0, len(step_times), args.num_partitions)]
+    waits = [h["zppo/time/teacher_wait_s"] for h in logs]
+    return {
+        "variant": args.variant,
+        "step_s": statistics.mean(full_steps),
+        "rollout_step_s": statistics.mean(h["zppo/time/rollout_step_s"] for h in logs),
+        "teacher_wait_s": statistics.mean(waits),
+        "teacher_wait_fraction": statistics.mean(w / s for w, s in zip(waits, full_steps)),
+        "teacher_sample_wait_s": statistics.mean(h.get("zppo/time/teacher_sample_wait_s", 0.0) for h in logs),
+        "compression_s": statistics.mean(h.get("zppo/time/compression_s", 0.0) for h in logs),
+        "bcq_per_step": statistics.mean(h["zppo/bcq"] for h in logs),
+        "ncq_per_step": statistics.mean(h["zppo/ncq"] for h in logs),
+        "wall_s": wall,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=6, help="rollout steps per run (the first is a warm-up)")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/zppo-bench"))
+    options = parser.parse_args()
+    options.workdir.mkdir(parents=True, exist_ok=True)
+
+    from conftest import Server
+
+    student, teacher = _models(options.workdir)
+    server = Server(teacher, log_dir=options.workdir).start()
+    try:
+        results = [_run(variant, student, server, options.steps, options.workdir) for variant in ("GRPO\u2020", "ZPPO")]
+    finally:
+        server.stop()
+    grpo, zppo = results
+    for r in results:
+        print(
+            f"{r['variant']:6s} step {r['step_s']:.2f} s (generation and scoring {r['rollout_step_s']:.2f} s), "
+            f"teacher wait {r['teacher_wait_s']:.3f} s ({100 * r['teacher_wait_fraction']:.1f}%: samples "
+            f"{r['teacher_sample_wait_s']:.3f} s, compression {r['compression_s']:.3f} s), "
+            f"BCQ {r['bcq_per_step']:.1f} / NCQ {r['ncq_per_step']:.1f} per step, run {r['wall_s']:.0f} s"
+        )
+    print(f"ZPPO / GRPO\u2020 step time: {zppo['step_s'] / grpo['step_s']:.2f}x")
+    print(f"teacher wait: {100 * zppo['teacher_wait_fraction']:.1f}% of a ZPPO step (target <= 10%)")
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
