@@ -159,11 +159,9 @@ def select_rows(batch: Mapping, rows: Sequence[int]) -> dict:
     if "pixel_values" in batch:
         counts = [batch["num_images"][i] for i in rows]
         if sum(counts):
-            out["pixel_values"] = torch.cat([batch["pixel_values"][i] for i in rows if _has_images(batch, i)])
-            out["image_grid_thw"] = torch.cat([batch["image_grid_thw"][i] for i in rows if _has_images(batch, i)])
+            with_images = [i for i in rows if batch["num_images"][i]]  # text-only rows hold None here
+            out["pixel_values"] = torch.cat([batch["pixel_values"][i] for i in with_images])
+            out["image_grid_thw"] = torch.cat([batch["image_grid_thw"][i] for i in with_images])
             out["num_images"] = counts
     return out
 
-
-def _has_images(batch: Mapping, row: int) -> bool:
-    return bool(batch["num_images"][row]) and batch["pixel_values"][row] is not None

@@ -102,7 +102,7 @@ class ZPPOTrainer(GRPOTrainer):
         for func in reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]:
             if not callable(func) or isinstance(func, (str, torch.nn.Module)):
                 raise ValueError(f"ZPPO needs verifiable rewards: reward_funcs must be plain callables, got {func!r}")
-        _check_dataset(train_dataset, args)
+        row_of = _row_index(train_dataset)
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, **kwargs)
 
         rows_per_rank = args.per_device_train_batch_size * args.steps_per_generation
@@ -111,7 +111,7 @@ class ZPPOTrainer(GRPOTrainer):
                 f"per_device_train_batch_size x steps_per_generation ({rows_per_rank}) must be a multiple of "
                 f"num_generations ({self.num_generations}) so that every rank holds whole groups"
             )
-        self._row_of = {key: i for i, key in enumerate(train_dataset[data.ID])}
+        self._row_of = row_of  # id -> dataset row, for replayed questions and BCQ/NCQ prompts
         self.replay_buffer = PromptReplayBuffer(capacity=args.replay_capacity, threshold=args.hard_threshold)
         self._rng = random.Random(args.seed)  # identical on every rank: every decision is replicated
         self._admitted_at: dict[Any, float] = {}  # resident -> plain accuracy at admission (for the bin metrics)
@@ -126,7 +126,6 @@ class ZPPOTrainer(GRPOTrainer):
                 api_key_env=args.teacher_api_key_env,
                 extra_body=args.teacher_extra_body,
             )
-        self._resumed = False
 
     # ------------------------------------------------------------------ TRL hooks
 
@@ -223,10 +222,12 @@ class ZPPOTrainer(GRPOTrainer):
         return {**row, "prompt": [{"role": "user", "content": text}]}
 
     def _teacher_conversation(self, row: Mapping) -> list[dict]:
-        text = compose_prompt(row[data.QUESTION], None, self.args.closer)
+        """The student's plain prompt with the row's images in it, for the teacher's server."""
+        prompt = self._with_prompt(row)["prompt"]
+        text = prompt[0]["content"]
         images = row.get(data.IMAGES) or []
         if not images:
-            return [{"role": "user", "content": text}]
+            return prompt
         return [{"role": "user", "content": [*({"type": "image", "image": im} for im in images), {"type": "text", "text": text}]}]
 
     # ------------------------------------------------------------------ the rollout step
@@ -302,7 +303,7 @@ class ZPPOTrainer(GRPOTrainer):
                 if kind == _FILLER or key not in wanted:
                     continue
                 for i in range(g * G, (g + 1) * G):
-                    if plain_rewards[rank * len(plain) * G + i] <= _CORRECT:
+                    if plain_rewards.view(world, -1)[rank, i] <= _CORRECT:
                         local_wrong[key].append(plain_texts[i])
                 for text, ok in zip(replies[g], self._grade(row, replies[g])):
                     if ok:
@@ -363,7 +364,7 @@ class ZPPOTrainer(GRPOTrainer):
         self._refresh_buffer(accuracy, metrics)
 
         # Metrics of the step.
-        metrics.update(self._reformulation_metrics(plan, kept, reform, reform_rewards, reform_texts, reform_meta, accuracy))
+        metrics.update(self._reformulation_metrics(plan, kept, reform_rewards, reform_texts, reform_meta))
         metrics["new"], metrics["replayed"] = len(new_keys), len(replay_keys)
         metrics["plain_accuracy"] = sum(accuracy.values()) / max(len(accuracy), 1)
         # Time and teacher counters over all ranks: the slowest rank's times, summed requests.
@@ -420,22 +421,20 @@ class ZPPOTrainer(GRPOTrainer):
         rows: list[list[list[int]]] = []
         reward_of: dict[tuple[int, int], float] = {}
         group_of: dict[tuple[int, int], tuple[int, int]] = {}
-        kind_of: dict[tuple[int, int], str] = {}
         for r in range(world):
-            groups = list(plain_meta[r]) + list(reform_meta[r])
-            n_plain = len(plain_meta[r])
-            ids, strata = [], []
-            for g, (kind, _key) in enumerate(groups):
+            rank_rewards = plain_rewards.view(world, -1)[r].tolist()
+            if reform_rewards is not None:
+                rank_rewards += reform_rewards.view(world, -1)[r].tolist()
+            real, ids, strata = [], [], []  # fillers are never trained: left out of every partition
+            for g, (kind, _key) in enumerate([*plain_meta[r], *reform_meta[r]]):
                 for i in range(g * G, (g + 1) * G):
-                    source = plain_rewards[r * n_plain * G + i] if g < n_plain else reform_rewards[r * len(reform_meta[r]) * G + i - n_plain * G]
-                    reward_of[(r, i)] = float(source)
-                    group_of[(r, i)] = (r, g)
-                    kind_of[(r, i)] = kind
-                    ids.append(g if kind != _FILLER else -1 - g)
-                    strata.append(kind)
-            real = [i for i, g in enumerate(ids) if g >= 0]
-            split = partition_groups([ids[i] for i in real], partitions, rng=random.Random(seed + r), strata=[strata[i] for i in real])
-            rows.append([[real[i] for i in part] for part in split])
+                    reward_of[(r, i)], group_of[(r, i)] = rank_rewards[i], (r, g)
+                    if kind != _FILLER:
+                        real.append(i)
+                        ids.append(g)
+                        strata.append(kind)
+            split = partition_groups(ids, partitions, rng=random.Random(seed + r), strata=strata)
+            rows.append([[real[j] for j in part] for part in split])
 
         loss_mask = batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
         local_tokens = torch.tensor([float(loss_mask[rows[rank][p]].sum()) for p in range(partitions)], device=self.accelerator.device)
@@ -499,7 +498,7 @@ class ZPPOTrainer(GRPOTrainer):
             self._admitted_at.pop(key, None)
         metrics["buffer_size"] = len(self.replay_buffer)
 
-    def _reformulation_metrics(self, plan, kept, reform, reform_rewards, reform_texts, reform_meta, accuracy) -> dict:
+    def _reformulation_metrics(self, plan, kept, reform_rewards, reform_texts, reform_meta) -> dict:
         """BCQ/NCQ counts, in-prompt accuracies, the BCQ candidate-match audit and the NCQ repeat rate."""
         G, world, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
         out: dict[str, float] = {}
@@ -511,11 +510,9 @@ class ZPPOTrainer(GRPOTrainer):
         for kind in ("bcq", "ncq"):
             hits = total = 0
             for r in range(world):
-                per_rank = len(reform_meta[r])
                 for g, (k, _key) in enumerate(reform_meta[r]):
                     if k == kind:
-                        values = reform_rewards[r * per_rank * G + g * G : r * per_rank * G + (g + 1) * G]
-                        hits += float((values > _CORRECT).sum())
+                        hits += float((reform_rewards.view(world, -1)[r, g * G : (g + 1) * G] > _CORRECT).sum())
                         total += G
             out[f"{kind}_trained"] = total // G
             out[f"{kind}_accuracy"] = hits / total if total else 0.0
@@ -549,7 +546,8 @@ class ZPPOTrainer(GRPOTrainer):
 # ---------------------------------------------------------------------- helpers
 
 
-def _check_dataset(dataset: Any, args: ZPPOConfig) -> None:
+def _row_index(dataset: Any) -> dict[Any, int]:
+    """Check ``dataset`` against the trainer's needs; return its ``{id: row}`` index."""
     if dataset is None:
         raise ValueError("ZPPOTrainer needs a train_dataset")
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "column_names") or not hasattr(dataset, "__len__"):
@@ -562,6 +560,7 @@ def _check_dataset(dataset: Any, args: ZPPOConfig) -> None:
         if key in seen:
             raise ValueError(f"train_dataset rows {seen[key]} and {i}: duplicate id {key!r}; ids key the replay buffer and must be unique")
         seen[key] = i
+    return seen
 
 
 def _gather_groups(local: list[tuple[str, Any]]) -> list[list[tuple[str, Any]]]:
