@@ -153,6 +153,15 @@ class Server:
             pass
 
 
+def _serve(model_dir: Path) -> Iterator[Server]:
+    """A started `Server` for a session fixture, stopped at teardown."""
+    server = Server(model_dir).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def tiny_text_model_dir(tmp_path_factory) -> Path:
     """The tiny random Qwen3 text model, saved once per session."""
@@ -168,21 +177,13 @@ def tiny_vlm_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def teacher_server(tiny_text_model_dir) -> Iterator[Server]:
     """`transformers serve` with the tiny text model; use ``.base_url`` and ``.model``. Do not kill it."""
-    server = Server(tiny_text_model_dir).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _serve(tiny_text_model_dir)
 
 
 @pytest.fixture(scope="session")
 def vlm_server(tiny_vlm_dir) -> Iterator[Server]:
     """`transformers serve` with the tiny VLM (images reach the model)."""
-    server = Server(tiny_vlm_dir).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _serve(tiny_vlm_dir)
 
 
 @pytest.fixture(scope="session")
@@ -212,21 +213,13 @@ def boxed_vlm_teacher_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def boxed_teacher_server(boxed_text_teacher_dir) -> Iterator[Server]:
     """`transformers serve` with the boxed text teacher. Do not kill it."""
-    server = Server(boxed_text_teacher_dir).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _serve(boxed_text_teacher_dir)
 
 
 @pytest.fixture(scope="session")
 def boxed_vlm_teacher_server(boxed_vlm_teacher_dir) -> Iterator[Server]:
     """`transformers serve` with the boxed VLM teacher (images reach the model). Do not kill it."""
-    server = Server(boxed_vlm_teacher_dir).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _serve(boxed_vlm_teacher_dir)
 
 
 @pytest.fixture

@@ -23,7 +23,6 @@ optimizer step a parameter checksum, and the final parameter checksum.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import hashlib
 import json
 import sys
@@ -128,11 +127,6 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=9)
     parser.add_argument("--teacher-url")
     parser.add_argument("--teacher-model")
-    parser.add_argument(
-        "--identity-compression",
-        action="store_true",
-        help="keep BCQ/NCQ candidates verbatim instead of asking the teacher to compress them",
-    )
     cli = parser.parse_args()
     outdir = Path(cli.outdir)
 
@@ -193,16 +187,6 @@ def main() -> None:
         callbacks=[checksums],
     )
     checksums.trainer = trainer
-    if cli.identity_compression:
-        # The boxed toy teacher only learnt to answer toy questions: it answers the compression
-        # prompt with an empty reply, and an empty compression drops its instance. Compression
-        # itself is covered by test_teacher.py; here the candidates go into the blocks verbatim.
-        def compress_async(texts, *args, **kwargs):
-            future = concurrent.futures.Future()
-            future.set_result(list(texts))
-            return future
-
-        trainer.teacher.compress_async = compress_async
     record = instrument(trainer)
     initial = param_checksum(trainer.model)
     trainer.train()
