@@ -8,9 +8,31 @@ these columns; recipes and the trainer read them.
 
 from __future__ import annotations
 
+import ast
+import json
+import logging
+import operator
+import random
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
-__all__ = ["ID", "QUESTION", "IMAGES", "ANSWER", "SOURCE", "SUBDATASET", "COLUMNS", "validate_row"]
+__all__ = [
+    "ID",
+    "QUESTION",
+    "IMAGES",
+    "ANSWER",
+    "SOURCE",
+    "SUBDATASET",
+    "COLUMNS",
+    "validate_row",
+    "validate_dataset",
+    "load_questions",
+    "demo_questions",
+    "write_jsonl",
+]
+
+logger = logging.getLogger(__name__)
 
 ID = "id"  # unique, stable row key (the replay buffer stores these)
 QUESTION = "question"  # question text without the RL closer
@@ -53,3 +75,204 @@ def validate_row(row: Mapping, index) -> None:
     for position, image in enumerate(images):
         if not _is_image(image):
             raise ValueError(f"row {index}: field {IMAGES!r} item {position} is not an image ({type(image).__name__})")
+
+
+# ---------------------------------------------------------------------- whole datasets
+
+
+def validate_dataset(dataset, skip_invalid: bool = False):
+    """Check every row of ``dataset`` against the schema, up front.
+
+    A bad row (see :func:`validate_row`) or a repeated ``id`` raises ``ValueError``
+    naming the row and field; with ``skip_invalid`` it is dropped instead, and the count
+    and the first reasons are logged. Returns ``(dataset, skipped)`` where ``skipped``
+    lists ``(row, reason)``. Images are checked without decoding them.
+    """
+    import datasets
+    from tqdm.auto import tqdm
+
+    missing = [c for c in COLUMNS if c not in dataset.column_names]
+    if missing:  # a schema problem, not a row problem: never skippable
+        raise ValueError(f"dataset is missing column(s) {missing}; expected the columns {list(COLUMNS)} of zppo_trl.data")
+    view = dataset.select_columns(list(COLUMNS))
+    if _is_image_list(view.features[IMAGES]):
+        view = view.cast_column(IMAGES, datasets.List(datasets.Image(decode=False)))
+    skipped: list[tuple[int, str]] = []
+    seen: dict[Any, int] = {}
+    for index, row in enumerate(tqdm(view, total=len(view), desc="validating rows", unit="row", mininterval=2.0)):
+        try:
+            validate_row(row, index)
+            if row[ID] in seen:
+                raise ValueError(f"row {index}: field {ID!r} repeats row {seen[row[ID]]} ({row[ID]!r}); ids key the replay buffer")
+            seen[row[ID]] = index
+        except ValueError as err:
+            if not skip_invalid:
+                raise ValueError(f"{err} (pass --skip_invalid to drop bad rows instead)") from None
+            skipped.append((index, str(err)))
+    if skipped:
+        bad = {index for index, _ in skipped}
+        dataset = dataset.select([i for i in range(len(dataset)) if i not in bad])
+        logger.warning(
+            "skipped %d invalid row(s) of %d; first: %s", len(skipped), len(bad) + len(dataset), "; ".join(r for _, r in skipped[:3])
+        )
+    return dataset, skipped
+
+
+def _is_image_list(feature) -> bool:
+    import datasets
+
+    return isinstance(getattr(feature, "feature", None), datasets.Image)
+
+
+_SUFFIX_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
+
+
+def _local_dataset(path: Path, split: str):
+    import datasets
+
+    if path.is_dir() and any((path / name).exists() for name in ("dataset_info.json", "state.json", "dataset_dict.json")):
+        loaded = datasets.load_from_disk(str(path))  # a `save_to_disk` folder
+        if isinstance(loaded, datasets.DatasetDict):
+            if split not in loaded:
+                raise ValueError(f"{path}: no split {split!r} (has {list(loaded)})")
+            loaded = loaded[split]
+        return loaded
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in _SUFFIX_BUILDERS)
+    builders = {_SUFFIX_BUILDERS.get(p.suffix) for p in files}
+    if not files or None in builders or len(builders) > 1:
+        raise ValueError(f"{path}: expected a .parquet/.jsonl file, a folder of them (one format), or a save_to_disk folder")
+    return datasets.load_dataset(builders.pop(), data_files=[str(p) for p in files], split="train")
+
+
+def _absolute_image_paths(dataset, root: Path):
+    """Relative image paths in a local jsonl/parquet file are relative to that file's folder."""
+
+    def resolve(images):
+        out = []
+        for image in images or []:
+            if isinstance(image, str) and image and not Path(image).is_absolute():
+                image = str(root / image)
+            elif isinstance(image, Mapping) and isinstance(image.get("path"), str) and not image.get("bytes"):
+                image = {**image, "path": str(root / image["path"])} if not Path(image["path"]).is_absolute() else image
+            out.append(image)
+        return out
+
+    return dataset.map(lambda row: {IMAGES: resolve(row[IMAGES])}, desc="resolving image paths")
+
+
+def load_questions(source: str, split: str = "train", *, name: str | None = None, skip_invalid: bool = False):
+    """Load and validate a training set in this module's schema.
+
+    ``source`` is a local path (a ``.parquet`` or ``.jsonl`` file, a folder of them, or a
+    ``Dataset.save_to_disk`` folder) or a Hub dataset id (``name`` is its config). The
+    ``images`` column is decoded to PIL images (paths, bytes and ``{"bytes", "path"}``
+    entries all work). Every row is validated up front (:func:`validate_dataset`): a bad
+    row is an error naming the row and field, or with ``skip_invalid`` a counted, logged
+    skip. Returns ``(dataset, skipped)``.
+    """
+    import datasets
+
+    path = Path(source).expanduser()
+    if path.exists():
+        dataset = _local_dataset(path, split)
+        if IMAGES in dataset.column_names and not _is_image_list(dataset.features[IMAGES]):
+            dataset = _absolute_image_paths(dataset, path if path.is_dir() else path.parent)
+    elif source.startswith((".", "/", "~")) or source.endswith(tuple(_SUFFIX_BUILDERS)):
+        raise FileNotFoundError(f"dataset {source!r} does not exist")
+    else:
+        dataset = datasets.load_dataset(source, name, split=split)
+    dataset, skipped = validate_dataset(dataset, skip_invalid=skip_invalid)
+    if not _is_image_list(dataset.features[IMAGES]) and any(dataset[IMAGES]):
+        dataset = dataset.cast_column(IMAGES, datasets.List(datasets.Image()))
+    return dataset, skipped
+
+
+# ---------------------------------------------------------------------- the demo's bundled questions
+
+# Three worked examples in front of every demo question: a 135M model copies their answer
+# format (and so ends with a gradable \\boxed{}) far more often than it follows a closer alone.
+DEMO_EXAMPLE = (
+    "Q: Ann has 2 cats. She gets 3 more cats. How many cats does Ann have?\n"
+    "A: 2 + 3 = 5. The answer is \\boxed{5}.\n\n"
+    "Q: Bob had 9 pens and lost 4. How many pens does Bob have left?\n"
+    "A: 9 - 4 = 5. The answer is \\boxed{5}.\n\n"
+    "Q: There are 3 bags with 2 balls in each bag. How many balls are there?\n"
+    "A: 3 * 2 = 6. The answer is \\boxed{6}.\n\n"
+    "Q: "
+)
+
+_NAMES = ("Tom", "Sara", "Ben", "Mia", "Leo", "Zoe", "Sam", "Ivy")
+_ITEMS = ("apples", "pencils", "stickers", "marbles", "cookies", "books", "shells", "coins")
+
+# kind -> (template, expression); the expression is evaluated independently to verify the answer.
+_DEMO_TEMPLATES = {
+    "add": ("{name} has {a} {items}. {name} gets {b} more {items}. How many {items} does {name} have?", "{a} + {b}"),
+    "sub": ("{name} had {a} {items} and gave away {b}. How many {items} does {name} have left?", "{a} - {b}"),
+    "mul": ("There are {a} boxes with {b} {items} in each box. How many {items} are there?", "{a} * {b}"),
+    "div": ("{a} {items} are shared equally among {b} friends. How many {items} does each friend get?", "{a} / {b}"),
+    "two_step": ("{name} has {a} {items}, gets {b} more and gives away {c}. How many {items} does {name} have now?", "{a} + {b} - {c}"),
+}
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def _evaluate(expression: str):
+    """Evaluate +, -, *, / over integer literals (no ``eval``)."""
+
+    def walk(node):
+        if isinstance(node, ast.Expression):
+            return walk(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](walk(node.left), walk(node.right))
+        raise ValueError(f"unsupported expression {expression!r}")
+
+    return walk(ast.parse(expression, mode="eval"))
+
+
+def _demo_numbers(kind: str, rng: random.Random) -> dict:
+    if kind == "add":
+        return {"a": rng.randint(2, 9), "b": rng.randint(2, 9)}
+    if kind == "sub":
+        b = rng.randint(2, 9)
+        return {"a": b + rng.randint(1, 9), "b": b}
+    if kind == "mul":
+        return {"a": rng.randint(2, 6), "b": rng.randint(2, 6)}
+    if kind == "div":
+        b, q = rng.randint(2, 5), rng.randint(2, 6)
+        return {"a": b * q, "b": b}
+    a, b = rng.randint(2, 9), rng.randint(2, 9)
+    return {"a": a, "b": b, "c": rng.randint(1, a + b - 1)}
+
+
+def demo_questions(n: int = 240, seed: int = 0) -> list[dict]:
+    """``n`` generated arithmetic word problems in this module's schema, with verified answers.
+
+    Kinds cycle through add, sub, mul, div and two-step problems with small numbers: easy
+    enough that a 135M instruct model solves some, hard enough that it fails others. Each
+    answer is the template's expression evaluated on its own and checked to be a
+    non-negative integer. Deterministic given ``seed``.
+    """
+    rng = random.Random(seed)
+    kinds = list(_DEMO_TEMPLATES)
+    rows = []
+    for i in range(n):
+        kind = kinds[i % len(kinds)]
+        template, expression = _DEMO_TEMPLATES[kind]
+        numbers = _demo_numbers(kind, rng)
+        value = _evaluate(expression.format(**numbers))
+        if value != int(value) or value < 0:
+            raise AssertionError(f"demo question {i} ({kind}, {numbers}) has no non-negative integer answer: {value}")
+        text = template.format(name=rng.choice(_NAMES), items=rng.choice(_ITEMS), **numbers)
+        rows.append(
+            {ID: f"demo-{i:04d}", QUESTION: DEMO_EXAMPLE + text, IMAGES: [], ANSWER: str(int(value)), SOURCE: "zppo-demo", SUBDATASET: kind}
+        )
+    return rows
+
+
+def write_jsonl(rows, path: str | Path) -> None:
+    """Write text-only rows as JSON lines (one row per line, keys in schema order)."""
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps({c: row[c] for c in COLUMNS}) + "\n")
