@@ -23,9 +23,45 @@ from trl import GRPOConfig
 
 from .advantages import NORMALIZATIONS
 from .prompts import RL_CLOSER
-from .reformulate import KINDS
+from .reformulate import KINDS, augment_limit
+from .replay import replay_count
 
-__all__ = ["ZPPOConfig"]
+__all__ = ["ZPPOConfig", "StepComposition"]
+
+
+@dataclass(frozen=True)
+class StepComposition:
+    """What one rollout step of a :class:`ZPPOConfig` holds on ``world_size`` ranks.
+
+    ``str()`` gives the one-line summary the recipe's dry run prints, e.g. "per rollout
+    step: 384 new + <=96 replayed + <=96 reformulated prompts x 8 rollouts; 4 optimizer
+    updates of 96 new prompts; teacher G_T=4".
+    """
+
+    world_size: int
+    new_prompts: int  # |X_new| per rollout step, over all ranks
+    max_replayed: int  # floor(rho_replay * |X_new|), reached once the buffer is that full
+    max_reformulated: int  # floor(rho_aug * |X_new|) BCQ + NCQ instances (0 without reformulations)
+    rollouts: int  # G_S
+    updates: int  # I
+    new_prompts_per_update: float
+    teacher_rollouts: int  # G_T (0 without a teacher)
+    rows_per_micro_batch: int  # per rank, for the new prompts; replayed and reformulated groups add to it
+    micro_batches_per_update: int
+    rollout_steps: int | None  # from max_steps; None when training by epochs
+
+    @property
+    def max_prompts(self) -> int:
+        return self.new_prompts + self.max_replayed + self.max_reformulated
+
+    def __str__(self) -> str:
+        per_update = f"{self.new_prompts_per_update:g}"
+        teacher = f"teacher G_T={self.teacher_rollouts}" if self.teacher_rollouts else "no teacher"
+        return (
+            f"per rollout step: {self.new_prompts} new + <={self.max_replayed} replayed + <={self.max_reformulated} "
+            f"reformulated prompts x {self.rollouts} rollouts; {self.updates} optimizer updates of {per_update} new "
+            f"prompts; {teacher}"
+        )
 
 
 @dataclass
@@ -191,6 +227,32 @@ class ZPPOConfig(GRPOConfig):
             return "GRPO\u2020" if replay else "GRPO"
         kind = next(iter(kinds)).upper()
         return f"GRPO\u2020+{kind}" if replay else f"GRPO+{kind}"
+
+    def composition(self, world_size: int) -> StepComposition:
+        """The rollout step this configuration makes on ``world_size`` ranks (see :class:`StepComposition`)."""
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+        G = self.num_generations
+        rows = self.per_device_train_batch_size * self.steps_per_generation * world_size
+        if (self.per_device_train_batch_size * self.steps_per_generation) % G:
+            raise ValueError(
+                f"per_device_train_batch_size x steps_per_generation ({self.per_device_train_batch_size} x "
+                f"{self.steps_per_generation}) must be a multiple of num_generations ({G}) so that every rank holds whole groups"
+            )
+        new = rows // G
+        return StepComposition(
+            world_size=world_size,
+            new_prompts=new,
+            max_replayed=replay_count(new, self.replay_fraction, new),
+            max_reformulated=augment_limit(new, self.augment_fraction) if self.reformulations else 0,
+            rollouts=G,
+            updates=self.num_partitions,
+            new_prompts_per_update=new / self.num_partitions,
+            teacher_rollouts=self.teacher_num_generations if self.reformulations else 0,
+            rows_per_micro_batch=self.per_device_train_batch_size,
+            micro_batches_per_update=self.gradient_accumulation_steps,
+            rollout_steps=self.max_steps // self.num_partitions if self.max_steps and self.max_steps > 0 else None,
+        )
 
     def teacher_api_key(self) -> str | None:
         """The teacher's API key, read from ``teacher_api_key_env`` at call time."""

@@ -44,6 +44,7 @@ from . import data
 from .advantages import nontrivial_groups, partition_groups, two_step_advantages
 from .batches import concat_batches, select_rows
 from .config import ZPPOConfig
+from .model_card import PAPER_TITLE, zppo_card_section
 from .prompts import bcq_block, compose_prompt, ncq_block
 from .reformulate import Reformulation, augment_limit, plan_reformulations, select_hard
 from .replay import PromptReplayBuffer, replay_count
@@ -83,6 +84,10 @@ class ZPPOTrainer(GRPOTrainer):
         counters: cumulative ZPPO counters (saved in every checkpoint).
     """
 
+    _tag_names = ["trl", "grpo", "zppo"]
+    _name = "ZPPO"
+    _paper = {"title": PAPER_TITLE, "id": None, "citation": None}
+
     def __init__(
         self,
         model: Any,
@@ -92,6 +97,7 @@ class ZPPOTrainer(GRPOTrainer):
         eval_dataset: Any = None,
         *,
         teacher: TeacherClient | None = None,
+        dataset_name: str | None = None,
         **kwargs: Any,
     ):
         if not isinstance(args, ZPPOConfig):
@@ -116,6 +122,7 @@ class ZPPOTrainer(GRPOTrainer):
         self._rng = random.Random(args.seed)  # identical on every rank: every decision is replicated
         self._admitted_at: dict[Any, float] = {}  # resident -> plain accuracy at admission (for the bin metrics)
         self.counters: dict[str, float] = defaultdict(float)
+        self.dataset_name = dataset_name
         self.teacher = teacher
         if self.teacher is None and args.reformulations:
             self.teacher = TeacherClient(
@@ -193,6 +200,18 @@ class ZPPOTrainer(GRPOTrainer):
                 self.load_zppo_state_dict(json.load(f))
         else:
             logger.warning("checkpoint %s has no %s: the replay buffer and ZPPO counters start empty", checkpoint, ZPPO_STATE_NAME)
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """TRL's card, plus a ZPPO section: method, student, teacher, dataset, settings and final metrics."""
+        dataset_name = dataset_name or self.dataset_name
+        on_hub = dataset_name if dataset_name and not os.path.exists(dataset_name) else None  # TRL links it on the Hub
+        super().create_model_card(model_name=model_name, dataset_name=on_hub, tags=tags)
+        if not self.is_world_process_zero():
+            return
+        student = getattr(self.model.config, "_name_or_path", None)
+        section = zppo_card_section(self.args, student=student, dataset=dataset_name, log_history=self.state.log_history)
+        with open(os.path.join(self.args.output_dir, "README.md"), "a") as f:
+            f.write(section)
 
     # ------------------------------------------------------------------ state
 
