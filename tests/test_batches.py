@@ -72,3 +72,20 @@ def test_unknown_fields_are_refused_by_name():
     a["spatial_shapes"] = torch.zeros(1, 2)
     with pytest.raises(ValueError, match="spatial_shapes"):
         concat_batches([a], PAD)
+
+
+def test_select_rows_drops_padding_no_selected_row_uses():
+    short = _round([[1, 2], [7, 3]], [[5], [6, 6]])
+    long = _round([[7, 8, 9, 10, 11, 12]], [[12, 13, 14, 15]], offset=100.0)
+    merged = concat_batches([short, long], PAD)
+    assert merged["prompt_ids"].shape == (3, 6) and merged["completion_ids"].shape == (3, 4)
+    picked = select_rows(merged, [1, 0, 1])
+    # only the short round's widths remain, every real token kept, in place
+    assert picked["prompt_ids"].shape == (3, 2) and picked["completion_ids"].shape == (3, 2)
+    assert picked["old_per_token_logps"].shape == (3, 2) and picked["mm_token_type_ids"].shape == (3, 4)
+    assert [_unpadded(picked, i) for i in range(3)] == [_unpadded(short, 1), _unpadded(short, 0), _unpadded(short, 1)]
+    ids = torch.cat([picked["prompt_ids"], picked["completion_ids"]], 1)
+    assert torch.equal(picked["mm_token_type_ids"].bool(), ids == 7)
+    # with the long row selected nothing can go; without trimming nothing does
+    assert select_rows(merged, [0, 2])["prompt_ids"].shape == (2, 6)
+    assert select_rows(merged, [0], trim=False)["prompt_ids"].shape == (1, 6)

@@ -144,11 +144,39 @@ def concat_batches(batches: Sequence[Mapping], pad_token_id: int) -> dict:
     return out
 
 
-def select_rows(batch: Mapping, rows: Sequence[int]) -> dict:
+def _trim(out: dict) -> None:
+    """Drop the prompt columns that are padding in every row and the completion columns past
+    the longest completion, in place.
+
+    Rounds are padded to a common width when merged, so a mini-batch of short plain prompts
+    would otherwise carry the BCQ/NCQ prompts' padding through every forward and backward.
+    Dropping left padding shifts every position of a row by the same amount, which rotary
+    (relative) position encodings do not see; masked columns never reach the loss.
+    """
+    prompt_width = out["prompt_ids"].size(1)
+    real = out["prompt_mask"].bool().any(0)
+    start = int(real.nonzero()[0]) if real.any() else prompt_width
+    real = out["completion_mask"].bool().any(0)
+    end = int(real.nonzero()[-1]) + 1 if real.any() else 0
+    completion_width = out["completion_ids"].size(1)
+    if start == 0 and end == completion_width:
+        return
+    for name in _PROMPT_FIELDS:
+        out[name] = out[name][:, start:]
+    for name in _COMPLETION_FIELDS:
+        if name in out and out[name].size(1) == completion_width and not (completion_width == 1 and name == "importance_sampling_ratio"):
+            out[name] = out[name][:, :end]
+    for name in _SEQUENCE_FIELDS:
+        if name in out:
+            out[name] = torch.cat([out[name][:, start:prompt_width], out[name][:, prompt_width : prompt_width + end]], dim=1)
+
+
+def select_rows(batch: Mapping, rows: Sequence[int], trim: bool = True) -> dict:
     """The rows ``rows`` (repeats allowed) of a :func:`concat_batches` result, as a TRL batch.
 
     Images are flattened back into TRL's layout; a selection without any image carries
-    no image fields.
+    no image fields. With ``trim``, padding columns no selected row uses are dropped
+    (see :func:`_trim`).
     """
     index = torch.as_tensor(list(rows), dtype=torch.long)
     out: dict = {}
@@ -156,6 +184,8 @@ def select_rows(batch: Mapping, rows: Sequence[int]) -> dict:
         if name in _IMAGE_FIELDS:
             continue
         out[name] = value.index_select(0, index.to(value.device))
+    if trim:
+        _trim(out)
     if "pixel_values" in batch:
         counts = [batch["num_images"][i] for i in rows]
         if sum(counts):

@@ -49,3 +49,43 @@ wait_for_http() {
     done
     echo "$name is up at $url"
 }
+
+# parse_server_args ARGS...: the options serve_student.sh and serve_teacher.sh share. Sets
+# model gpus dp port host max_len timeout log (defaults set by the caller beforehand);
+# calls the caller's `usage` for --help and on errors.
+# shellcheck disable=SC2034  # the globals it sets are read by the sourcing script
+parse_server_args() {
+    while (($#)); do
+        case $1 in
+            --model) need_value "$1" "${2:-}"; model=$2; shift 2 ;;
+            --gpus) need_value "$1" "${2:-}"; gpus=$2; shift 2 ;;
+            --data-parallel) need_value "$1" "${2:-}"; need_int "$1" "$2"; dp=$2; shift 2 ;;
+            --port) need_value "$1" "${2:-}"; need_int "$1" "$2"; port=$2; shift 2 ;;
+            --host) need_value "$1" "${2:-}"; host=$2; shift 2 ;;
+            --max-model-len) need_value "$1" "${2:-}"; need_int "$1" "$2"; max_len=$2; shift 2 ;;
+            --timeout) need_value "$1" "${2:-}"; need_int "$1" "$2"; timeout=$2; shift 2 ;;
+            --log) need_value "$1" "${2:-}"; log=$2; shift 2 ;;
+            --dry-run) export DRY_RUN=1; shift ;;
+            -h | --help) usage; exit 0 ;;
+            *) usage >&2; die "unknown option '$1'" 2 ;;
+        esac
+    done
+}
+
+# start_server NAME HEALTH_URL LOG CMD...: run CMD in the background on $gpus (logging to
+# LOG, PID in LOG.pid) and wait for HEALTH_URL; with DRY_RUN=1 only print it.
+start_server() {
+    local name=$1 health=$2 log=$3
+    shift 3
+    if [[ -n "${gpus:-}" ]]; then export CUDA_VISIBLE_DEVICES=$gpus; fi
+    echo "$name on GPUs ${gpus:-all}, log: $log"
+    local pid=""
+    if [[ "${DRY_RUN:-0}" == 1 ]]; then
+        run "$@"
+    else
+        run "$@" >"$log" 2>&1 &
+        pid=$!
+        echo "$pid" >"$log.pid"
+    fi
+    wait_for_http "$health" "${timeout:-1800}" "$name" "$pid"
+}

@@ -26,34 +26,10 @@ USAGE
 }
 
 model=Qwen/Qwen3.5-27B-FP8 gpus="" dp=1 port=8000 host=0.0.0.0 max_len=32768 timeout=1800 log=teacher_vllm.log
-while (($#)); do
-    case $1 in
-        --model) need_value "$1" "${2:-}"; model=$2; shift 2 ;;
-        --gpus) need_value "$1" "${2:-}"; gpus=$2; shift 2 ;;
-        --data-parallel) need_value "$1" "${2:-}"; need_int "$1" "$2"; dp=$2; shift 2 ;;
-        --port) need_value "$1" "${2:-}"; need_int "$1" "$2"; port=$2; shift 2 ;;
-        --host) need_value "$1" "${2:-}"; host=$2; shift 2 ;;
-        --max-model-len) need_value "$1" "${2:-}"; need_int "$1" "$2"; max_len=$2; shift 2 ;;
-        --timeout) need_value "$1" "${2:-}"; need_int "$1" "$2"; timeout=$2; shift 2 ;;
-        --log) need_value "$1" "${2:-}"; log=$2; shift 2 ;;
-        --dry-run) export DRY_RUN=1; shift ;;
-        -h | --help) usage; exit 0 ;;
-        *) usage >&2; die "unknown option '$1'" 2 ;;
-    esac
-done
+parse_server_args "$@"
 
-if [[ -n "$gpus" ]]; then export CUDA_VISIBLE_DEVICES=$gpus; fi
 # vLLM reads VLLM_API_KEY itself, so the key never appears in `ps`.
 if [[ -n "${TEACHER_API_KEY:-}" ]]; then export VLLM_API_KEY=$TEACHER_API_KEY; fi
 cmd=(vllm serve "$model" --host "$host" --port "$port" --tensor-parallel-size 1
      --data-parallel-size "$dp" --max-model-len "$max_len")
-echo "teacher vLLM server on GPUs ${gpus:-all}, log: $log"
-if [[ "${DRY_RUN:-0}" == 1 ]]; then
-    run "${cmd[@]}"
-    pid=""
-else
-    run "${cmd[@]}" >"$log" 2>&1 &
-    pid=$!
-    echo "$pid" >"$log.pid"
-fi
-wait_for_http "http://127.0.0.1:$port/health" "$timeout" "teacher vLLM server" "$pid"
+start_server "teacher vLLM server" "http://127.0.0.1:$port/health" "$log" "${cmd[@]}"
