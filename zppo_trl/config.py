@@ -193,9 +193,9 @@ class ZPPOConfig(GRPOConfig):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
-        if isinstance(self.reformulations, str):  # "bcq,ncq" from the command line
-            self.reformulations = [k.strip() for k in self.reformulations.split(",") if k.strip()]
-        self.reformulations = list(self.reformulations or [])
+        # The command line gives "bcq,ncq", ["bcq", "ncq"] or [""] (for none): flatten, drop empties.
+        parts = [self.reformulations] if isinstance(self.reformulations, str) else list(self.reformulations or [])
+        self.reformulations = [k.strip() for part in parts for k in str(part).split(",") if k.strip()]
         unknown = [k for k in self.reformulations if k not in KINDS]
         if unknown or len(set(self.reformulations)) != len(self.reformulations):
             raise ValueError(f"reformulations must be a subset of {list(KINDS)} without repeats, got {self.reformulations}")

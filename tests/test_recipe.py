@@ -1,0 +1,173 @@
+"""`recipes/zppo.py`: the scale YAMLs carry the paper's table, dry runs print its composition,
+bad input is named, and a real run trains, checkpoints, resumes and writes its card."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from boxed_models import toy_rows
+from zppo_trl.callbacks import read_metrics
+from zppo_trl.data import write_jsonl
+
+REPO = Path(__file__).resolve().parent.parent
+SCALES = {"0.8b": "Qwen/Qwen3.5-0.8B", "2b": "Qwen/Qwen3.5-2B", "4b": "Qwen/Qwen3.5-4B", "9b": "Qwen/Qwen3.5-9B"}
+PAPER_STEP = (
+    "per rollout step: 384 new + <=96 replayed + <=96 reformulated prompts x 8 rollouts; "
+    "4 optimizer updates of 96 new prompts; teacher G_T=4"
+)
+
+
+def _recipe_module():
+    spec = importlib.util.spec_from_file_location("zppo_recipe", REPO / "recipes" / "zppo.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def _recipe(*args, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "recipes/zppo.py", *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("scale", SCALES)
+def test_scale_yaml_is_the_papers_table(scale):
+    from trl import TrlParser
+
+    from zppo_trl import ZPPOConfig
+
+    recipe = _recipe_module()
+    parser = TrlParser((recipe.ScriptArguments, ZPPOConfig, recipe.ModelConfig))
+    script, args, model = parser.parse_args_and_config(["--config", f"recipes/qwen35_{scale}.yaml", "--use_cpu", "true"])
+    assert model.model_name_or_path == SCALES[scale] and model.dtype == "bfloat16"
+    assert args.teacher_model == "Qwen/Qwen3.5-27B-FP8"
+    expected = {
+        # Optimization
+        "learning_rate": 1e-6, "warmup_steps": 0, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8,
+        "weight_decay": 0.1, "max_grad_norm": 1.0, "num_iterations": 1, "bf16": True, "beta": 0.0,
+        # Rollouts
+        "num_generations": 8, "teacher_num_generations": 4, "temperature": 1.0, "teacher_temperature": 1.0,
+        "top_p": 1.0, "teacher_top_p": 1.0, "max_completion_length": 12288, "teacher_max_tokens": 12288,
+        "use_vllm": True, "vllm_mode": "server",
+        # GRPO backbone and recipe choices
+        "epsilon": 0.2, "epsilon_high": 0.28, "delta": 10.0, "loss_type": "dapo", "num_partitions": 4,
+        "advantage_normalization": "without_zero",
+        # ZPPO-specific
+        "hard_threshold": 0.5, "replay_fraction": 0.25, "replay_capacity": 10000, "augment_fraction": 0.25,
+        "reformulations": ["bcq", "ncq"], "compression_max_tokens": 512,
+        # Schedule and batching
+        "per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "max_steps": 800,
+    }  # fmt: skip
+    for name, value in expected.items():
+        assert getattr(args, name) == value, name
+    assert getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type) == "constant"
+    assert args.save_steps % args.num_partitions == 0
+    assert script.num_training_ranks == 48 and script.use_judge
+    assert args.judge_extra_body == {"chat_template_kwargs": {"enable_thinking": False}}
+    step = args.composition(script.num_training_ranks)
+    assert str(step) == PAPER_STEP and step.rollout_steps == 200 and step.max_prompts == 576
+
+
+@pytest.mark.parametrize("scale", SCALES)
+def test_dry_run_prints_the_papers_composition(scale):
+    run = _recipe("--config", f"recipes/qwen35_{scale}.yaml", "--dry_run")
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout
+    assert PAPER_STEP in out
+    assert "training ranks: 48" in out
+    assert "200 rollout steps = 800 optimizer updates = 76,800 new-prompt draws" in out
+    assert "TRL vLLM server at http://127.0.0.1:8001" in out and "teacher: Qwen/Qwen3.5-27B-FP8" in out
+    assert "dry run ok; nothing was trained." in out
+
+
+def test_command_line_overrides_the_yaml():
+    run = _recipe("--config", "recipes/qwen35_0.8b.yaml", "--dry_run", "--num_training_ranks", "24", "--reformulations", "", "--replay_fraction", "0.5")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "ZPPO dry run: GRPO\u2020" in run.stdout
+    assert "per rollout step: 192 new + <=96 replayed + <=0 reformulated prompts x 8 rollouts; 4 optimizer updates of 48 new prompts; no teacher" in run.stdout
+
+
+def test_bad_config_and_bad_rows_are_named(tmp_path, tiny_text_model_dir):
+    config = yaml.safe_load((REPO / "recipes" / "qwen35_0.8b.yaml").read_text())
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text(yaml.safe_dump({**config, "bogus_field": 3}))
+    run = _recipe("--config", bad_yaml, "--dry_run")
+    assert run.returncode != 0 and "bogus_field" in run.stderr
+
+    run = _recipe("--config", "recipes/qwen35_0.8b.yaml", "--dry_run", "--hard_threshold", "1.5")
+    assert run.returncode != 0 and "hard_threshold must be a number in [0, 1], got 1.5" in run.stderr
+
+    rows = toy_rows("text")[:4]
+    rows[2] = {**rows[2], "answer": ""}
+    data = tmp_path / "train.jsonl"
+    write_jsonl(rows, data)
+    common = ["--config", "recipes/demo.yaml", "--dry_run", "--dataset_name", data, "--model_name_or_path", tiny_text_model_dir]
+    run = _recipe(*common)
+    assert run.returncode == 1
+    assert "FAIL  dataset" in run.stdout and "row 2: field 'answer' must be a non-empty string" in run.stdout
+    run = _recipe(*common, "--skip_invalid", "true")
+    assert run.returncode == 0, run.stdout
+    assert "3 valid rows, 1 invalid rows would be skipped" in run.stdout
+    assert "per rollout step: 4 new + <=2 replayed + <=2 reformulated prompts x 4 rollouts; 2 optimizer updates of 2 new prompts; teacher G_T=1" in run.stdout
+    assert "llama" not in run.stdout and "qwen3 (text)" in run.stdout
+
+
+@pytest.mark.integration
+def test_recipe_trains_checkpoints_resumes_and_writes_its_card(boxed_text_student_dir, boxed_teacher_server, tmp_path):
+    data = tmp_path / "toy.jsonl"
+    write_jsonl(toy_rows("text"), data)
+    out = tmp_path / "run"
+    settings = {
+        "model_name_or_path": str(boxed_text_student_dir),
+        "dataset_name": str(data),
+        "teacher_base_url": boxed_teacher_server.base_url,
+        "teacher_model": boxed_teacher_server.model,
+        "use_judge": False,
+        "teacher_wait_s": 60,
+        "use_cpu": True, "bf16": False, "use_vllm": False, "gradient_checkpointing": False, "report_to": [],
+        "num_generations": 4, "per_device_train_batch_size": 16, "gradient_accumulation_steps": 1, "num_partitions": 2,
+        "max_completion_length": 32, "teacher_max_tokens": 32, "compression_max_tokens": 48,
+        "replay_fraction": 0.5, "augment_fraction": 0.5, "learning_rate": 1e-4,
+        "max_steps": 4, "save_strategy": "steps", "save_steps": 4, "logging_steps": 1, "seed": 0,
+        "output_dir": str(out), "disable_tqdm": True,
+    }  # fmt: skip
+    config = tmp_path / "toy.yaml"
+    config.write_text(yaml.safe_dump(settings))
+
+    first = _recipe("--config", config, timeout=600)
+    assert first.returncode == 0, first.stderr[-4000:]
+    state = json.loads((out / "checkpoint-4" / "zppo_state.json").read_text())
+    assert state["counters"]["rollout_steps"] == 2 and state["buffer"]["residents"]
+    rows = read_metrics(out / "metrics.jsonl")
+    rollout_rows = [r for r in rows if "zppo/rollout_steps" in r]
+    assert [r["zppo/rollout_steps"] for r in rollout_rows] == [1, 2]
+    assert rows[-1].get("train_runtime") is not None
+    card = (out / "README.md").read_text()
+    for text in (
+        "## ZPPO training", "Trained with **ZPPO**", f"**Student:** {boxed_text_student_dir}",
+        f"**Teacher:** {boxed_teacher_server.model}", f"**Dataset:** {data}", "| `hard_threshold` | tau | 0.5 |",
+        "| `augment_fraction` | rho_aug | 0.5 |", "### Final metrics", "| rollout steps | 2 |",
+    ):  # fmt: skip
+        assert text in card, text
+    assert f"| BCQ instances | {int(state['counters']['bcq_total'])} |" in card
+
+    second = _recipe("--config", config, "--max_steps", "6", "--save_steps", "2", timeout=600)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert f"resuming from {out / 'checkpoint-4'}" in second.stderr
+    resumed = json.loads((out / "checkpoint-6" / "zppo_state.json").read_text())
+    assert resumed["counters"]["rollout_steps"] == 3  # the counters went on from the checkpoint
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["zppo/rollout_steps"] for r in rows if "zppo/rollout_steps" in r] == [1, 2, 3]
+    steps = [r["step"] for r in rows if "loss" in r]
+    assert steps == sorted(set(steps)) == [1, 2, 3, 4, 5, 6]
+
+    plot = subprocess.run([sys.executable, "recipes/demo/plot_run.py", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert plot.returncode == 0, plot.stderr
+    png = out / "zppo_run.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
