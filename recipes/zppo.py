@@ -99,21 +99,10 @@ def load_student(model_args: ModelConfig):
     return model, processor
 
 
-def judge_client(args: ZPPOConfig) -> TeacherClient:
-    return TeacherClient(
-        args.judge_base_url,
-        args.judge_model,
-        max_concurrency=args.teacher_max_concurrency,
-        timeout=args.teacher_timeout,
-        api_key_env=args.teacher_api_key_env,
-        extra_body=args.judge_extra_body,
-    )
-
-
 def reward_functions(script_args: ScriptArguments, args: ZPPOConfig) -> list:
     """The boxed grader, routed to the judge on zeros when a judge endpoint is configured."""
     if script_args.use_judge and args.judge_base_url and args.judge_model:
-        return [judged_accuracy_reward(judge_client(args))]
+        return [judged_accuracy_reward(TeacherClient.from_config(args, role="judge"))]
     return [boxed_accuracy_reward]
 
 

@@ -102,3 +102,26 @@ def test_checkpoints_inside_a_rollout_step_are_warned_about(tmp_path):
         warnings.simplefilter("always")
         ZPPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, reformulations=[], save_strategy="steps", save_steps=8, num_partitions=4)
     assert not [w for w in caught if "save_steps" in str(w.message)]
+
+
+def test_composition_and_clients_follow_the_config():
+    c = ZPPOConfig(**{**CPU, "per_device_train_batch_size": 4}, gradient_accumulation_steps=4, max_steps=800, **TEACHER,
+                   judge_base_url="http://judge:9000/v1", judge_extra_body={"chat_template_kwargs": {"enable_thinking": False}})  # fmt: skip
+    step = c.composition(48)
+    assert (step.new_prompts, step.max_replayed, step.max_reformulated, step.max_prompts) == (384, 96, 96, 576)
+    assert (step.new_prompts_per_update, step.rollout_steps, step.teacher_rollouts) == (96, 200, 4)
+    assert c.composition(24).new_prompts == 192
+    with pytest.raises(ValueError, match="world_size must be a positive integer"):
+        c.composition(0)
+    from zppo_trl.teacher import TeacherClient
+
+    teacher, judge = TeacherClient.from_config(c), TeacherClient.from_config(c, role="judge")
+    try:
+        assert (teacher.base_url, teacher.model, teacher.extra_body) == (TEACHER["teacher_base_url"], TEACHER["teacher_model"], {})
+        assert (judge.base_url, judge.model) == ("http://judge:9000/v1", TEACHER["teacher_model"])
+        assert judge.extra_body == {"chat_template_kwargs": {"enable_thinking": False}}
+    finally:
+        teacher.close()
+        judge.close()
+    cli = ZPPOConfig(**CPU, reformulations=[""])  # `--reformulations ""` on the command line: none
+    assert cli.reformulations == [] and cli.variant == "GRPO\u2020"

@@ -312,6 +312,21 @@ class TeacherClient:
         self._semaphore: asyncio.Semaphore | None = None
         self._stats = self._zero_stats()
 
+    @classmethod
+    def from_config(cls, args: Any, role: str = "teacher") -> TeacherClient:
+        """The client a :class:`zppo_trl.ZPPOConfig` describes: its teacher, or with
+        ``role="judge"`` its judge endpoint (same concurrency, timeout and API key)."""
+        if role not in ("teacher", "judge"):
+            raise ValueError(f"role must be 'teacher' or 'judge', got {role!r}")
+        return cls(
+            getattr(args, f"{role}_base_url"),
+            getattr(args, f"{role}_model"),
+            max_concurrency=args.teacher_max_concurrency,
+            timeout=args.teacher_timeout,
+            api_key_env=args.teacher_api_key_env,
+            extra_body=getattr(args, f"{role}_extra_body"),
+        )
+
     def __repr__(self) -> str:
         key = "<set>" if self._api_key else None
         return (

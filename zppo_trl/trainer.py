@@ -125,14 +125,7 @@ class ZPPOTrainer(GRPOTrainer):
         self.dataset_name = dataset_name
         self.teacher = teacher
         if self.teacher is None and args.reformulations:
-            self.teacher = TeacherClient(
-                args.teacher_base_url,
-                args.teacher_model,
-                max_concurrency=args.teacher_max_concurrency,
-                timeout=args.teacher_timeout,
-                api_key_env=args.teacher_api_key_env,
-                extra_body=args.teacher_extra_body,
-            )
+            self.teacher = TeacherClient.from_config(args)
 
     # ------------------------------------------------------------------ TRL hooks
 
