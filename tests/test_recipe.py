@@ -120,6 +120,40 @@ def test_bad_config_and_bad_rows_are_named(tmp_path, tiny_text_model_dir):
     assert "llama" not in run.stdout and "qwen3 (text)" in run.stdout
 
 
+def test_student_kind_processor_and_rewards_follow_the_config(tiny_vlm_dir, tiny_text_model_dir):
+    from trl import ModelConfig
+
+    from zppo_trl import ZPPOConfig
+    from zppo_trl.processing import ImageOnlyQwen3VLProcessor
+
+    recipe = _recipe_module()
+    model, processor = recipe.load_student(ModelConfig(model_name_or_path=str(tiny_vlm_dir)))
+    assert type(model).__name__ == "Qwen3_5ForConditionalGeneration" and isinstance(processor, ImageOnlyQwen3VLProcessor)
+    model, processor = recipe.load_student(ModelConfig(model_name_or_path=str(tiny_text_model_dir), dtype="bfloat16"))
+    assert type(model).__name__ == "Qwen3ForCausalLM" and model.dtype.is_floating_point and str(model.dtype) == "torch.bfloat16"
+    assert not hasattr(processor, "image_processor")
+
+    teacher = dict(teacher_base_url="http://127.0.0.1:1/v1", teacher_model="t")
+    args = ZPPOConfig(output_dir="unused", use_cpu=True, bf16=False, per_device_train_batch_size=8, report_to="none", **teacher)
+    judged = recipe.reward_functions(recipe.ScriptArguments(), args)
+    assert [f.__name__ for f in judged] == ["judged_accuracy_reward"]
+    assert recipe.reward_functions(recipe.ScriptArguments(use_judge=False), args)[0].__name__ == "boxed_accuracy_reward"
+    plain = ZPPOConfig(output_dir="unused", use_cpu=True, bf16=False, per_device_train_batch_size=8, report_to="none", reformulations=[])
+    assert recipe.reward_functions(recipe.ScriptArguments(), plain)[0].__name__ == "boxed_accuracy_reward"  # no judge endpoint
+
+
+@pytest.mark.parametrize("name", ["zero2", "zero3", "fsdp"])
+def test_accelerate_configs_load(name):
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    config = ClusterConfig.from_yaml_file(str(REPO / "recipes" / "accelerate_configs" / f"{name}.yaml"))
+    assert config.mixed_precision == "bf16" and config.num_machines == 1 and not config.use_cpu
+    if name == "fsdp":
+        assert config.distributed_type == "FSDP" and config.fsdp_config["fsdp_reshard_after_forward"] is True
+    else:
+        assert config.distributed_type == "DEEPSPEED" and config.deepspeed_config["zero_stage"] == int(name[-1])
+
+
 @pytest.mark.integration
 def test_recipe_trains_checkpoints_resumes_and_writes_its_card(boxed_text_student_dir, boxed_teacher_server, tmp_path):
     data = tmp_path / "toy.jsonl"
