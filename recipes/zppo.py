@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 import transformers
 from transformers.trainer_utils import get_last_checkpoint
 from trl import ModelConfig, TrlParser, get_peft_config
@@ -93,7 +94,7 @@ def load_student(model_args: ModelConfig):
     if model_args.attn_implementation:
         kwargs["attn_implementation"] = model_args.attn_implementation
     if model_args.dtype not in (None, "auto"):
-        kwargs["dtype"] = getattr(__import__("torch"), model_args.dtype)
+        kwargs["dtype"] = getattr(torch, model_args.dtype)
     model = model_class.from_pretrained(model_args.model_name_or_path, **kwargs)
     processor = load_processor(model_args.model_name_or_path, **_hub_kwargs(model_args))
     return model, processor
@@ -273,8 +274,6 @@ def train(script_args: ScriptArguments, args: ZPPOConfig, model_args: ModelConfi
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--dry_run" in argv and "--use_cpu" not in argv:
-        import torch
-
         if not torch.cuda.is_available():  # validate a GPU recipe here: bf16 on CPU needs use_cpu
             argv += ["--use_cpu", "true"]
     parser = TrlParser((ScriptArguments, ZPPOConfig, ModelConfig))

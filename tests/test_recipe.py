@@ -120,6 +120,18 @@ def test_bad_config_and_bad_rows_are_named(tmp_path, tiny_text_model_dir):
     assert "llama" not in run.stdout and "qwen3 (text)" in run.stdout
 
 
+def test_a_missing_teacher_stops_the_run_naming_the_fields(tmp_path, tiny_text_model_dir):
+    data = tmp_path / "toy.jsonl"
+    write_jsonl(toy_rows("text"), data)
+    run = _recipe(
+        "--config", "recipes/demo.yaml", "--dataset_name", data, "--model_name_or_path", tiny_text_model_dir,
+        "--teacher_base_url", "http://127.0.0.1:9/v1", "--teacher_wait_s", "1", "--output_dir", tmp_path / "out", "--bf16", "false",
+    )  # fmt: skip
+    assert run.returncode != 0
+    assert "the teacher at http://127.0.0.1:9/v1" in run.stderr and "fix teacher_base_url / teacher_model" in run.stderr
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
 def test_student_kind_processor_and_rewards_follow_the_config(tiny_vlm_dir, tiny_text_model_dir):
     from trl import ModelConfig
 
