@@ -217,5 +217,9 @@ def test_recipe_trains_checkpoints_resumes_and_writes_its_card(boxed_text_studen
 
     plot = subprocess.run([sys.executable, "recipes/demo/plot_run.py", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert plot.returncode == 0, plot.stderr
+    counters = resumed["counters"]
+    totals = f"bcq: {int(counters['bcq_total'])}, ncq: {int(counters['ncq_total'])}"
+    assert f"replay buffer: {len(resumed['buffer']['residents'])} residents; admitted: {int(counters['admitted_total'])}" in plot.stdout
+    assert totals in plot.stdout
     png = out / "zppo_run.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

@@ -145,7 +145,7 @@ def _local_dataset(path: Path, split: str):
 
 
 def _absolute_image_paths(dataset, root: Path):
-    """Relative image paths in a local jsonl/parquet file are relative to that file's folder."""
+    """Resolve relative image paths against ``root`` (the data file's folder, or the folder given)."""
 
     def resolve(images):
         out = []
@@ -175,7 +175,7 @@ def load_questions(source: str, split: str = "train", *, name: str | None = None
     path = Path(source).expanduser()
     if path.exists():
         dataset = _local_dataset(path, split)
-        if IMAGES in dataset.column_names and not _is_image_list(dataset.features[IMAGES]):
+        if IMAGES in dataset.column_names and not _is_image_list(dataset.features[IMAGES]) and any(dataset[IMAGES]):
             dataset = _absolute_image_paths(dataset, path if path.is_dir() else path.parent)
     elif source.startswith((".", "/", "~")) or source.endswith(tuple(_SUFFIX_BUILDERS)):
         raise FileNotFoundError(f"dataset {source!r} does not exist")

@@ -3,7 +3,8 @@
     python recipes/demo/plot_run.py outputs/demo            # writes outputs/demo/zppo_run.png
 
 Panels: buffer occupancy; admissions and graduations; BCQ and NCQ instances; plain
-accuracy. One point per rollout step (the log lines that carry `zppo/` metrics).
+accuracy. One point per rollout step (the log lines that carry `zppo/` metrics). Also
+prints the run's totals, with a warning if BCQ or NCQ never happened.
 """
 
 from __future__ import annotations
@@ -73,6 +74,17 @@ def plot(metrics_path: Path, out_path: Path) -> Path:
     return out_path
 
 
+def summary(metrics_path: Path) -> list[str]:
+    """The run's totals from its last rollout step, and a warning for a branch that never fired."""
+    last = rollout_rows(read_metrics(metrics_path))[-1]
+    total = {k: int(last.get(f"zppo/{k}_total", 0)) for k in ("admitted", "graduated", "bcq", "ncq", "skipped_partitions")}
+    lines = [f"replay buffer: {int(last.get('zppo/buffer_size', 0))} residents; " + ", ".join(f"{k}: {v}" for k, v in total.items())]
+    for kind in ("bcq", "ncq"):
+        if not total[kind]:
+            lines.append(f"warning: no {kind.upper()} instance this run (the teacher's and student's samples decide it); run it again")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="the run's output_dir (holds metrics.jsonl)")
@@ -80,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = plot(args.run_dir / "metrics.jsonl", args.out or args.run_dir / "zppo_run.png")
     print(f"figure: {out}")
+    print("\n".join(summary(args.run_dir / "metrics.jsonl")))
     return 0
 
 

@@ -37,17 +37,5 @@ trap 'exit 130' INT TERM
     --teacher_base_url "http://127.0.0.1:$PORT/v1" --teacher_model "$MODEL_DIR" \
     --model_name_or_path "$MODEL_DIR" --output_dir "$OUT"
 
-"$PYTHON" recipes/demo/plot_run.py "$OUT"
-# The run's totals, from the last checkpoint's ZPPO state; say so if a branch never fired.
-"$PYTHON" - "$OUT" <<'PY'
-import glob, json, sys
-path = sorted(glob.glob(f"{sys.argv[1]}/checkpoint-*/zppo_state.json"), key=lambda p: int(p.split("-")[-1].split("/")[0]))[-1]
-state = json.load(open(path))
-c = state["counters"]
-print(f"replay buffer: {len(state['buffer']['residents'])} residents ({path})")
-print(", ".join(f"{k}: {int(c.get(k + '_total', 0))}" for k in ("admitted", "graduated", "bcq", "ncq", "skipped_partitions")))
-for kind in ("bcq", "ncq"):
-    if not c.get(f"{kind}_total"):
-        print(f"warning: no {kind.upper()} instance this run (the teacher/student samples decide it); run make demo again")
-PY
+"$PYTHON" recipes/demo/plot_run.py "$OUT"  # the figure, and the run's totals
 echo "demo done in $(( $(date +%s) - start )) s: checkpoint, metrics.jsonl, TensorBoard events and the figure are in $OUT"
