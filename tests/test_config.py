@@ -113,6 +113,10 @@ def test_composition_and_clients_follow_the_config():
     assert c.composition(24).new_prompts == 192
     with pytest.raises(ValueError, match="world_size must be a positive integer"):
         c.composition(0)
+    c.num_generations = 12  # 4 x 16 rows per rank: not whole groups of 12
+    with pytest.raises(ValueError, match=r"\(4 x 16\) must be a multiple of num_generations \(12\)"):
+        c.composition(2)
+    c.num_generations = 8
     from zppo_trl.teacher import TeacherClient
 
     teacher, judge = TeacherClient.from_config(c), TeacherClient.from_config(c, role="judge")

@@ -111,12 +111,7 @@ class ZPPOTrainer(GRPOTrainer):
         row_of = _row_index(train_dataset)
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, **kwargs)
 
-        rows_per_rank = args.per_device_train_batch_size * args.steps_per_generation
-        if rows_per_rank % self.num_generations:
-            raise ValueError(
-                f"per_device_train_batch_size x steps_per_generation ({rows_per_rank}) must be a multiple of "
-                f"num_generations ({self.num_generations}) so that every rank holds whole groups"
-            )
+        args.composition(self.accelerator.num_processes)  # raises unless every rank holds whole groups
         self._row_of = row_of  # id -> dataset row, for replayed questions and BCQ/NCQ prompts
         self.replay_buffer = PromptReplayBuffer(capacity=args.replay_capacity, threshold=args.hard_threshold)
         self._rng = random.Random(args.seed)  # identical on every rank: every decision is replicated
