@@ -1,6 +1,9 @@
 import time
 
 import pytest
+from mathruler.grader import extract_boxed_content, grade_answer
+
+from answer_corpus import realistic_pairs
 
 from zppo_trl.rewards import (
     GuardedGrader,
@@ -18,8 +21,9 @@ from zppo_trl.rewards import (
         ("so \\boxed{42}.", "42"),
         ("\\boxed{1} then \\boxed{ 2 }", "2"),  # last box wins, stripped
         ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),  # nested braces
-        ("\\boxed{3} and a truncated \\boxed{\\frac{1}{", "3"),  # unbalanced last box skipped
-        ("\\boxed{5} as the closer asks: \\boxed{}", "5"),  # empty box does not count
+        ("\\boxed{3} and a truncated \\boxed{\\frac{1}{", None),  # last box unclosed: no span (mathruler)
+        ("\\boxed{5} as the closer asks: \\boxed{}", None),  # last box empty: no span, earlier boxes ignored
+        ("\\boxed{a \\{1, 2\\} b}", "a \\{1, 2\\} b"),  # escaped braces counted like mathruler counts them
         ("no box here", None),
         ("\\boxed{", None),
         ("", None),
@@ -65,6 +69,48 @@ def test_grader_table(response, gold, expected):
     assert grade(response, gold) is expected
 
 
+def _plain_mathruler(response: str, gold: str) -> bool:
+    """The paper's reward as a plain, unguarded mathruler call (the reference)."""
+    span = extract_boxed_content(response)
+    if grade_answer(span, gold):
+        return True
+    return grade_answer(strip_degree_percent(span), strip_degree_percent(gold))
+
+
+def test_extraction_is_mathrulers_on_the_corpus():
+    for response, _gold in realistic_pairs():
+        theirs = extract_boxed_content(response)
+        # mathruler marks "no closed last box" with the string "None"; an empty box gives "".
+        assert extract_boxed(response) == (None if theirs in ("None", "") else theirs), response
+
+
+def test_grade_equals_plain_mathruler_on_realistic_answers():
+    pairs = realistic_pairs()
+    assert len(pairs) >= 300
+    expected = [_plain_mathruler(response, gold) for response, gold in pairs]
+    grader = GuardedGrader(workers=2, timeout=30.0)  # generous: a verdict, not the guard, is under test
+    try:
+        got = grader.grade_batch([r for r, _ in pairs], [g for _, g in pairs])
+        assert grader.stats["timeouts"] == 0
+    finally:
+        grader.close()
+    mismatches = [(r, g, e) for (r, g), e, x in zip(pairs, expected, got) if e != x]
+    assert not mismatches, mismatches[:10]
+    # the corpus exercises both verdicts, truncated boxes included
+    assert 0.2 < sum(expected) / len(expected) < 0.8
+    cut_off = [r for r, _ in pairs if "\\boxed{" in r and extract_boxed_content(r) == "None"]
+    assert len(cut_off) >= 30
+
+
+def test_no_span_scores_zero_where_mathruler_would_grade_its_marker():
+    # mathruler returns the string "None" for a cut-off last box and grades it; the paper
+    # scores a response without a span 0, so a gold answer "None" is not matched by a truncation.
+    truncated = "\\boxed{None} wait, recheck: \\boxed{\\frac{1}{"
+    assert grade_answer(extract_boxed_content(truncated), "none")
+    assert grade(truncated, "none") is False
+    assert grade("\\boxed{None}", "none") is True
+
+
 def test_strip_degree_percent():
     assert strip_degree_percent("30^{\\circ}") == "30"
     assert strip_degree_percent("30°") == "30"
@@ -95,6 +141,8 @@ def test_hostile_answers_score_zero_in_bounded_time_and_the_grader_keeps_working
         # three towers time out in parallel on 2 workers: two rounds of the 1 s guard + restarts
         assert elapsed < 15, elapsed
         assert grader.stats["timeouts"] >= 3 and grader.stats["worker_restarts"] >= 3
+        # the injection attempts, the NUL byte and the 10^5-digit span never reach sympy
+        assert grader.stats["screened"] >= 4, grader.stats
         assert not __import__("os").path.exists("/tmp/zppo_pwned")
         # still grades correctly after its workers were killed
         assert grader.grade_batch(["\\boxed{0.5}", "\\boxed{2}"], ["1/2", "3"]) == [True, False]

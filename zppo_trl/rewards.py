@@ -1,16 +1,20 @@
-"""The binary reward: a boxed-answer grader with a time guard, and TRL reward functions.
+"""The binary reward: mathruler's boxed-answer grader with a time guard, and TRL reward functions.
 
-The paper's reward (appendix "The binary reward"): take the last ``\\boxed{...}`` span,
-compare it with the gold answer under mathruler's ``grade_answer``; if that fails, strip
-degree and percent signs from both sides and grade once more. No span scores 0.
+The paper's reward (appendix "The binary reward"): mathruler's ``extract_boxed_content``
+takes the last ``\\boxed{...}`` span, ``grade_answer`` compares it with the gold answer;
+if that fails, degree and percent signs are stripped from both sides and it is graded
+once more. No span scores 0.
 
-mathruler ends in ``sympy.parse_expr``, which evaluates Python and can run for ever on
-an answer such as ``9**9**9**9``. So grading never runs in the caller's process: a small
-pool of worker processes (one per core, at most :data:`DEFAULT_WORKERS`) grades, each
-answer under a hard deadline; a worker that overruns is killed and replaced and that
-answer scores 0. Answers that are not plausible math (too long, or with Python syntax
-no answer needs) never reach sympy at all. Results are cached per (answer, gold) pair,
-since the answers of one rollout group repeat.
+The verdict is mathruler's own: its string normalisation and comparison run unchanged.
+Only the step that evaluates expressions is guarded. mathruler ends in
+``sympy.parse_expr``, which evaluates Python and can run for ever on an answer such as
+``9**9**9**9``, so grading never runs in the caller's process: a small pool of worker
+processes (one per core, at most :data:`DEFAULT_WORKERS`) grades, each answer under a hard
+deadline; a worker that overruns is killed and replaced and that answer scores 0. Inside
+the workers a screen sits in front of the sympy step alone: an expression that is too long
+or has Python syntax no answer needs (``__``, quotes, ``;``, ``import`` ...) is never
+evaluated, and that comparison counts as unequal. Results are cached per (answer, gold)
+pair, since the answers of one rollout group repeat.
 
 This module is pure apart from its worker processes: no TRL, no trainer.
 """
@@ -47,39 +51,39 @@ __all__ = [
 
 DEFAULT_WORKERS = 2
 DEFAULT_TIMEOUT = 3.0  # seconds per distinct answer; legitimate answers take milliseconds
-MAX_SPAN_CHARS = 1000  # longer "answers" are only ever matched exactly, never parsed
-# Python syntax that no math answer needs; such spans are matched exactly, never parsed.
-_UNSAFE_SPAN = re.compile(r"__|[\"'`;@]|\b(?:lambda|import|exec|eval|open|getattr|globals|locals)\b")
-_BOXED = re.compile(r"\\boxed\{")
-_BRACES = re.compile(r"[{}]")
+# The screen in front of sympy: longer expressions, and Python syntax that no math answer
+# needs, are never evaluated (mathruler's own string comparison still runs on them).
+MAX_SYMPY_CHARS = 1000
+_UNSAFE_EXPRESSION = re.compile(r"__|[\"'`;@\x00]|\b(?:lambda|import|exec|eval|open|getattr|globals|locals)\b")
+_BOX_OPEN = "\\boxed{"
+_BRACE = re.compile(r"[{}]")
 
 
 # ---------------------------------------------------------------- extraction
 
 
 def extract_boxed(text: str | None) -> str | None:
-    """Content of the last balanced ``\\boxed{...}`` in ``text``, stripped.
+    """mathruler's ``extract_boxed_content``: the content of the LAST ``\\boxed{``, stripped.
 
-    Nested braces are matched; a ``\\boxed{`` left open (a truncated rollout) is skipped
-    in favour of the last one that closes. Empty boxes do not count. Returns None when
-    no span parses. Linear in ``len(text)``.
+    Returns None where mathruler finds no span: no ``\\boxed{``, or the last one is
+    never closed (a truncated rollout; an earlier complete box does not count), and also
+    where the last box is empty (mathruler's "" can never match a gold answer). Braces
+    are counted as mathruler counts them. Linear in ``len(text)``.
     """
-    if not text or "\\boxed{" not in text:
+    if not text:
         return None
-    # One pass pairs every "{" with its "}" (stack), so each box is matched in O(1) later.
-    close_of: dict[int, int] = {}
-    stack: list[int] = []
-    for match in _BRACES.finditer(text):
-        if match.group() == "{":
-            stack.append(match.start())
-        elif stack:
-            close_of[stack.pop()] = match.start()
-    for box in reversed([m.end() - 1 for m in _BOXED.finditer(text)]):
-        close = close_of.get(box)
-        if close is not None:
-            content = text[box + 1 : close].strip()
-            if content:
-                return content
+    start = text.rfind(_BOX_OPEN)
+    if start < 0:
+        return None
+    begin = start + len(_BOX_OPEN)
+    depth = 0
+    for brace in _BRACE.finditer(text, begin):
+        if brace.group() == "{":
+            depth += 1
+        elif depth:
+            depth -= 1
+        else:
+            return text[begin : brace.start()].strip() or None
     return None
 
 
@@ -95,7 +99,7 @@ def strip_degree_percent(answer: str) -> str:
 
 
 def _grade_span(span: str, gold: str) -> bool:
-    """The paper's rule on an extracted span. Runs inside a worker process only."""
+    """The paper's rule on an extracted span: mathruler, then the degree/percent retry."""
     from mathruler.grader import grade_answer
 
     if grade_answer(span, gold):
@@ -106,8 +110,36 @@ def _grade_span(span: str, gold: str) -> bool:
     return bool(grade_answer(stripped_span, stripped_gold))
 
 
+def is_safe_to_evaluate(expression: str) -> bool:
+    """The screen in front of sympy: short, and free of Python syntax no answer needs."""
+    return len(expression) <= MAX_SYMPY_CHARS and not _UNSAFE_EXPRESSION.search(expression)
+
+
+def _install_sympy_screen() -> list[int]:
+    """Put the screen in front of mathruler's sympy step, in this (worker) process only.
+
+    ``grade_answer`` looks ``are_equal_under_sympy`` up in its module at call time, so
+    wrapping that one name guards the only step that evaluates an expression while every
+    other step of mathruler runs as published. Returns a one-element counter of refusals.
+    """
+    import mathruler.grader as grader
+
+    evaluate = grader.are_equal_under_sympy
+    refused = [0]
+
+    def screened(ground_truth_normalized: str, given_normalized: str) -> bool:
+        if not (is_safe_to_evaluate(ground_truth_normalized) and is_safe_to_evaluate(given_normalized)):
+            refused[0] += 1
+            return False
+        return evaluate(ground_truth_normalized, given_normalized)
+
+    grader.are_equal_under_sympy = screened
+    return refused
+
+
 def _worker_main() -> None:  # pragma: no cover - exercised through GuardedGrader
-    """Worker loop: one JSON ``[span, gold]`` per stdin line, one ``0``/``1`` per stdout line."""
+    """Worker loop: one JSON ``[span, gold]`` per stdin line; per line out, the verdict
+    (``0``/``1``) and how many sympy comparisons the screen refused for it."""
     try:
         import resource
 
@@ -115,18 +147,19 @@ def _worker_main() -> None:  # pragma: no cover - exercised through GuardedGrade
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     except (ImportError, ValueError, OSError):
         pass
-    import mathruler.grader  # noqa: F401  (import before announcing readiness)
+    refused = _install_sympy_screen()  # imports mathruler before announcing readiness
 
     out = sys.stdout
     out.write("ready\n")
     out.flush()
     for line in sys.stdin:
+        before = refused[0]
         try:
             span, gold = json.loads(line)
             ok = _grade_span(span, gold)
         except Exception:  # noqa: BLE001 - any failure of the grader is a wrong answer
             ok = False
-        out.write("1\n" if ok else "0\n")
+        out.write(f"{int(ok)} {refused[0] - before}\n")
         out.flush()
 
 
@@ -182,7 +215,7 @@ class GuardedGrader:
             the answer scores 0.
         cache_size: (span, gold) results kept, least recently used evicted.
 
-    ``stats`` counts graded pairs, cache hits, answers screened out before sympy, and
+    ``stats`` counts graded pairs, cache hits, sympy comparisons the screen refused, and
     timeouts. Thread-safe; workers start on first use and stop at exit or :meth:`close`.
     """
 
@@ -237,17 +270,13 @@ class GuardedGrader:
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
-    def _screen(self, span: str, gold: str) -> bool | None:
-        """Decide without sympy where possible: exact matches, and spans sympy must not see."""
-        if span == gold:  # both stripped already
-            return True
-        if len(span) > MAX_SPAN_CHARS or _UNSAFE_SPAN.search(span) or "\x00" in span:
-            self.stats["screened"] += 1
-            return False
-        return None
+    @staticmethod
+    def _known(span: str, gold: str) -> bool | None:
+        """The verdict without a worker where mathruler's is certain: identical strings match."""
+        return True if span == gold else None
 
     def _grade_distinct(self, pairs: list[tuple[str, str]]) -> list[bool]:
-        results: list[bool | None] = [self._screen(span, gold) for span, gold in pairs]
+        results: list[bool | None] = [self._known(span, gold) for span, gold in pairs]
         pending = [i for i, r in enumerate(results) if r is None]
         if not pending:
             return [bool(r) for r in results]
@@ -281,7 +310,9 @@ class GuardedGrader:
                         if line == "ready":
                             worker.ready = True
                         elif worker.task is not None:
-                            results[worker.task] = line == "1"
+                            verdict, refused = line.split()
+                            results[worker.task] = verdict == "1"
+                            self.stats["screened"] += int(refused)
                             worker.task = None
                 now = time.monotonic()
                 for worker in list(self._workers):
@@ -331,8 +362,10 @@ def default_grader() -> GuardedGrader:
 def grade(response: str | None, gold: Any) -> bool:
     """Whether ``response``'s last ``\\boxed{}`` answer matches ``gold``.
 
-    mathruler's ``grade_answer`` on the extracted span, then the same with degree and
-    percent signs stripped from both sides. False without a span. Never raises on any
+    mathruler's ``grade_answer`` on the extracted span (:func:`extract_boxed`), then the
+    same with degree and percent signs stripped from both sides: mathruler's verdict,
+    except that the sympy step never sees an expression the screen refuses and an answer
+    that overruns the time guard scores 0. False without a span. Never raises on any
     response string and never takes longer than the grader's timeout.
     """
     return default_grader().grade_batch([response], [gold])[0]
