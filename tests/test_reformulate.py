@@ -1,3 +1,6 @@
+import random
+from collections import Counter
+
 import pytest
 
 from zppo_trl.reformulate import Reformulation, augment_limit, plan_reformulations, select_hard
@@ -9,10 +12,27 @@ def wrong(*answers):
 
 def test_select_hard_ranks_ascending_and_caps():
     accuracy = {"a": 0.375, "b": 0.0, "c": 0.5, "d": 0.125, "e": 0.0, "f": 0.875}
-    assert select_hard(accuracy, limit=10) == ["b", "e", "d", "a"]  # ties keep mapping order
-    assert select_hard(accuracy, limit=3) == ["b", "e", "d"]
-    assert select_hard(accuracy, limit=0) == []
-    assert select_hard(accuracy, limit=10, threshold=0.125) == ["b", "e"]
+    hardest = select_hard(accuracy, limit=10, rng=0)
+    assert sorted(hardest[:2]) == ["b", "e"] and hardest[2:] == ["d", "a"]
+    assert select_hard(accuracy, limit=3, rng=0)[2] == "d"
+    assert select_hard(accuracy, limit=0, rng=0) == []
+    assert sorted(select_hard(accuracy, limit=10, threshold=0.125, rng=0)) == ["b", "e"]
+
+
+def test_select_hard_breaks_ties_uniformly_with_the_steps_rng():
+    # Six new questions and two replayed ones, all at r_x = 0, and a cap of 2: the new
+    # questions alone could fill it, yet every tied question must be as likely to be picked.
+    accuracy = {**{f"new{i}": 0.0 for i in range(6)}, "replay0": 0.0, "replay1": 0.0, "easy": 0.25}
+    picks = Counter()
+    rng = random.Random(0)
+    for _ in range(4000):
+        chosen = select_hard(accuracy, limit=2, rng=rng)
+        assert len(chosen) == 2 and "easy" not in chosen
+        picks.update(chosen)
+    for key in accuracy.keys() - {"easy"}:
+        assert 0.21 < picks[key] / 4000 < 0.29, (key, picks[key])  # 2/8 each
+    # seeded: the same RNG state gives the same choice (every rank holds the same state)
+    assert select_hard(accuracy, 2, rng=random.Random(7)) == select_hard(accuracy, 2, rng=random.Random(7))
 
 
 def test_augment_limit():
@@ -71,3 +91,15 @@ def test_reformulation_is_immutable():
     r = Reformulation(kind="ncq", key=1, candidates=("x",), wrong_answers=("1",))
     with pytest.raises(AttributeError):
         r.kind = "bcq"
+
+
+def test_a_cut_off_last_box_is_not_a_parsed_answer():
+    # mathruler reads only the last \boxed{: an earlier complete box does not make the
+    # rollout parsed, so it is neither an NCQ candidate nor a BCQ student draw.
+    cut_off = "\\boxed{3}, or rather \\boxed{\\frac{1}{"
+    emptied = "\\boxed{4} then \\boxed{}"
+    plan = plan_reformulations(["q"], {"q": ["T \\boxed{9}"]}, {"q": [cut_off, emptied, *wrong(5)]}, limit=5, rng=0)
+    bcq, ncq = plan
+    assert wrong(5)[0] in bcq.candidates and cut_off not in bcq.candidates
+    assert ncq.candidates == tuple(wrong(5)) and ncq.wrong_answers == ("5",)
+    assert plan_reformulations(["q"], {"q": ["T \\boxed{9}"]}, {"q": [cut_off, emptied]}, limit=5, rng=0) == []

@@ -3,7 +3,7 @@
 Algorithm 1, Steps 2, 4 and 5:
 
 - Pre-cap (:func:`select_hard`): questions with plain accuracy ``r_x < tau``, ascending
-  ``r_x`` (hardest first), at most ``rho_aug * |X_new|`` of them.
+  ``r_x`` (hardest first, ties in random order), at most ``rho_aug * |X_new|`` of them.
 - Planning (:func:`plan_reformulations`): BCQ needs a correct teacher rollout and a wrong
   student rollout whose ``\\boxed{}`` parses (one of each drawn uniformly, order
   shuffled); NCQ needs at least one parsed wrong rollout (all of them become
@@ -65,16 +65,25 @@ class Reformulation:
         return tuple(extract_boxed(text) for text in self.candidates)
 
 
-def select_hard(accuracy: Mapping[Hashable, float], limit: int, threshold: float = 0.5) -> list[Hashable]:
+def select_hard(
+    accuracy: Mapping[Hashable, float],
+    limit: int,
+    threshold: float = 0.5,
+    rng: random.Random | int | None = None,
+) -> list[Hashable]:
     """The pre-cap: keys with ``accuracy < threshold``, ascending accuracy, at most ``limit``.
 
-    Ties keep the mapping's order, so every rank given the same gathered mapping makes
-    the same choice.
+    Ties are broken uniformly at random by ``rng`` (a ``random.Random`` or a seed; the
+    trainer passes the step's seeded RNG, identical on every rank), so when the new
+    questions alone could fill the cap at one accuracy, replayed questions tied with them
+    are as likely to be reformulated. The mapping's order carries no priority.
     """
     if limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
+    rng = rng if isinstance(rng, random.Random) else random.Random(rng)
     hard = [key for key, r in accuracy.items() if r < threshold]
-    hard.sort(key=lambda key: accuracy[key])  # stable
+    rng.shuffle(hard)  # a uniform order among ties ...
+    hard.sort(key=lambda key: accuracy[key])  # ... that the stable sort keeps
     return hard[:limit]
 
 

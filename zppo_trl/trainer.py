@@ -292,7 +292,7 @@ class ZPPOTrainer(GRPOTrainer):
         metrics["time/plain_generation_s"] = time.perf_counter() - t0
         accuracy = _plain_accuracy(plain_meta, plain_rewards, G, order=new_keys + replay_keys)
         limit = augment_limit(len(new_keys), args.augment_fraction)
-        hard = select_hard(accuracy, limit, args.hard_threshold) if kinds else []
+        hard = select_hard(accuracy, limit, args.hard_threshold, rng=self._rng) if kinds else []
 
         # 4. Teacher replies collected and graded; wrong student rollouts of the pre-capped questions.
         plan: list[Reformulation] = []
