@@ -3,7 +3,7 @@ import warnings
 import pytest
 from trl import TrlParser
 
-from zppo_trl.config import ZPPOConfig
+from zppo_trl.config import PAPER_OBJECTIVE, ZPPOConfig
 from zppo_trl.prompts import RL_CLOSER
 
 CPU = dict(output_dir="unused", use_cpu=True, bf16=False, per_device_train_batch_size=8, report_to="none")
@@ -48,13 +48,53 @@ def test_partitions_map_onto_trl_batching():
         (dict(replay_capacity=-1), "replay_capacity"),
         (dict(teacher_num_generations=0), "teacher_num_generations"),
         (dict(compression_max_tokens=0), "compression_max_tokens"),
-        (dict(num_iterations=2), "num_iterations"),
         (dict(delta=1.1), "delta"),
+        (dict(delta=None), "delta"),
     ],
 )
 def test_bad_values_name_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
         ZPPOConfig(**{**CPU, **TEACHER, **overrides})
+
+
+def test_trl_defaults_that_change_the_objective_are_the_papers():
+    # TRL 1.16 turns its vLLM importance-sampling correction on by default; ZPPO's only ratio is the PPO ratio.
+    for overrides in ({}, dict(use_vllm=True, vllm_mode="server")):
+        c = ZPPOConfig(**CPU, **TEACHER, **overrides)
+        for name, (required, _why) in PAPER_OBJECTIVE.items():
+            assert getattr(c, name) == required, name
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("loss_type", "grpo"),
+        ("loss_type", "cispo"),
+        ("importance_sampling_level", "sequence"),
+        ("vllm_importance_sampling_correction", True),
+        ("mask_truncated_completions", True),
+        ("top_entropy_quantile", 0.2),
+        ("off_policy_mask_threshold", 0.5),
+        ("scale_rewards", "group"),
+        ("scale_rewards", True),  # TRL reads True as "group"
+        ("num_iterations", 2),
+        ("beta", 0.04),
+        ("entropy_coef", 0.01),
+        ("use_adaptive_entropy", True),
+    ],
+)
+def test_settings_that_change_the_objective_are_refused_naming_the_field(name, value):
+    with pytest.raises(ValueError, match=rf"^{name}=.* changes ZPPO's objective.*Set {name}="):
+        ZPPOConfig(**CPU, **TEACHER, **{name: value})
+
+
+def test_objective_table_covers_the_trl_settings_that_change_the_loss():
+    assert set(PAPER_OBJECTIVE) >= {
+        "loss_type", "importance_sampling_level", "mask_truncated_completions", "top_entropy_quantile",
+        "off_policy_mask_threshold", "scale_rewards", "num_iterations", "vllm_importance_sampling_correction",
+    }
+    fields = set(ZPPOConfig.__dataclass_fields__)
+    assert set(PAPER_OBJECTIVE) <= fields  # every name is a real TRL field
 
 
 def test_reformulations_need_a_teacher():

@@ -26,7 +26,28 @@ from .prompts import RL_CLOSER
 from .reformulate import KINDS, augment_limit
 from .replay import replay_count
 
-__all__ = ["ZPPOConfig", "StepComposition"]
+__all__ = ["ZPPOConfig", "StepComposition", "PAPER_OBJECTIVE"]
+
+# TRL settings that would change the paper's objective, with the value it needs and why.
+# The objective (eq:ppo-token-ratio, eq:dualclip, "What on-policy means"): a per-token PPO
+# ratio against the policy that sampled the group is the only ratio; DAPO's token-level
+# aggregation; no KL; ZPPO's two-step advantages; one pass over each rollout step.
+PAPER_OBJECTIVE: dict[str, tuple[object, str]] = {
+    "loss_type": ("dapo", "the loss is aggregated over tokens (DAPO)"),
+    "importance_sampling_level": ("token", "the PPO ratio of eq:ppo-token-ratio is per token"),
+    "vllm_importance_sampling_correction": (
+        False,
+        "the PPO ratio against the sampling policy is the only ratio; TRL's vLLM/trainer ratio would reweight and mask sequences",
+    ),
+    "mask_truncated_completions": (False, "every sampled response enters the loss"),
+    "top_entropy_quantile": (1.0, "every response token enters the loss"),
+    "off_policy_mask_threshold": (None, "no sequence is masked for being off-policy"),
+    "scale_rewards": ("none", "ZPPO's two-step advantages (eq:adv-step1, eq:adv-step2) replace TRL's reward scaling"),
+    "num_iterations": (1, "one pass over each rollout step, in num_partitions updates"),
+    "beta": (0.0, "the objective has no KL penalty"),
+    "entropy_coef": (0.0, "the objective has no entropy bonus"),
+    "use_adaptive_entropy": (False, "the objective has no entropy bonus"),
+}
 
 
 @dataclass(frozen=True)
@@ -162,6 +183,10 @@ class ZPPOConfig(GRPOConfig):
         default="none",
         metadata={"help": "TRL's group scaling is unused: ZPPO's two-step advantages replace it."},
     )
+    vllm_importance_sampling_correction: bool = field(
+        default=False,
+        metadata={"help": "Off (TRL defaults it on): the PPO ratio against the sampling policy is the paper's only ratio."},
+    )
     lr_scheduler_type: str = field(default="constant", metadata={"help": "Paper: constant learning rate, no warmup, no decay."})
     weight_decay: float = field(default=0.1, metadata={"help": "Paper: decoupled weight decay 0.1."})
 
@@ -172,6 +197,7 @@ class ZPPOConfig(GRPOConfig):
         if self.steps_per_generation is None and self.generation_batch_size is None:
             self.steps_per_generation = self.num_partitions * self.gradient_accumulation_steps
         super().__post_init__()
+        self._validate_objective()
         expected = self.num_partitions * self.gradient_accumulation_steps
         if self.steps_per_generation != expected:
             raise ValueError(
@@ -211,10 +237,18 @@ class ZPPOConfig(GRPOConfig):
                 f"reformulations {self.reformulations} need a teacher: set teacher_base_url and teacher_model "
                 "(or reformulations: [] for GRPO\u2020)"
             )
-        if self.num_iterations != 1:
-            raise ValueError(f"num_iterations must be 1 (ZPPO makes one pass over each rollout step in num_partitions updates), got {self.num_iterations}")
-        if self.delta is not None and self.delta <= 1 + (self.epsilon_high if self.epsilon_high is not None else self.epsilon):
+        if self.delta is None:
+            raise ValueError("delta=None turns off the dual clip of eq:dualclip, which ZPPO's objective has; set delta (paper: 10.0)")
+        if self.delta <= 1 + (self.epsilon_high if self.epsilon_high is not None else self.epsilon):
             raise ValueError(f"delta (dual-clip ratio, {self.delta}) must exceed 1 + epsilon_high to act as the dual clip")
+
+    def _validate_objective(self) -> None:
+        """Refuse TRL settings that would train a different objective than the paper's (after TRL's
+        own normalisation of them, e.g. ``scale_rewards: false`` -> ``"none"``)."""
+        for name, (required, why) in PAPER_OBJECTIVE.items():
+            value = getattr(self, name)
+            if value != required:
+                raise ValueError(f"{name}={value!r} changes ZPPO's objective: {why}. Set {name}={required!r}")
 
     @property
     def variant(self) -> str:
