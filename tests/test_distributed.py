@@ -211,7 +211,8 @@ def test_zppo_decisions_identical_and_reformulations_dealt_over_ranks(zppo_run):
         fillers = [sum(kind == "filler" for kind, _, _ in groups) for groups in reform]
         assert fillers == [max(per_rank) - n for n in per_rank]
         planned = s0["metrics"]["bcq"] + s0["metrics"]["ncq"]
-        dropped = s0["metrics"].get("compression_failures_total", 0) - dropped_before
+        dropped = s0["metrics"]["dropped"]
+        assert s0["metrics"]["dropped_total"] - dropped_before == dropped
         dropped_before += dropped
         assert sum(per_rank) == planned - dropped, "every planned instance is trained unless its compression failed"
         if not dropped:

@@ -3,7 +3,7 @@ from collections import Counter
 
 import pytest
 
-from zppo_trl.reformulate import Reformulation, augment_limit, plan_reformulations, select_hard
+from zppo_trl.reformulate import Reformulation, attach_compressions, augment_limit, plan_reformulations, select_hard
 
 
 def wrong(*answers):
@@ -103,3 +103,23 @@ def test_a_cut_off_last_box_is_not_a_parsed_answer():
     assert wrong(5)[0] in bcq.candidates and cut_off not in bcq.candidates
     assert ncq.candidates == tuple(wrong(5)) and ncq.wrong_answers == ("5",)
     assert plan_reformulations(["q"], {"q": ["T \\boxed{9}"]}, {"q": [cut_off, emptied]}, limit=5, rng=0) == []
+
+
+def test_failed_compressions_drop_an_ncq_candidate_but_a_bcq_instance():
+    teacher = {"a": ["T \\boxed{9}"], "b": ["T \\boxed{9}"]}
+    student = {"a": wrong(1, 2, 2), "b": wrong(3)}
+    plan = plan_reformulations(["a", "b"], teacher, student, limit=4, rng=0)
+    assert [(r.kind, r.key) for r in plan] == [("bcq", "a"), ("ncq", "a"), ("bcq", "b"), ("ncq", "b")]
+    #            bcq a: both ok     ncq a: middle one failed       bcq b: one failed   ncq b: all failed
+    compressed = ["s1", "s2",       "c1", None, "c3",              "s3", None,         None]
+    kept, failed = attach_compressions(plan, compressed)
+    assert failed == 3
+    assert [(inst.kind, inst.key) for inst, _ in kept] == [("bcq", "a"), ("ncq", "a")]
+    (bcq, bcq_texts), (ncq, ncq_texts) = kept
+    assert bcq == plan[0] and bcq_texts == ("s1", "s2")
+    # the NCQ instance keeps its wrong-answer list (from the rollouts) and the candidates that compressed
+    assert ncq_texts == ("c1", "c3") and ncq.wrong_answers == ("1", "2")
+    assert ncq.candidates == (plan[1].candidates[0], plan[1].candidates[2])
+    assert attach_compressions(plan, ["x"] * 8) == ([(inst, ("x",) * len(inst.candidates)) for inst in plan], 0)
+    with pytest.raises(ValueError, match="7 compressions for 8 candidates"):
+        attach_compressions(plan, ["x"] * 7)

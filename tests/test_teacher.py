@@ -96,7 +96,15 @@ def test_parse_verdict_is_strict(reply, verdict):
         ("<summary></summary><summary> kept </summary><summary> </summary>", "kept", True),
         ("  no tags at all \\boxed{3}  ", "no tags at all \\boxed{3}", False),
         ("<summary>cut at the token cap", "cut at the token cap", False),
-        ("", "", False),
+        # thinking never becomes a candidate: closed blocks go, a template-opened block's
+        # text before "</think>" goes, and a reply cut off inside its thinking is unusable
+        ("<think>plan it</think>\n<summary>s \\boxed{2}</summary>", "s \\boxed{2}", True),
+        ("reasoning the template opened\n</think>\n\n<summary>t</summary>", "t", True),
+        ("<think>Summary goes in <summary>x</summary>, fine</think>plain summary \\boxed{1}", "plain summary \\boxed{1}", False),
+        ("<think>the step-by-step plan, then the token cap hits", None, False),
+        ("<think>thinks</think>   ", None, False),
+        ("the template opened it; still thinking </think>", None, False),
+        ("", None, False),
     ],
 )
 def test_extract_summary(reply, text, tagged):
@@ -342,3 +350,18 @@ def test_close_cancels_pending_work_and_the_client_restarts(teacher_server):
         future.result(timeout=30)
     assert [len(r) for r in client.sample(["again"], n=1, max_tokens=2)] == [1]
     client.close()
+
+
+@pytest.mark.integration
+def test_compression_cut_off_inside_thinking_is_a_failure_not_a_candidate(boxed_teacher_server):
+    # The boxed teacher answers the compression prompt "<think> </think> <summary> ... </summary>";
+    # transformers serve moves the think part out of the content, as vLLM's reasoning parser does,
+    # so a reply cut off inside it arrives as an empty content (the pure tests cover inline tags).
+    source = "\\boxed{42}"
+    with fast_client(boxed_teacher_server.base_url, boxed_teacher_server.model) as client:
+        full = client.compress([source], max_tokens=64, temperature=0.0)
+        cut = client.compress([source, source], max_tokens=2, temperature=0.0)
+        stats = client.stats()
+    assert full == ["The attempt works it out step by step."]
+    assert cut == [None, None]  # the 2-token cap lands inside "<think> </think>": unusable, not ""
+    assert stats["unusable"] == 2 and stats["compressed"] == 1 and stats["failed"] == 0

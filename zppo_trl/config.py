@@ -165,6 +165,14 @@ class ZPPOConfig(GRPOConfig):
         default=512,
         metadata={"help": "Token cap of each compressed BCQ/NCQ candidate."},
     )
+    compression_extra_body: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "Extra request fields for compression only (merged over teacher_extra_body, top-level keys replaced); "
+            "with Qwen3.5 on vLLM use {'chat_template_kwargs': {'enable_thinking': false}} so the 512-token cap is spent "
+            "on the summary. A reply with nothing left after its thinking is a failed compression."
+        },
+    )
     judge_base_url: str | None = field(
         default=None,
         metadata={"help": "Judge server for free-form answers the grader scores 0 (default: the teacher's server)."},
@@ -190,7 +198,7 @@ class ZPPOConfig(GRPOConfig):
     lr_scheduler_type: str = field(default="constant", metadata={"help": "Paper: constant learning rate, no warmup, no decay."})
     weight_decay: float = field(default=0.1, metadata={"help": "Paper: decoupled weight decay 0.1."})
 
-    _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["teacher_extra_body", "judge_extra_body"]
+    _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["teacher_extra_body", "compression_extra_body", "judge_extra_body"]
 
     def __post_init__(self):
         self._validate_zppo()

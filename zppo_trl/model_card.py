@@ -48,7 +48,8 @@ _FINAL = (
     ("bcq_total", "BCQ instances"),
     ("ncq_total", "NCQ instances"),
     ("skipped_partitions_total", "skipped (empty-signal) partitions"),
-    ("compression_failures_total", "dropped for failed compression"),
+    ("compression_failures_total", "failed candidate compressions"),
+    ("dropped_total", "BCQ/NCQ instances dropped for them"),
 )
 
 

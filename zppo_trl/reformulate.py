@@ -18,6 +18,7 @@ only for the instances that survive the cap. This module is pure: no TRL, no tra
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Hashable, Mapping, Sequence
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from .prompts import distinct_answers
 from .rewards import extract_boxed
 
-__all__ = ["KINDS", "Reformulation", "augment_limit", "select_hard", "plan_reformulations"]
+__all__ = ["KINDS", "Reformulation", "augment_limit", "select_hard", "plan_reformulations", "attach_compressions"]
 
 KINDS = ("bcq", "ncq")
 
@@ -146,3 +147,35 @@ def plan_reformulations(
                 )
             )
     return planned
+
+
+def attach_compressions(
+    plan: Sequence[Reformulation], compressed: Sequence[str | None]
+) -> tuple[list[tuple[Reformulation, tuple[str, ...]]], int]:
+    """Pair each planned instance with its compressed candidates, where enough survived.
+
+    ``compressed`` holds one result per candidate of ``plan``, in order (None: the
+    compression failed). BCQ needs both of its candidates. An NCQ instance loses only the
+    candidates whose compression failed (its wrong-answer list comes from the student's
+    rollouts, not from the rewrites) and is dropped when none is left. A kept NCQ
+    instance's ``candidates`` are narrowed to the surviving sources, so they stay aligned
+    with the texts.
+
+    Returns ``[(instance, compressed texts)]`` for the kept instances, in plan order, and
+    the number of failed compressions.
+    """
+    expected = sum(len(inst.candidates) for inst in plan)
+    if len(compressed) != expected:
+        raise ValueError(f"{len(compressed)} compressions for {expected} candidates")
+    results = iter(compressed)
+    kept: list[tuple[Reformulation, tuple[str, ...]]] = []
+    failed = 0
+    for inst in plan:
+        usable = [(source, text) for source in inst.candidates if (text := next(results))]
+        failed += len(inst.candidates) - len(usable)
+        if not usable or (inst.kind == "bcq" and len(usable) < len(inst.candidates)):
+            continue
+        if len(usable) < len(inst.candidates):
+            inst = dataclasses.replace(inst, candidates=tuple(source for source, _ in usable))
+        kept.append((inst, tuple(text for _, text in usable)))
+    return kept, failed

@@ -43,6 +43,7 @@ __all__ = [
     "TeacherClient",
     "parse_verdict",
     "extract_summary",
+    "strip_thinking",
     "to_openai_messages",
     "image_data_url",
     "TEACHER_MAX_TOKENS",
@@ -59,6 +60,8 @@ JUDGE_MAX_TOKENS = 512
 _RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
 _SUMMARY = re.compile(r"<summary>(.*?)</summary>", re.DOTALL)
 _SUMMARY_TAG = re.compile(r"</?summary>")
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _IMAGE_MIME = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "WEBP": "image/webp", "BMP": "image/bmp"}
 
 
@@ -92,17 +95,37 @@ def parse_verdict(text: str | None) -> bool | None:
     return {"correct": True, "wrong": False}.get(verdict)
 
 
-def extract_summary(reply: str) -> tuple[str, bool]:
+def strip_thinking(reply: str) -> str:
+    """``reply`` without its reasoning.
+
+    Closed ``<think>...</think>`` blocks are removed; text before a ``</think>`` that no
+    ``<think>`` opened (a chat template that opens the block in the prompt, as Qwen3.5's
+    does) is dropped; an unclosed ``<think>`` (a reply cut off at the token cap while still
+    thinking) is cut from there to the end.
+    """
+    reply = _THINK_BLOCK.sub("", reply)
+    if _THINK_CLOSE in reply:
+        reply = reply[reply.rindex(_THINK_CLOSE) + len(_THINK_CLOSE) :]
+    if _THINK_OPEN in reply:
+        reply = reply[: reply.index(_THINK_OPEN)]
+    return reply
+
+
+def extract_summary(reply: str) -> tuple[str | None, bool]:
     """The compressed candidate in a compression reply, and whether it was tagged.
 
-    Returns the stripped text inside the last non-empty ``<summary>...</summary>`` pair
-    and True; otherwise the whole reply stripped, with any stray ``<summary>`` or
-    ``</summary>`` tag (e.g. of a reply cut at the token cap) removed, and False.
+    Thinking is removed first (:func:`strip_thinking`). Returns the stripped text inside
+    the last non-empty ``<summary>...</summary>`` pair and True; otherwise what is left,
+    stripped, with any stray ``<summary>``/``</summary>`` tag removed, and False; and
+    ``(None, False)`` when nothing is left: a reply that was all thinking, or cut off
+    inside it, is no compression and must never become a candidate.
     """
+    reply = strip_thinking(reply)
     for inner in reversed(_SUMMARY.findall(reply)):
         if inner.strip():
             return inner.strip(), True
-    return _SUMMARY_TAG.sub("", reply).strip(), False
+    rest = _SUMMARY_TAG.sub("", reply).strip()
+    return (rest or None), False
 
 
 def image_data_url(image: Any) -> str:
@@ -384,9 +407,13 @@ class TeacherClient:
     ) -> list[str | None]:
         """Each text rewritten under the paper's compression prompt (512-token cap).
 
-        The result is the text inside ``<summary>...</summary>``, else the reply
-        stripped (counted as ``untagged`` in :meth:`stats`; an empty reply gives ""),
-        and None where the request failed.
+        Thinking is removed from each reply; the result is the text inside
+        ``<summary>...</summary>``, else the rest of the reply stripped (counted as
+        ``untagged`` in :meth:`stats`), and None where the request failed or nothing
+        usable is left (a reply cut off inside its thinking, or empty; ``unusable``).
+        Serve a thinking teacher with thinking off for this call, e.g.
+        ``extra_body={"chat_template_kwargs": {"enable_thinking": False}}``, so the cap is
+        spent on the summary.
         """
         return self.compress_async(texts, max_tokens, temperature, top_p, extra_body=extra_body).result()
 
@@ -466,7 +493,8 @@ class TeacherClient:
         ``in_flight``; ``replies`` received and ``top_ups`` (single requests standing in
         for ``n``); ``prompt_tokens``/``completion_tokens`` as the server reports them;
         ``latency_mean_s``/``latency_max_s`` of succeeded requests (retries included);
-        ``compressed``/``untagged``; ``judged``/``judged_correct``/``verdict_unparsed``.
+        ``compressed``/``untagged`` and ``unusable`` (compression replies with nothing
+        left after their thinking); ``judged``/``judged_correct``/``verdict_unparsed``.
         """
         with self._lock:
             stats = dict(self._stats)
@@ -509,7 +537,7 @@ class TeacherClient:
     def _zero_stats() -> dict[str, float]:
         names = (
             "requests succeeded failed retries in_flight replies top_ups prompt_tokens completion_tokens "
-            "latency_total_s latency_max_s compressed untagged judged judged_correct verdict_unparsed"
+            "latency_total_s latency_max_s compressed untagged unusable judged judged_correct verdict_unparsed"
         )
         return {name: 0 for name in names.split()}
 
@@ -652,6 +680,9 @@ class TeacherClient:
             if replies is None:
                 return None
             summary, tagged = extract_summary(replies[0])
+            if summary is None:
+                self._count(unusable=1)
+                return None
             self._count(compressed=1, untagged=0 if tagged else 1)
             return summary
 

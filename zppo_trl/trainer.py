@@ -46,7 +46,7 @@ from .batches import concat_batches, select_rows
 from .config import ZPPOConfig
 from .model_card import PAPER_TITLE, zppo_card_section
 from .prompts import bcq_block, compose_prompt, ncq_block
-from .reformulate import Reformulation, augment_limit, plan_reformulations, select_hard
+from .reformulate import Reformulation, attach_compressions, augment_limit, plan_reformulations, select_hard
 from .replay import PromptReplayBuffer, replay_count
 from .rewards import boxed_accuracy_reward, completion_text, extract_boxed, grade_batch
 from .teacher import TeacherClient
@@ -326,33 +326,11 @@ class ZPPOTrainer(GRPOTrainer):
         #    then the student's group on every BCQ/NCQ prompt.
         # Deal the instances round-robin, BCQ first then NCQ, so every rank gets a mix of both kinds.
         local_plan = sorted(plan, key=lambda inst: inst.kind != "bcq")[rank::world]
-        reform: list[tuple[str, Mapping, str]] = []
-        kept: list[Reformulation] = []
-        if local_plan:
-            t0 = time.perf_counter()
-            texts = [text for inst in local_plan for text in inst.candidates]
-            compressed = _result_or_empty(
-                self.teacher.compress_async(
-                    texts,
-                    max_tokens=args.compression_max_tokens,
-                    temperature=args.teacher_temperature,
-                    top_p=args.teacher_top_p,
-                ),
-                len(texts),
-                single=True,
-            )
-            metrics["time/compression_s"] = time.perf_counter() - t0
-            teacher_wait += metrics["time/compression_s"]
-            it = iter(compressed)
-            for inst in local_plan:
-                candidates = [next(it) for _ in inst.candidates]
-                if any(not c for c in candidates):  # a failed or empty compression drops the instance
-                    continue
-                block = bcq_block(candidates) if inst.kind == "bcq" else ncq_block(inst.wrong_answers, candidates)
-                reform.append((inst.kind, self.train_dataset[self._row_of[inst.key]], block))
-                kept.append(inst)
+        reform, kept, failed = self._compressed_blocks(local_plan, metrics)
+        teacher_wait += metrics.get("time/compression_s", 0.0)
         kept_per_rank = gather_object([len(reform)])
-        self.counters["compression_failures_total"] += len(plan) - sum(kept_per_rank)
+        metrics["compression_failures"] = sum(gather_object([failed]))
+        metrics["dropped"] = len(plan) - sum(kept_per_rank)
         most = max(kept_per_rank)
         reform_out = reform_rewards = None
         reform_texts: list[str] = []
@@ -390,12 +368,40 @@ class ZPPOTrainer(GRPOTrainer):
             if failed:
                 logger.warning("teacher: %d of %d requests failed this step; the step continues with what came back", failed, requests)
         self.counters["rollout_steps"] += 1
-        for name in ("bcq", "ncq", "skipped_partitions", "admitted", "graduated", "evicted"):
+        for name in ("bcq", "ncq", "compression_failures", "dropped", "skipped_partitions", "admitted", "graduated", "evicted"):
             self.counters[f"{name}_total"] += metrics.get(name, 0)
         metrics.update({name: value for name, value in self.counters.items()})
         for name, value in metrics.items():
             self._metrics["train"][f"zppo/{name}"].append(float(value))
         return micro_batches
+
+    def _compressed_blocks(self, local_plan: Sequence[Reformulation], metrics: dict) -> tuple[list, list[Reformulation], int]:
+        """Compress this rank's instances' candidates and render each kept instance's block.
+
+        Returns the (kind, row, block) groups to sample, the instances kept
+        (:func:`attach_compressions`: BCQ needs both candidates, NCQ keeps the ones that
+        compressed) and how many compressions failed.
+        """
+        if not local_plan:
+            return [], [], 0
+        args = self.args
+        t0 = time.perf_counter()
+        sources = [text for inst in local_plan for text in inst.candidates]
+        future = self.teacher.compress_async(
+            sources,
+            max_tokens=args.compression_max_tokens,
+            temperature=args.teacher_temperature,
+            top_p=args.teacher_top_p,
+            extra_body=args.compression_extra_body,
+        )
+        compressed = _result_or_empty(future, len(sources), single=True)
+        metrics["time/compression_s"] = time.perf_counter() - t0
+        kept, failed = attach_compressions(local_plan, compressed)
+        groups = []
+        for inst, texts in kept:
+            block = bcq_block(texts) if inst.kind == "bcq" else ncq_block(inst.wrong_answers, texts)
+            groups.append((inst.kind, self.train_dataset[self._row_of[inst.key]], block))
+        return groups, [inst for inst, _ in kept], failed
 
     def _grade(self, row: Mapping, texts: Sequence[str]) -> list[bool]:
         """Grade teacher rollouts with the trainer's own reward functions."""
