@@ -36,15 +36,15 @@ except ImportError:  # tests/ imported as a package
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT = 180.0
 
-# `transformers serve`; for a VL checkpoint the image-only Qwen VL processor is registered
-# first: torchvision is missing here, so AutoProcessor would otherwise fall back to the
-# tokenizer and the server would treat the tiny VLM as text-only (silently dropping images).
+# `transformers serve`; for a VL checkpoint (saved as a standard Qwen3VLProcessor) the standard
+# class resolves to the image-only one first: torchvision is missing here, so the standard class
+# cannot be built and the server would treat the tiny VLM as text-only (silently dropping images).
 _LAUNCHER = """
 import json, pathlib, sys
 if "vision_config" in json.loads((pathlib.Path(sys.argv[1]) / "config.json").read_text()):
-    from transformers import AutoProcessor, Qwen3_5Config
+    import transformers.models.qwen3_vl as qwen3_vl
     from zppo_trl.processing import ImageOnlyQwen3VLProcessor
-    AutoProcessor.register(Qwen3_5Config, ImageOnlyQwen3VLProcessor, exist_ok=True)
+    qwen3_vl.Qwen3VLProcessor = ImageOnlyQwen3VLProcessor  # what AutoProcessor looks the name up in
 from transformers.cli.transformers import main
 sys.argv = ["transformers", "serve", *sys.argv[1:]]
 sys.exit(main())
