@@ -68,6 +68,10 @@ class ScriptArguments:
         default=False,
         metadata={"help": "Validate config, dataset, model config and servers without loading weights; print the step composition and process layout."},
     )
+    print_server_lengths: bool = field(
+        default=False,
+        metadata={"help": "Print the student's and the teacher's server --max-model-len for this recipe (two numbers) and exit; recipes/launch uses it."},
+    )
 
 
 # ---------------------------------------------------------------------- building blocks
@@ -186,6 +190,9 @@ def dry_run(script_args: ScriptArguments, args: ZPPOConfig, model_args: ModelCon
     precision = "bf16" if args.bf16 else "fp32"
     schedule = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
     out(f"  precision: {precision}; lr {args.learning_rate:g} {schedule}; max completion {args.max_completion_length} tokens")
+    out(f"  server context: {args.context_lengths()}")
+    if args.use_vllm and args.vllm_max_model_length < args.context_lengths().student:
+        out(f"        vllm_max_model_length={args.vllm_max_model_length} is smaller: BCQ/NCQ rollouts can be cut short")
 
     out("\nchecks:")
     # model: config only
@@ -273,7 +280,7 @@ def train(script_args: ScriptArguments, args: ZPPOConfig, model_args: ModelConfi
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--dry_run" in argv and "--use_cpu" not in argv:
+    if any(flag in argv for flag in ("--dry_run", "--print_server_lengths")) and "--use_cpu" not in argv:
         if not torch.cuda.is_available():  # validate a GPU recipe here: bf16 on CPU needs use_cpu
             argv += ["--use_cpu", "true"]
     parser = TrlParser((ScriptArguments, ZPPOConfig, ModelConfig))
@@ -283,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO if args.should_log else logging.WARNING)
     for noisy in ("httpx", "httpx2", "openai"):  # one INFO line per teacher request otherwise
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if script_args.print_server_lengths:
+        lengths = args.context_lengths()
+        print(lengths.student, lengths.teacher)
+        return 0
     if script_args.dry_run:
         return dry_run(script_args, args, model_args)
     train(script_args, args, model_args)

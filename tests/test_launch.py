@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,14 +18,24 @@ from pathlib import Path
 
 import pytest
 
+from zppo_trl.context import context_lengths
+
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH = REPO / "recipes" / "launch"
 SCRIPTS = sorted([*LAUNCH.glob("*.sh"), LAUNCH / "slurm_zppo.sbatch", REPO / "recipes" / "demo" / "run_demo.sh"])
 NODES = "n0 n1 n2 n3 n4 n5 n6 n7"
 
 
-def _run(*args, env=None, timeout=60) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, **(env or {})}
+# The paper's recipes (all four scales share these lengths): what the servers are sized to.
+PAPER_LENGTHS = context_lengths(
+    max_prompt_length=4096, max_completion_length=12288, num_generations=8, reformulations=("bcq", "ncq"),
+    compression_max_tokens=512, teacher_max_tokens=12288,
+)  # fmt: skip
+
+
+def _run(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
+    # The scripts size the servers with `python recipes/zppo.py`: this test's interpreter.
+    full_env = {**os.environ, "PYTHON": sys.executable, "HF_HUB_OFFLINE": "1", **(env or {})}
     return subprocess.run(["bash", *map(str, args)], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -50,8 +61,9 @@ def test_help_and_unknown_options(script):
     assert ("ZPPO on 8 nodes" if script.endswith(".sbatch") else "usage:") in helped.stdout
     first = ["recipes/qwen35_0.8b.yaml"] if script.endswith(".sbatch") else []
     bad = _run(LAUNCH / script, *first, "--bogus", env={"NODES": NODES, "DRY_RUN": "1"})
-    if script.endswith(".sbatch"):  # options after the YAML are recipe overrides, passed through
-        assert bad.returncode == 0 and "--bogus" in bad.stdout
+    if script.endswith(".sbatch"):  # options after the YAML are recipe overrides: checked before any server starts
+        assert bad.returncode != 0 and "cannot size the servers" in bad.stderr and "--bogus" in bad.stderr
+        assert "srun" not in bad.stdout
     else:
         assert bad.returncode == 2 and "unknown option '--bogus'" in bad.stderr
 
@@ -67,13 +79,15 @@ def test_serve_student_arguments():
     assert dry.returncode == 0, dry.stderr
     assert "+ trl vllm-serve --model Qwen/Qwen3.5-2B --tensor-parallel-size 1 --data-parallel-size 2" in dry.stdout
     assert "--port 8001" in dry.stdout and "GPUs 4,5" in dry.stdout and "http://127.0.0.1:8001/health/" in dry.stdout
+    # the default context holds the paper's NCQ prompts: 4,096 + 8 compressed candidates + 12,288
+    assert f"--max-model-len {PAPER_LENGTHS.student}" in dry.stdout and PAPER_LENGTHS.student > 4096 + 12288 + 8 * 512
 
 
 def test_serve_teacher_keeps_the_key_off_the_command_line():
     dry = _run(LAUNCH / "serve_teacher.sh", "--data-parallel", "8", "--dry-run", env={"TEACHER_API_KEY": "sk-secret"})
     assert dry.returncode == 0, dry.stderr
     assert "+ vllm serve Qwen/Qwen3.5-27B-FP8" in dry.stdout and "--data-parallel-size 8" in dry.stdout
-    assert "--max-model-len 32768" in dry.stdout
+    assert f"--max-model-len {PAPER_LENGTHS.teacher}" in dry.stdout
     assert "sk-secret" not in dry.stdout + dry.stderr
 
 
@@ -90,6 +104,20 @@ def test_train_sh_plans_servers_then_training():
     assert not any(line.startswith("+ vllm serve") for line in lines)  # the teacher runs elsewhere
     assert "--num_processes 6" in lines[train] and "--teacher_base_url http://teacher:8000/v1" in lines[train]
     assert lines[train].endswith("--max_steps 8")
+    # both servers sized from the recipe, and the trainer told the student's context
+    assert f"--max-model-len {PAPER_LENGTHS.student}" in lines[student]
+    assert f"--vllm_max_model_length {PAPER_LENGTHS.student}" in lines[train]
+    shorter = _run(
+        LAUNCH / "train.sh", "--config", "recipes/qwen35_2b.yaml", "--dry-run", "--", "--max_completion_length", "4096",
+    )  # fmt: skip
+    assert shorter.returncode == 0, shorter.stderr
+    sized = context_lengths(
+        max_prompt_length=4096, max_completion_length=4096, num_generations=8, reformulations=("bcq", "ncq"),
+        compression_max_tokens=512, teacher_max_tokens=12288,
+    )  # fmt: skip
+    assert f"student {sized.student} tokens, teacher {sized.teacher} tokens" in shorter.stdout
+    assert re.search(rf"^\+ trl vllm-serve .*--max-model-len {sized.student}$", shorter.stdout, re.M)
+    assert re.search(rf"^\+ vllm serve .*--max-model-len {sized.teacher}$", shorter.stdout, re.M)
     for args, message in [
         ([], "--config is required"),
         (["--config", "nope.yaml"], "--config nope.yaml: no such file"),
@@ -110,6 +138,9 @@ def test_slurm_layouts():
     assert "--nodelist=n2\\,n3\\,n4\\,n5\\,n6\\,n7" in train
     assert "zero2.yaml 6 48 n2 29500 recipes/zppo.py --config recipes/qwen35_4b.yaml" in train
     assert "--vllm_server_host n0" in train and "--teacher_base_url http://n1:8000/v1" in train and train.endswith("--max_steps 8")
+    assert f"--vllm_max_model_length {PAPER_LENGTHS.student}" in train
+    assert f"serve_student.sh --model Qwen/Qwen3.5-4B --gpus 0\\,1\\,2\\,3\\,4\\,5\\,6\\,7 --data-parallel 8 --port 8001 --max-model-len {PAPER_LENGTHS.student} " in out
+    assert f"--port 8000 --max-model-len {PAPER_LENGTHS.teacher} " in out
 
     colocate = _run(LAUNCH / "slurm_zppo.sbatch", "recipes/qwen35_4b.yaml", env={"DRY_RUN": "1", "NODES": NODES, "LAYOUT": "colocate"})
     assert colocate.returncode == 0, colocate.stderr

@@ -72,6 +72,12 @@ def test_scale_yaml_is_the_papers_table(scale):
     assert args.save_steps % args.num_partitions == 0
     assert script.num_training_ranks == 48 and script.use_judge
     assert args.judge_extra_body == {"chat_template_kwargs": {"enable_thinking": False}}
+    assert args.compression_extra_body == {"chat_template_kwargs": {"enable_thinking": False}}
+    assert args.vllm_importance_sampling_correction is False and args.max_prompt_length == 4096
+    # the student's context holds the longest NCQ prompt (8 candidates of 512 tokens) and a full completion
+    lengths = args.context_lengths()
+    assert args.vllm_max_model_length == lengths.student >= 4096 + 8 * 512 + 12288
+    assert lengths.teacher >= 4096 + 2 * 12288 // 2 + 512  # the judge reads a whole response under its question
     step = args.composition(script.num_training_ranks)
     assert str(step) == PAPER_STEP and step.rollout_steps == 200 and step.max_prompts == 576
 
@@ -85,6 +91,7 @@ def test_dry_run_prints_the_papers_composition(scale):
     assert "training ranks: 48" in out
     assert "200 rollout steps = 800 optimizer updates = 76,800 new-prompt draws" in out
     assert "TRL vLLM server at http://127.0.0.1:8001" in out and "teacher: Qwen/Qwen3.5-27B-FP8" in out
+    assert "server context: student --max-model-len 21,504 (prompt 4,096 + BCQ/NCQ block <= " in out
     assert "dry run ok; nothing was trained." in out
 
 

@@ -178,3 +178,56 @@ def test_resume_continues_the_same_run(tiny_text_model_dir, tmp_path):
     assert resumed._rng.getstate() == straight._rng.getstate()
     for name, p in straight.model.named_parameters():
         torch.testing.assert_close(resumed.model.get_parameter(name), p, rtol=0, atol=0)
+
+
+def test_logged_advantages_are_the_trained_ones(tiny_text_model_dir, tmp_path):
+    trainer = _trainer(tiny_text_model_dir, _config(tmp_path, max_steps=2, log_completions=True), CoinReward(seed=1))
+    trainer.train()
+    # What the one rollout step trained: every micro-batch's rows that carry loss tokens.
+    trained = []
+    for micro in trainer._buffered_inputs:
+        if not micro.get("zppo_skip"):
+            real = micro["completion_mask"].sum(1) > 0
+            trained += micro["advantages"][real].tolist()
+    assert trained and any(a != 0 for a in trained)
+    t = torch.tensor(trained, dtype=torch.float64)
+    logged = next(h for h in trainer.state.log_history if "zppo/advantages/mean" in h)
+    assert logged["zppo/advantages/trained_rollouts"] == len(trained)
+    for name, value in (("mean", t.mean()), ("std", t.std(unbiased=False)), ("min", t.min()), ("max", t.max())):
+        assert logged[f"zppo/advantages/{name}"] == pytest.approx(float(value), abs=1e-6), name
+    # "Norm w/o Zero": the non-trivial groups' advantages have unit spread, not TRL's per-group scale
+    nonzero = t[t != 0]
+    assert nonzero.numel() and abs(float(t.mean())) < 1e-6
+    # The completions table (log_completions) shows the same advantages, not TRL's own.
+    table = list(trainer._logs["advantages"])
+    assert sorted(a for a in table if a != 0) == pytest.approx(sorted(a for a in trained if a != 0), abs=1e-6)
+
+
+def test_async_reward_functions_grade_teacher_rollouts(tiny_text_model_dir, tmp_path):
+    from zppo_trl.rewards import boxed_accuracy_reward
+
+    async def async_boxed(completions, answer, **kwargs):
+        return boxed_accuracy_reward(completions, answer)
+
+    trainer = _trainer(tiny_text_model_dir, _config(tmp_path, max_steps=2), [async_boxed])
+    row = trainer.train_dataset[3]  # "What is 3 + 3?" -> 6
+    assert trainer._grade(row, ["so \\boxed{6}", "\\boxed{7}", "no box"]) == [True, False, False]
+
+
+def test_prompts_that_leave_less_than_a_completion_in_the_context_are_counted_and_warned(tiny_text_model_dir, tmp_path, caplog):
+    # vllm_max_model_length is the student's context (TRL reads it only under use_vllm; ZPPO checks every round against it).
+    roomy = _trainer(tiny_text_model_dir, _config(tmp_path / "roomy", max_steps=2, vllm_max_model_length=4096), CoinReward(seed=1))
+    roomy.train()
+    logged = next(h for h in roomy.state.log_history if "zppo/prompts_over_context" in h)
+    assert logged["zppo/prompts_over_context"] == 0 and logged["zppo/plain_prompt_tokens_max"] > 0
+    longest = int(logged["zppo/plain_prompt_tokens_max"])
+
+    # A context one token short for the longest prompt: it, and any prompt as long, is over.
+    tight = _trainer(tiny_text_model_dir, _config(tmp_path / "tight", max_steps=2, vllm_max_model_length=longest + 6 - 1), CoinReward(seed=1))
+    with caplog.at_level("WARNING", logger="zppo_trl.trainer"):
+        tight.train()
+    logged = next(h for h in tight.state.log_history if "zppo/prompts_over_context" in h)
+    assert logged["zppo/plain_prompt_tokens_max"] == longest
+    assert 1 <= logged["zppo/prompts_over_context"] <= 4  # 4 new questions per rollout step here
+    assert tight.counters["prompts_over_context_total"] == logged["zppo/prompts_over_context"]
+    assert any("leave less than max_completion_length=6" in r.message for r in caplog.records)

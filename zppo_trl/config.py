@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .advantages import NORMALIZATIONS
+from .context import PAPER_MAX_PROMPT_LENGTH, ContextLengths, context_lengths
 from .prompts import RL_CLOSER
 from .reformulate import KINDS, augment_limit
 from .replay import replay_count
@@ -127,6 +128,14 @@ class ZPPOConfig(GRPOConfig):
         default=1e-6,
         metadata={"help": "Stabiliser added to the partition's advantage standard deviation."},
     )
+    max_prompt_length: int = field(
+        default=PAPER_MAX_PROMPT_LENGTH,
+        metadata={
+            "help": "The paper's 'Max prompt length': tokens of a plain prompt (chat template, image tokens and closer "
+            "included). It truncates nothing (ZPPO-77K is built under it); it sizes the servers' contexts "
+            "(context_lengths(), printed by the dry run)."
+        },
+    )
     closer: str = field(
         default=RL_CLOSER,
         metadata={"help": "Appended last to every student prompt (plain, BCQ and NCQ); datasets hold raw questions."},
@@ -191,6 +200,14 @@ class ZPPOConfig(GRPOConfig):
         default="none",
         metadata={"help": "TRL's group scaling is unused: ZPPO's two-step advantages replace it."},
     )
+    vllm_max_model_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "The student's vLLM context. Default: context_lengths().student (plain prompt + the longest BCQ/NCQ "
+            "block + max_completion_length). In server mode, the --max-model-len the student server was started with "
+            "(recipes/launch sizes it the same way): a prompt that leaves less than max_completion_length is warned about."
+        },
+    )
     vllm_importance_sampling_correction: bool = field(
         default=False,
         metadata={"help": "Off (TRL defaults it on): the PPO ratio against the sampling policy is the paper's only ratio."},
@@ -221,6 +238,17 @@ class ZPPOConfig(GRPOConfig):
             )
         self.judge_base_url = self.judge_base_url or self.teacher_base_url
         self.judge_model = self.judge_model or self.teacher_model
+        if self.use_vllm:
+            needed = self.context_lengths().student
+            if self.vllm_max_model_length is None:
+                self.vllm_max_model_length = needed
+            elif self.vllm_max_model_length < needed:
+                warnings.warn(
+                    f"vllm_max_model_length ({self.vllm_max_model_length}) is below what a BCQ/NCQ rollout can need "
+                    f"({self.context_lengths()}): long reformulated prompts will leave less than max_completion_length "
+                    "to generate (each such step is warned about and counted in zppo/prompts_over_context)",
+                    stacklevel=2,
+                )
 
     def _validate_zppo(self) -> None:
         for name in ("hard_threshold", "replay_fraction", "augment_fraction"):
@@ -235,7 +263,7 @@ class ZPPOConfig(GRPOConfig):
             raise ValueError(f"reformulations must be a subset of {list(KINDS)} without repeats, got {self.reformulations}")
         if self.advantage_normalization not in NORMALIZATIONS:
             raise ValueError(f"advantage_normalization must be one of {list(NORMALIZATIONS)}, got {self.advantage_normalization!r}")
-        for name in ("replay_capacity", "num_partitions", "teacher_num_generations", "teacher_max_tokens", "compression_max_tokens", "teacher_max_concurrency"):
+        for name in ("replay_capacity", "num_partitions", "teacher_num_generations", "teacher_max_tokens", "compression_max_tokens", "teacher_max_concurrency", "max_prompt_length"):
             value = getattr(self, name)
             minimum = 0 if name == "replay_capacity" else 1
             if not isinstance(value, int) or value < minimum:
@@ -294,6 +322,17 @@ class ZPPOConfig(GRPOConfig):
             rows_per_micro_batch=self.per_device_train_batch_size,
             micro_batches_per_update=self.gradient_accumulation_steps,
             rollout_steps=self.max_steps // self.num_partitions if self.max_steps and self.max_steps > 0 else None,
+        )
+
+    def context_lengths(self) -> ContextLengths:
+        """The servers' context sizing for this configuration (see :mod:`zppo_trl.context`)."""
+        return context_lengths(
+            max_prompt_length=self.max_prompt_length,
+            max_completion_length=self.max_completion_length,
+            num_generations=self.num_generations,
+            reformulations=self.reformulations,
+            compression_max_tokens=self.compression_max_tokens,
+            teacher_max_tokens=self.teacher_max_tokens,
         )
 
     def teacher_api_key(self) -> str | None:

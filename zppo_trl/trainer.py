@@ -26,6 +26,7 @@ zero-weight rows to equal sizes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -39,6 +40,7 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
+from trl.trainer.utils import is_async_callable
 
 from . import data
 from .advantages import nontrivial_groups, partition_groups, two_step_advantages
@@ -255,6 +257,25 @@ class ZPPOTrainer(GRPOTrainer):
         rewards = torch.nan_to_num(self._round_rewards, nan=0.0)  # unscorable rollouts count as wrong
         return out, rewards, self._round_texts, meta
 
+    def _check_context(self, out: Mapping, groups: Sequence[tuple], round_name: str, metrics: dict) -> None:
+        """Log the round's longest prompt; warn about prompts that leave the student's context
+        (``vllm_max_model_length``) less than ``max_completion_length`` to generate."""
+        args, G = self.args, self.num_generations
+        lengths = out["prompt_mask"].sum(1)[::G].tolist()  # one prompt per group
+        lengths = [n for n, (kind, *_) in zip(lengths, groups) if kind != _FILLER]
+        context = args.vllm_max_model_length
+        over = sum(n + args.max_completion_length > context for n in lengths) if context else 0
+        longest, over = max(gather_object([max(lengths, default=0)])), sum(gather_object([over]))
+        metrics[f"{round_name}_prompt_tokens_max"] = longest
+        metrics["prompts_over_context"] = metrics.get("prompts_over_context", 0) + over
+        if over:
+            logger.warning(
+                "%d %s prompt(s) leave less than max_completion_length=%d tokens to generate in the student's context "
+                "(vllm_max_model_length=%d; longest prompt %d tokens): their rollouts are cut short. Start the student "
+                "server with a larger --max-model-len and set vllm_max_model_length to it (see ZPPOConfig.context_lengths())",
+                over, round_name, args.max_completion_length, context, longest,
+            )
+
     def _rollout_step(self, inputs: list[dict]) -> list[dict]:
         args, G = self.args, self.num_generations
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
@@ -290,6 +311,7 @@ class ZPPOTrainer(GRPOTrainer):
         t0 = time.perf_counter()
         plain_out, plain_rewards, plain_texts, plain_meta = self._score_round(plain)
         metrics["time/plain_generation_s"] = time.perf_counter() - t0
+        self._check_context(plain_out, plain, "plain", metrics)
         accuracy = _plain_accuracy(plain_meta, plain_rewards, G, order=new_keys + replay_keys)
         limit = augment_limit(len(new_keys), args.augment_fraction)
         hard = select_hard(accuracy, limit, args.hard_threshold, rng=self._rng) if kinds else []
@@ -340,6 +362,7 @@ class ZPPOTrainer(GRPOTrainer):
             t0 = time.perf_counter()
             reform_out, reform_rewards, reform_texts, reform_meta = self._score_round(reform)
             metrics["time/reformulated_generation_s"] = time.perf_counter() - t0
+            self._check_context(reform_out, reform, "reformulated", metrics)
 
         # 6. Partitions, two-step advantages per partition, padded micro-batches.
         batch = concat_batches([plain_out, reform_out], self._tokenizer.pad_token_id)
@@ -368,7 +391,7 @@ class ZPPOTrainer(GRPOTrainer):
             if failed:
                 logger.warning("teacher: %d of %d requests failed this step; the step continues with what came back", failed, requests)
         self.counters["rollout_steps"] += 1
-        for name in ("bcq", "ncq", "compression_failures", "dropped", "skipped_partitions", "admitted", "graduated", "evicted"):
+        for name in ("bcq", "ncq", "compression_failures", "dropped", "prompts_over_context", "skipped_partitions", "admitted", "graduated", "evicted"):
             self.counters[f"{name}_total"] += metrics.get(name, 0)
         metrics.update({name: value for name, value in self.counters.items()})
         for name, value in metrics.items():
@@ -404,7 +427,7 @@ class ZPPOTrainer(GRPOTrainer):
         return groups, [inst for inst, _ in kept], failed
 
     def _grade(self, row: Mapping, texts: Sequence[str]) -> list[bool]:
-        """Grade teacher rollouts with the trainer's own reward functions."""
+        """Grade teacher rollouts with the trainer's own reward functions (sync or async, as TRL allows)."""
         if not texts:
             return []
         prompt = self._with_prompt(row)["prompt"]
@@ -421,6 +444,8 @@ class ZPPOTrainer(GRPOTrainer):
                 log_metric=lambda *a, **k: None,
                 **columns,
             )
+            if is_async_callable(func):  # TRL runs async reward functions on its own event-loop thread
+                scores = asyncio.run_coroutine_threadsafe(scores, self.async_loop).result()
             total += weight * torch.tensor([0.0 if s is None else float(s) for s in scores], dtype=torch.float64)
         return [bool(score > _CORRECT) for score in total]
 
@@ -454,7 +479,8 @@ class ZPPOTrainer(GRPOTrainer):
         tokens = self.accelerator.reduce(local_tokens, reduction="sum").tolist() if world > 1 else local_tokens.tolist()
 
         micro_batches: list[dict] = []
-        skipped, positive, counted = 0, 0, 0
+        skipped = 0
+        trained: dict[tuple[int, int], float] = {}  # (rank, row) -> advantage, over every rank's trained rows
         for p in range(partitions):
             members = [(r, i) for r in range(world) for i in rows[r][p]]
             rewards = [reward_of[m] for m in members]
@@ -465,9 +491,8 @@ class ZPPOTrainer(GRPOTrainer):
                 micro_batches += [{_SKIP: True}] * ga
                 continue
             adv = two_step_advantages(rewards, gids, args.advantage_normalization, args.advantage_epsilon).float()
-            positive += int((adv > 0).sum())
-            counted += len(members)
             advantage_of = dict(zip(members, adv.tolist()))
+            trained.update(advantage_of)
             local = rows[rank][p]
             size = max(len(rows[r][p]) for r in range(world))
             size = max(ga, math.ceil(size / ga) * ga)
@@ -488,8 +513,27 @@ class ZPPOTrainer(GRPOTrainer):
                 micro["num_items_in_batch"] = items
                 micro_batches.append(micro)
         metrics["skipped_partitions"] = skipped
-        metrics["positive_advantage_fraction"] = positive / counted if counted else 0.0
+        metrics.update(_advantage_stats(list(trained.values())))
+        self._log_trained_advantages(trained, [len(plain_meta[0]) * G, len(reform_meta[0]) * G])
         return micro_batches
+
+    def _log_trained_advantages(self, trained: Mapping[tuple[int, int], float], rows_per_round: Sequence[int]) -> None:
+        """Put the trained advantages in TRL's completions log in place of TRL's own.
+
+        TRL logs its group-scaled advantages per scoring round (gathered, rank-major);
+        ZPPO trains others (two-step, per partition). Rows that were not trained (fillers,
+        empty-signal partitions) get 0.
+        """
+        world = self.accelerator.num_processes
+        ours, offset = [], 0
+        for rows in rows_per_round:
+            ours += [trained.get((r, offset + i), 0.0) for r in range(world) for i in range(rows)]
+            offset += rows
+        logged = self._logs["advantages"]
+        keep = min(len(ours), len(logged))
+        for _ in range(keep):
+            logged.pop()
+        logged.extend(ours[len(ours) - keep :])
 
     def _refresh_buffer(self, accuracy: Mapping[Any, float], metrics: dict) -> None:
         events = self.replay_buffer.update(accuracy)
@@ -610,6 +654,20 @@ def _result_or_empty(future, count: int, single: bool = False) -> list:
     except Exception as err:  # noqa: BLE001 - an outage must degrade the step, not stop training
         logger.warning("teacher request failed (%s); continuing without it", err)
         return [None] * count if single else [[] for _ in range(count)]
+
+
+def _advantage_stats(values: Sequence[float]) -> dict[str, float]:
+    """``advantages/*`` over the rollouts an optimizer update trained (fillers and padding excluded)."""
+    t = torch.tensor(values or [0.0], dtype=torch.float64)  # nothing trained: zeros, so every step logs every key
+    return {
+        "advantages/trained_rollouts": len(values),
+        "advantages/mean": float(t.mean()),
+        "advantages/std": float(t.std(unbiased=False)),
+        "advantages/min": float(t.min()),
+        "advantages/max": float(t.max()),
+        "advantages/nonzero_fraction": float((t != 0).double().mean()),
+        "positive_advantage_fraction": float((t > 0).double().mean()),
+    }
 
 
 def _admission_bins(G: int, threshold: float) -> list[str]:

@@ -89,3 +89,17 @@ start_server() {
     fi
     wait_for_http "$health" "${timeout:-1800}" "$name" "$pid"
 }
+
+# server_lengths CONFIG [RECIPE OVERRIDES...]: "STUDENT TEACHER", the --max-model-len of the
+# student's and the teacher's servers for that recipe (its own prompt, block and completion
+# lengths). A recipe or override that does not parse stops the launch here, before any server.
+server_lengths() {
+    local out
+    if ! out=$("${PYTHON:-python}" recipes/zppo.py --config "$@" --print_server_lengths 2>&1); then
+        printf '%s\n' "$out" | tail -n 3 >&2
+        die "cannot size the servers from $1 and its overrides (see above)"
+    fi
+    out=$(printf '%s\n' "$out" | tail -n 1)
+    [[ "$out" =~ ^[0-9]+\ [0-9]+$ ]] || die "cannot size the servers from $1 (got '$out')"
+    echo "$out"
+}

@@ -14,7 +14,9 @@ usage: serve_student.sh --model MODEL [options]
   --data-parallel N    vLLM data-parallel replicas, one per GPU (default: 1)
   --port PORT          HTTP port (default: 8001; the recipes' vllm_server_port)
   --host HOST          bind address (default: 0.0.0.0)
-  --max-model-len N    context length (default: 16384 = 4,096 prompt + 12,288 completion)
+  --max-model-len N    context length (default: 21504, the paper's recipes: 4,096 prompt + an NCQ
+                       block of 8 candidates + 12,288 completion; train.sh and the Slurm script
+                       size it from your recipe: python recipes/zppo.py --config YAML --print_server_lengths)
   --timeout S          seconds to wait for health (default: 1800)
   --log FILE           server log (default: student_vllm.log)
   --dry-run            print what would run, start nothing
@@ -24,7 +26,7 @@ Runs in the background and returns once healthy; the server's PID is written to 
 USAGE
 }
 
-model="" gpus="" dp=1 port=8001 host=0.0.0.0 max_len=16384 timeout=1800 log=student_vllm.log
+model="" gpus="" dp=1 port=8001 host=0.0.0.0 max_len=21504 timeout=1800 log=student_vllm.log
 parse_server_args "$@"
 [[ -n "$model" ]] || { usage >&2; die "--model is required" 2; }
 

@@ -14,7 +14,9 @@ usage: serve_teacher.sh [options]
   --data-parallel N    replicas, one per GPU: tensor parallel 1, as in the paper (default: 1)
   --port PORT          HTTP port (default: 8000)
   --host HOST          bind address (default: 0.0.0.0)
-  --max-model-len N    context (default: 32768: a 12,288-token reply inside the compression prompt)
+  --max-model-len N    context (default: 19456, the paper's recipes: the judge reading a 12,288-token
+                       response under a 4,096-token question; train.sh and the Slurm script size it
+                       from your recipe: python recipes/zppo.py --config YAML --print_server_lengths)
   --timeout S          seconds to wait for health (default: 1800)
   --log FILE           server log (default: teacher_vllm.log)
   --dry-run            print what would run, start nothing
@@ -25,7 +27,7 @@ Runs in the background and returns once healthy; the server's PID is written to 
 USAGE
 }
 
-model=Qwen/Qwen3.5-27B-FP8 gpus="" dp=1 port=8000 host=0.0.0.0 max_len=32768 timeout=1800 log=teacher_vllm.log
+model=Qwen/Qwen3.5-27B-FP8 gpus="" dp=1 port=8000 host=0.0.0.0 max_len=19456 timeout=1800 log=teacher_vllm.log
 parse_server_args "$@"
 
 # vLLM reads VLLM_API_KEY itself, so the key never appears in `ps`.

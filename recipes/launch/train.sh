@@ -61,6 +61,11 @@ if [[ "$teacher_gpus" == none && -z "$teacher_url" ]]; then die "--teacher-gpus 
 student_model=$(sed -n 's/^model_name_or_path: *\([^ #]*\).*/\1/p' "$config")
 [[ -n "$student_model" ]] || die "$config has no model_name_or_path" 2
 
+# Both servers' contexts from the recipe's own lengths (a BCQ/NCQ prompt is longer than a plain one).
+lengths=$(server_lengths "$config" "${overrides[@]}")
+read -r student_len teacher_len <<<"$lengths"
+echo "server context from $config: student $student_len tokens, teacher $teacher_len tokens"
+
 pids=()
 cleanup() {
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
@@ -73,11 +78,11 @@ here=$(dirname "${BASH_SOURCE[0]}")
 logs=${LOG_DIR:-logs}
 mkdir -p "$logs"
 bash "$here/serve_student.sh" --model "$student_model" --gpus "$student_gpus" \
-    --data-parallel "$(count "$student_gpus")" --port 8001 --log "$logs/student_vllm.log"
+    --data-parallel "$(count "$student_gpus")" --port 8001 --max-model-len "$student_len" --log "$logs/student_vllm.log"
 [[ "${DRY_RUN:-0}" == 1 ]] || pids+=("$(cat "$logs/student_vllm.log.pid")")
 if [[ "$teacher_gpus" != none ]]; then
     bash "$here/serve_teacher.sh" --model "$teacher_model" --gpus "$teacher_gpus" \
-        --data-parallel "$(count "$teacher_gpus")" --port 8000 --log "$logs/teacher_vllm.log"
+        --data-parallel "$(count "$teacher_gpus")" --port 8000 --max-model-len "$teacher_len" --log "$logs/teacher_vllm.log"
     [[ "${DRY_RUN:-0}" == 1 ]] || pids+=("$(cat "$logs/teacher_vllm.log.pid")")
     teacher_url=http://127.0.0.1:8000/v1
 fi
@@ -85,5 +90,5 @@ fi
 export CUDA_VISIBLE_DEVICES=$train_gpus
 run accelerate launch --config_file "$accel" --num_processes "$(count "$train_gpus")" \
     recipes/zppo.py --config "$config" \
-    --vllm_server_host 127.0.0.1 --vllm_server_port 8001 \
+    --vllm_server_host 127.0.0.1 --vllm_server_port 8001 --vllm_max_model_length "$student_len" \
     --teacher_base_url "$teacher_url" --teacher_model "$teacher_model" "${overrides[@]}"

@@ -1,0 +1,110 @@
+"""How long a context the student's and the teacher's servers need, from a recipe's own lengths.
+
+A plain prompt is at most the paper's "Max prompt length" (4,096 tokens; ZPPO-77K is built
+under it, RL closer and image tokens included). A BCQ/NCQ prompt adds its block: an NCQ
+block lists up to G_S distinct wrong answers and carries up to G_S compressed candidates of
+``compression_max_tokens`` each, so the student's context must hold plain prompt + block +
+``max_completion_length``, or reformulated rollouts are silently cut short. The teacher's
+server samples on plain prompts, compresses whole rollouts and judges whole responses.
+
+The bounds need no tokenizer: template text is counted in UTF-8 bytes, which bounds its
+token count under a byte-level BPE (every token is at least one byte); what a template
+wraps gets an allowance. This module is pure: no TRL, no trainer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .prompts import BCQ_INSTRUCTION, COMPRESSION_TEMPLATE, JUDGE_TEMPLATE, NCQ_INSTRUCTION, candidate_blocks, fill
+
+__all__ = ["ContextLengths", "context_lengths", "PAPER_MAX_PROMPT_LENGTH", "JUDGE_REPLY_TOKENS"]
+
+PAPER_MAX_PROMPT_LENGTH = 4096  # tab:appendix:hyperparameters, "Max prompt length"
+JUDGE_REPLY_TOKENS = 512  # the shared judge's output cap (sec:appendix:benchmarks)
+CHAT_TOKENS = 64  # role markers and generation prompt of one chat turn
+ANSWER_TOKENS = 64  # one listed NCQ wrong answer, or a ground-truth answer
+OPTIONS_TOKENS = 512  # a judge item's answer options
+ROUND_TO = 1024
+
+
+def _bytes(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def _round_up(tokens: int) -> int:
+    return math.ceil(tokens / ROUND_TO) * ROUND_TO
+
+
+@dataclass(frozen=True)
+class ContextLengths:
+    """Token bounds of one rollout step's requests and the server contexts that hold them.
+
+    ``student`` is the student server's ``--max-model-len`` (plain prompt + the longest
+    BCQ/NCQ block + completion, rounded up to a multiple of 1,024); ``teacher`` the
+    teacher's (the longest of its sampling, compression and judge requests, rounded up).
+    ``str()`` is the line the recipe's dry run prints.
+    """
+
+    plain_prompt: int
+    block: int  # the longest BCQ/NCQ block (0 without reformulations)
+    completion: int
+    teacher_sampling: int
+    compression: int
+    judge: int
+
+    @property
+    def student(self) -> int:
+        return _round_up(self.plain_prompt + self.block + self.completion)
+
+    @property
+    def teacher(self) -> int:
+        return _round_up(max(self.teacher_sampling, self.compression, self.judge))
+
+    def __str__(self) -> str:
+        return (
+            f"student --max-model-len {self.student:,} (prompt {self.plain_prompt:,} + BCQ/NCQ block <= {self.block:,} "
+            f"+ completion {self.completion:,}); teacher --max-model-len {self.teacher:,} (sampling {self.teacher_sampling:,}, "
+            f"compression {self.compression:,}, judge {self.judge:,})"
+        )
+
+
+def context_lengths(
+    *,
+    max_prompt_length: int,
+    max_completion_length: int,
+    num_generations: int,
+    reformulations: tuple[str, ...] | list[str],
+    compression_max_tokens: int,
+    teacher_max_tokens: int,
+) -> ContextLengths:
+    """The :class:`ContextLengths` of a recipe (see the module docstring for the bounds)."""
+    for name, value in (
+        ("max_prompt_length", max_prompt_length),
+        ("max_completion_length", max_completion_length),
+        ("num_generations", num_generations),
+        ("compression_max_tokens", compression_max_tokens),
+        ("teacher_max_tokens", teacher_max_tokens),
+    ):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    candidate = compression_max_tokens + _bytes(candidate_blocks([""])) + 1  # tags, joining newline
+    blocks = [0]
+    if "bcq" in reformulations:
+        blocks.append(_bytes(BCQ_INSTRUCTION) + 1 + 2 * candidate)
+    if "ncq" in reformulations:  # every rollout of the group wrong, each a distinct answer
+        listed = num_generations * (ANSWER_TOKENS + _bytes(", \\boxed{}"))
+        blocks.append(_bytes(fill(NCQ_INSTRUCTION, answers="")) + listed + 1 + num_generations * candidate)
+    separators = 2 * _bytes("\n\n")  # question | block | closer
+    block = max(blocks) + (separators if max(blocks) else 0)
+    longest_rollout = max(max_completion_length, teacher_max_tokens)
+    judge_template = _bytes(fill(JUDGE_TEMPLATE, question="", options="", model_response="", ground_truth=""))
+    return ContextLengths(
+        plain_prompt=max_prompt_length,
+        block=block,
+        completion=max_completion_length,
+        teacher_sampling=max_prompt_length + teacher_max_tokens,
+        compression=CHAT_TOKENS + _bytes(fill(COMPRESSION_TEMPLATE, response="")) + longest_rollout + compression_max_tokens,
+        judge=CHAT_TOKENS + judge_template + max_prompt_length + longest_rollout + ANSWER_TOKENS + OPTIONS_TOKENS + JUDGE_REPLY_TOKENS,
+    )
