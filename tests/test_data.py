@@ -88,8 +88,10 @@ def test_repeated_ids_and_missing_columns_are_errors(tmp_path):
 
 
 def test_missing_local_paths_are_not_mistaken_for_hub_ids(tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(FileNotFoundError, match="no such file or folder"):
         data.load_questions(str(tmp_path / "nope.jsonl"))
+    with pytest.raises(FileNotFoundError, match="a Hub id reads org/name"):
+        data.load_questions("recipes/data/nope.jsonl")
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(ValueError, match="expected a .parquet/.jsonl file"):
         data.load_questions(str(tmp_path / "notes.txt"))
@@ -129,3 +131,29 @@ def test_bundled_demo_file_is_the_generator_output():
     assert bundled == data.demo_questions(len(bundled), seed=0)
     dataset, skipped = data.load_questions(str(DEMO_FILE))
     assert len(dataset) == len(bundled) and skipped == []
+
+
+@pytest.mark.parametrize(
+    "name, hub",
+    [
+        ("zppo-trl/ZPPO-77K", True),
+        ("Qwen/Qwen3.5-2B", True),  # a dot inside a repo name is no file suffix
+        ("recipes/data/nope.jsonl", False),  # three parts and a suffix
+        ("data/train.parquet", False),  # a file suffix
+        ("./data/zppo-77k", False),
+        ("/abs/zppo-77k", False),
+        ("~/zppo-77k", False),
+        ("gsm8k", False),  # one part: a path here (Hub ids read org/name)
+        ("org/", False),
+        ("", False),
+        (None, False),
+    ],
+)
+def test_is_hub_id(name, hub):
+    assert data.is_hub_id(name) is hub
+
+
+def test_an_existing_folder_is_never_a_hub_id(tmp_path, monkeypatch):
+    (tmp_path / "org" / "name").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert data.is_hub_id("org/name") is False

@@ -231,3 +231,23 @@ def test_prompts_that_leave_less_than_a_completion_in_the_context_are_counted_an
     assert 1 <= logged["zppo/prompts_over_context"] <= 4  # 4 new questions per rollout step here
     assert tight.counters["prompts_over_context_total"] == logged["zppo/prompts_over_context"]
     assert any("leave less than max_completion_length=6" in r.message for r in caplog.records)
+
+
+def test_the_console_shows_a_line_per_rollout_step_not_trls_metrics_dict(tiny_text_model_dir, tmp_path, capsys):
+    trainer = _trainer(tiny_text_model_dir, _config(tmp_path, max_steps=4, disable_tqdm=False), CoinReward(seed=1))
+    trainer.train()
+    out = capsys.readouterr()
+    console = out.out + out.err
+    lines = [line for line in console.splitlines() if line.startswith("rollout ")]
+    assert [line.split(" |")[0] for line in lines] == ["rollout 1/2", "rollout 2/2"]
+    assert all("plain acc" in line and "buffer" in line and "BCQ 0" in line and "NCQ 0" in line for line in lines)
+    assert "training done: 4 optimizer updates" in console
+    assert "'learning_rate'" not in console and "zppo/buffer_size" not in console  # TRL's dict stays off the console
+    assert "4/4" in console  # the progress bar
+    # the loggers still get everything
+    assert any("zppo/buffer_size" in h and "learning_rate" in h for h in trainer.state.log_history)
+
+    loud = _trainer(tiny_text_model_dir, _config(tmp_path / "loud", max_steps=2, disable_tqdm=False, full_console_logs=True), CoinReward(seed=1))
+    loud.train()
+    out = capsys.readouterr()
+    assert "'zppo/buffer_size'" in out.out + out.err and "rollout 1/1 |" in out.out + out.err

@@ -12,7 +12,6 @@ import re
 from collections import defaultdict
 
 import pytest
-import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3_5ForConditionalGeneration, TrainerCallback
 

@@ -1,9 +1,14 @@
-"""`JsonlMetricsCallback`: every log line of a run, appended to a JSON-lines file.
+"""What a run reports outside TRL's own loggers: a metrics file and a readable console.
 
-TensorBoard and W&B are for looking; a plain ``metrics.jsonl`` is for scripts (the
-demo's figure, quick ``jq`` checks, comparing runs). One object per TRL log call, with
-``step`` (the optimizer step) first. On resume, lines past the resumed step are dropped so
-the file describes one continuous run.
+`JsonlMetricsCallback`: TensorBoard and W&B are for looking; a plain ``metrics.jsonl`` is for
+scripts (the demo's figure, quick ``jq`` checks, comparing runs). One object per TRL log
+call, with ``step`` (the optimizer step) first. On resume, lines past the resumed step are
+dropped so the file describes one continuous run.
+
+`RolloutSummaryCallback` and `QuietProgressCallback`: TRL prints its whole metrics dict (about
+80 keys) on every logging step. ZPPOTrainer keeps the progress bar, takes that dict off the
+console (``full_console_logs`` brings it back) and prints one line per rollout step with the
+numbers a researcher watches. Loggers (TensorBoard, W&B, ``metrics.jsonl``) get everything.
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ import math
 import os
 
 from transformers import TrainerCallback
+from transformers.trainer_callback import ProgressCallback
 
-__all__ = ["JsonlMetricsCallback", "read_metrics"]
+__all__ = ["JsonlMetricsCallback", "read_metrics", "RolloutSummaryCallback", "QuietProgressCallback", "rollout_summary"]
 
 
 class JsonlMetricsCallback(TrainerCallback):
@@ -51,3 +57,63 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     """The rows of a ``metrics.jsonl`` file, in order."""
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def _kind(logs: dict, kind: str) -> str:
+    groups = int(logs.get(f"zppo/{kind}_trained", 0))
+    if not groups:
+        return f"{kind.upper()} 0"
+    accuracy = logs.get(f"zppo/{kind}_accuracy", 0.0)
+    signal = int(logs.get(f"zppo/{kind}_signal", 0))
+    return f"{kind.upper()} {groups} (in-prompt acc {accuracy:.2f}, {signal}/{groups} with signal)"
+
+
+def rollout_summary(logs: dict, total_rollout_steps: int | None = None, updates_per_step: int | None = None) -> str | None:
+    """The console line of one rollout step, from the log dict that carries its ``zppo/`` metrics (else None)."""
+    if "zppo/rollout_steps" not in logs:
+        return None
+    step = int(logs["zppo/rollout_steps"])
+    of = f"/{total_rollout_steps}" if total_rollout_steps else ""
+    questions = int(logs.get("zppo/new", 0) + logs.get("zppo/replayed", 0))
+    parts = [
+        f"rollout {step}{of}",
+        f"plain acc {logs.get('zppo/plain_accuracy', 0.0):.2f} on {questions} questions",
+        f"buffer {int(logs.get('zppo/buffer_size', 0))} (+{int(logs.get('zppo/admitted', 0))} admitted, "
+        f"{int(logs.get('zppo/graduated', 0))} graduated)",
+        _kind(logs, "bcq"),
+        _kind(logs, "ncq"),
+    ]
+    if logs.get("zppo/skipped_partitions"):
+        of = f"/{updates_per_step}" if updates_per_step else ""
+        parts.append(f"{int(logs['zppo/skipped_partitions'])}{of} updates skipped (no signal)")
+    wait, took = logs.get("zppo/time/teacher_wait_s", 0.0), logs.get("zppo/time/rollout_step_s", 0.0)
+    parts.append(f"teacher wait {wait:.1f} s of {took:.1f} s" if wait else f"{took:.1f} s")
+    return " | ".join(parts)
+
+
+def _write(line: str) -> None:
+    from tqdm.auto import tqdm
+
+    tqdm.write(line)  # above any progress bar, which stays at the bottom
+
+
+class RolloutSummaryCallback(TrainerCallback):
+    """Print one line per rollout step (:func:`rollout_summary`) and one when training ends."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        partitions = getattr(args, "num_partitions", 1) or 1
+        line = rollout_summary(logs, state.max_steps // partitions if state.max_steps > 0 else None, partitions)
+        if line:
+            _write(line)
+        if "train_runtime" in logs:
+            minutes, seconds = divmod(int(logs["train_runtime"]), 60)
+            _write(f"training done: {state.global_step} optimizer updates in {minutes} min {seconds} s")
+
+
+class QuietProgressCallback(ProgressCallback):
+    """transformers' progress bar, without TRL's metrics dict printed under it at every log."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        return

@@ -192,6 +192,15 @@ class ZPPOConfig(GRPOConfig):
         metadata={"help": "Extra request fields for the judge; with Qwen3.5 on vLLM use {'chat_template_kwargs': {'enable_thinking': false}} so the 512-token verdict is not spent thinking."},
     )
 
+    # --- the console
+    full_console_logs: bool = field(
+        default=False,
+        metadata={
+            "help": "Also print TRL's whole metrics dict at every logging step. By default the console shows the progress "
+            "bar and one line per rollout step; TensorBoard, W&B and metrics.jsonl get every metric either way."
+        },
+    )
+
     # --- TRL fields whose defaults the paper changes
     num_generations: int | None = field(default=8, metadata={"help": "G_S: student rollouts per prompt group."})
     epsilon_high: float | None = field(default=0.28, metadata={"help": "Clip-higher upper epsilon (DAPO)."})

@@ -28,6 +28,7 @@ __all__ = [
     "validate_row",
     "validate_dataset",
     "load_questions",
+    "is_hub_id",
     "demo_questions",
     "write_jsonl",
 ]
@@ -125,6 +126,25 @@ def _is_image_list(feature) -> bool:
 
 
 _SUFFIX_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
+# Endings that make a name a file, never a Hub repository.
+_FILE_SUFFIXES = (*_SUFFIX_BUILDERS, ".csv", ".tsv", ".txt", ".arrow", ".gz", ".zip", ".tar", ".zst", ".safetensors", ".bin", ".gguf")
+
+
+def is_hub_id(name: str | None) -> bool:
+    """Whether ``name`` is a Hugging Face Hub repository id rather than a local path.
+
+    The rule: nothing by that name exists here, and it reads ``org/name``: exactly one
+    ``/`` between two non-empty parts, no leading ``.``, ``/`` or ``~``, and no file suffix
+    (``.jsonl``, ``.parquet``, ...). So ``Qwen/Qwen3.5-2B`` is a Hub id, while
+    ``recipes/data/nope.jsonl``, ``./data/zppo-77k`` and ``data`` are paths (that a run
+    reports as missing when they do not exist).
+    """
+    if not name or not isinstance(name, str) or Path(name).expanduser().exists():
+        return False
+    if name.startswith((".", "/", "~")) or "\\" in name or name.lower().endswith(_FILE_SUFFIXES):
+        return False
+    parts = name.split("/")
+    return len(parts) == 2 and all(part.strip() == part and part for part in parts)
 
 
 def _local_dataset(path: Path, split: str):
@@ -164,7 +184,8 @@ def load_questions(source: str, split: str = "train", *, name: str | None = None
     """Load and validate a training set in this module's schema.
 
     ``source`` is a local path (a ``.parquet`` or ``.jsonl`` file, a folder of them, or a
-    ``Dataset.save_to_disk`` folder) or a Hub dataset id (``name`` is its config). The
+    ``Dataset.save_to_disk`` folder) or a Hub dataset id (``name`` is its config; see
+    :func:`is_hub_id` for which names are ids; any other missing name is an error). The
     ``images`` column is decoded to PIL images (paths, bytes and ``{"bytes", "path"}``
     entries all work). Every row is validated up front (:func:`validate_dataset`): a bad
     row is an error naming the row and field, or with ``skip_invalid`` a counted, logged
@@ -177,10 +198,10 @@ def load_questions(source: str, split: str = "train", *, name: str | None = None
         dataset = _local_dataset(path, split)
         if IMAGES in dataset.column_names and not _is_image_list(dataset.features[IMAGES]) and any(dataset[IMAGES]):
             dataset = _absolute_image_paths(dataset, path if path.is_dir() else path.parent)
-    elif source.startswith((".", "/", "~")) or source.endswith(tuple(_SUFFIX_BUILDERS)):
-        raise FileNotFoundError(f"dataset {source!r} does not exist")
-    else:
+    elif is_hub_id(source):
         dataset = datasets.load_dataset(source, name, split=split)
+    else:
+        raise FileNotFoundError(f"dataset {source!r}: no such file or folder (a Hub id reads org/name, without a file suffix)")
     dataset, skipped = validate_dataset(dataset, skip_invalid=skip_invalid)
     if not _is_image_list(dataset.features[IMAGES]) and any(dataset[IMAGES]):
         dataset = dataset.cast_column(IMAGES, datasets.List(datasets.Image()))

@@ -1,16 +1,37 @@
-"""The ZPPO section of a trained model's card: method, student, teacher, dataset, settings, final metrics.
+"""The model card of a ZPPO run: what was trained, from what, how, and how to load it.
 
-TRL writes its own card (framework versions, citation); :class:`zppo_trl.ZPPOTrainer`
-appends this section, so a checkpoint pushed to the Hub says how it was trained.
+:meth:`zppo_trl.ZPPOTrainer.create_model_card` writes it to ``output_dir/README.md`` (the
+file ``push_to_hub`` publishes). It names the student and the dataset as the user gave them
+(a Hub id is linked and goes into the card's metadata; a local path is shown as a path),
+gives a quick start only for a place the model can be loaded from, describes the training
+procedure (method, variant, teacher, data, schedule, settings, final counters) and cites the
+paper next to TRL. Every table cell is escaped, so each row renders.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 
-__all__ = ["PAPER_TITLE", "zppo_card_section", "final_metrics"]
+from .data import is_hub_id
+
+__all__ = ["PAPER_TITLE", "PAPER_CITATION", "TRL_CITATION", "CardFacts", "render_model_card", "zppo_card_section", "final_metrics"]
 
 PAPER_TITLE = "Zone of Proximal Policy Optimization: Teacher in Prompts, Not Gradients"
+PAPER_CITATION = """@misc{lee_zppo,
+    title  = {{Zone of Proximal Policy Optimization: Teacher in Prompts, Not Gradients}},
+    author = {Byung-Kwan Lee and Ximing Lu and Shizhe Diao and Minki Kang and Saurav Muralidharan and Karan Sapra and Andrew Tao and Pavlo Molchanov and Yejin Choi and Yu-Chiang Frank Wang and Ryo Hachiuma},
+    note   = {Preprint}
+}"""
+TRL_CITATION = """@misc{vonwerra2022trl,
+    title        = {{TRL: Transformer Reinforcement Learning}},
+    author       = {Leandro von Werra and Younes Belkada and Lewis Tunstall and Edward Beeching and Tristan Thrush and Nathan Lambert and Shengyi Huang and Kashif Rasul and Quentin Gallou{\\'e}dec},
+    year         = 2020,
+    journal      = {GitHub repository},
+    publisher    = {GitHub},
+    howpublished = {\\url{https://github.com/huggingface/trl}}
+}"""
 
 # (config field, paper symbol) in the order of the paper's hyperparameter table
 _SETTINGS = (
@@ -52,6 +73,17 @@ _FINAL = (
     ("dropped_total", "BCQ/NCQ instances dropped for them"),
 )
 
+_PACKAGES = (("zppo-trl", "zppo-trl"), ("TRL", "trl"), ("Transformers", "transformers"), ("PyTorch", "torch"), ("Datasets", "datasets"))
+
+
+def _link(name: str | None, kind: str) -> str:
+    """A Hub id as a link (``kind``: ``""`` for models, ``"datasets/"``), a local path as a path."""
+    if not name:
+        return "unknown"
+    if is_hub_id(name):
+        return f"[{name}](https://huggingface.co/{kind}{name})"
+    return f"the local {'checkpoint' if not kind else 'dataset'} `{name}`"
+
 
 def final_metrics(log_history: Iterable[Mapping]) -> dict[str, float]:
     """The last logged value of every key in a Trainer's ``state.log_history``."""
@@ -64,6 +96,8 @@ def final_metrics(log_history: Iterable[Mapping]) -> dict[str, float]:
 
 
 def _format(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, (list, tuple)):
@@ -71,30 +105,155 @@ def _format(value) -> str:
     return str(value)
 
 
-def zppo_card_section(args, *, student: str | None, dataset: str | None, log_history: Iterable[Mapping] = ()) -> str:
-    """Markdown describing a ZPPO run of ``args`` (a :class:`zppo_trl.ZPPOConfig`)."""
-    teacher = args.teacher_model if args.reformulations else "none (no reformulations)"
-    lines = [
-        "",
-        "## ZPPO training",
-        "",
-        f"Trained with **{args.variant}** ({PAPER_TITLE}): on questions the student mostly fails, a frozen "
-        "teacher's answers enter the *prompt* (BCQ/NCQ), never the gradient; a prompt replay buffer brings hard "
-        "questions back until they graduate.",
-        "",
-        f"- **Student:** {student or 'unknown'}",
-        f"- **Teacher:** {teacher}",
-        f"- **Dataset:** {dataset or 'unknown'}",
-        "",
-        "| setting | symbol | value |",
-        "|---|---|---|",
-    ]
-    lines += [f"| `{name}` | {symbol} | {_format(getattr(args, name))} |" for name, symbol in _SETTINGS]
+def _cell(value) -> str:
+    """A markdown table cell: pipes escaped, line breaks folded."""
+    return _format(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: tuple[str, ...], rows: Iterable[tuple]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(value) for value in row) + " |" for row in rows]
+    return lines
+
+
+def zppo_card_section(args, *, log_history: Iterable[Mapping] = ()) -> str:
+    """The settings and final-counter tables of a ZPPO run of ``args`` (a :class:`zppo_trl.ZPPOConfig`)."""
+    lines = ["### Settings", "", *_table(("setting", "paper symbol", "value"), ((f"`{name}`", symbol, getattr(args, name)) for name, symbol in _SETTINGS))]
     metrics = final_metrics(log_history)
     rows = [(label, metrics[f"zppo/{key}"]) for key, label in _FINAL if f"zppo/{key}" in metrics]
     if "reward" in metrics:
         rows.append(("mean reward (last log)", metrics["reward"]))
     if rows:
-        lines += ["", "### Final metrics", "", "| metric | value |", "|---|---|"]
-        lines += [f"| {label} | {_format(value)} |" for label, value in rows]
+        lines += ["", "### Final metrics", "", *_table(("metric", "value"), rows)]
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class CardFacts:
+    """What a card says about one run, besides its configuration."""
+
+    model_name: str
+    student: str | None  # as the user gave it: a Hub id or a local path
+    dataset: str | None
+    load_from: str  # where the trained model can be loaded: the Hub repo it is pushed to, or output_dir
+    on_hub: bool  # load_from is a Hub repository (the run pushes there)
+    vision: bool  # an image-text-to-text student
+    license: str | None = None
+    tags: tuple[str, ...] = ()
+    optimizer_steps: int = 0
+
+
+def _front_matter(facts: CardFacts) -> str:
+    import yaml
+
+    data = {"library_name": "transformers", "model_name": facts.model_name}
+    if is_hub_id(facts.student):
+        data["base_model"] = facts.student
+    if is_hub_id(facts.dataset):
+        data["datasets"] = [facts.dataset]
+    if facts.license:
+        data["license"] = facts.license
+    data["pipeline_tag"] = "image-text-to-text" if facts.vision else "text-generation"
+    data["tags"] = list(dict.fromkeys(["generated_from_trainer", "trl", "grpo", "zppo", *facts.tags]))
+    return "---\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True) + "---\n"
+
+
+def _quick_start(facts: CardFacts, closer: str, max_new_tokens: int) -> list[str]:
+    where = "from the Hub" if facts.on_hub else "from the run's output directory"
+    lines = [
+        "## Quick start",
+        "",
+        f"Load it {where}; end prompts with the RL closer the model was trained with.",
+        "",
+        "```python",
+        "from transformers import pipeline",
+        "",
+        f"CLOSER = {closer!r}",
+        'question = "A train travels 120 km in 1.5 hours. What is its average speed in km/h?"',
+    ]
+    if facts.vision:
+        lines += [
+            f'generator = pipeline("image-text-to-text", model="{facts.load_from}")',
+            'image = "figure.png"  # a path or URL to the question\'s image',
+            'messages = [{"role": "user", "content": [{"type": "image", "url": image}, {"type": "text", "text": question + "\\n\\n" + CLOSER}]}]',
+            f"output = generator(text=messages, max_new_tokens={max_new_tokens}, return_full_text=False)[0]",
+        ]
+    else:
+        lines += [
+            f'generator = pipeline("text-generation", model="{facts.load_from}")',
+            'messages = [{"role": "user", "content": question + "\\n\\n" + CLOSER}]',
+            f"output = generator(messages, max_new_tokens={max_new_tokens}, return_full_text=False)[0]",
+        ]
+    return [*lines, 'print(output["generated_text"])', "```"]
+
+
+def _procedure(args, facts: CardFacts) -> list[str]:
+    kinds = " and ".join(k.upper() for k in args.reformulations) or "no reformulations"
+    teacher = (
+        f"`{args.teacher_model}`, a frozen teacher served behind an OpenAI-compatible endpoint: it samples G_T = "
+        f"{args.teacher_num_generations} answers per question and compresses each candidate to at most "
+        f"{args.compression_max_tokens} tokens; its text enters prompts only, never the loss."
+        if args.reformulations
+        else "none (no BCQ/NCQ reformulations)."
+    )
+    rollout_steps = facts.optimizer_steps // args.num_partitions if args.num_partitions else 0
+    return [
+        "## Training procedure",
+        "",
+        f"This model was trained with **{args.variant}**, from [{PAPER_TITLE}](#citations), with TRL's `GRPOTrainer` "
+        "extended by zppo-trl's `ZPPOTrainer`. On questions the student mostly fails, the teacher's answers enter the "
+        f"*prompt* ({kinds}), never the gradient; a prompt replay buffer brings hard questions back until they graduate. "
+        "The objective is GRPO with DAPO's clip-higher, token-level loss and no KL, a dual clip, and two-step advantages "
+        "normalised per optimizer mini-batch without zero-variance groups.",
+        "",
+        f"- **Student:** {_link(facts.student, '')}",
+        f"- **Teacher:** {teacher}",
+        f"- **Data:** {_link(facts.dataset, 'datasets/')}",
+        f"- **Schedule:** {rollout_steps} rollout steps of {args.num_generations} student rollouts per prompt, "
+        f"{facts.optimizer_steps} optimizer updates ({args.num_partitions} per rollout step).",
+        "",
+    ]
+
+
+def _versions() -> list[str]:
+    lines = ["## Framework versions", ""]
+    for label, package in _PACKAGES:
+        try:
+            lines.append(f"- {label}: {version(package)}")
+        except PackageNotFoundError:
+            continue
+    return lines
+
+
+def render_model_card(args, facts: CardFacts, log_history: Iterable[Mapping] = ()) -> str:
+    """The whole ``README.md`` of a ZPPO run of ``args`` (a :class:`zppo_trl.ZPPOConfig`)."""
+    student = _link(facts.student, "") if facts.student else "a student model"
+    lines = [
+        _front_matter(facts),
+        f"# {facts.model_name}",
+        "",
+        f"A fine-tuned version of {student}, trained with {args.variant} using [TRL](https://github.com/huggingface/trl) "
+        "and zppo-trl.",
+        "",
+        *_quick_start(facts, args.closer, args.max_completion_length),
+        "",
+        *_procedure(args, facts),
+        zppo_card_section(args, log_history=log_history),
+        *_versions(),
+        "",
+        "## Citations",
+        "",
+        "Cite ZPPO as:",
+        "",
+        "```bibtex",
+        PAPER_CITATION,
+        "```",
+        "",
+        "Cite TRL as:",
+        "",
+        "```bibtex",
+        TRL_CITATION,
+        "```",
+        "",
+    ]
+    return "\n".join(lines)

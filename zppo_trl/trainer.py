@@ -40,13 +40,15 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl.trainer.utils import is_async_callable
 
 from . import data
 from .advantages import nontrivial_groups, partition_groups, two_step_advantages
 from .batches import concat_batches, select_rows
+from .callbacks import QuietProgressCallback, RolloutSummaryCallback
 from .config import ZPPOConfig
-from .model_card import PAPER_TITLE, zppo_card_section
+from .model_card import PAPER_CITATION, PAPER_TITLE, CardFacts, render_model_card
 from .prompts import bcq_block, compose_prompt, ncq_block
 from .reformulate import Reformulation, attach_compressions, augment_limit, plan_reformulations, select_hard
 from .replay import PromptReplayBuffer, replay_count
@@ -78,6 +80,8 @@ class ZPPOTrainer(GRPOTrainer):
             trainer renders prompts itself: question (+ images), block, closer.
         teacher: a ready :class:`zppo_trl.teacher.TeacherClient`; by default one is
             built from ``args.teacher_*`` when reformulations are on.
+        dataset_name: how the model card names the training data (a Hub id is linked).
+        model_license: the license id for the model card's metadata (the student's).
         **kwargs: any other `GRPOTrainer` argument (``processing_class``, ``callbacks``,
             ``peft_config``, ...). Pass the processor explicitly for VLM students.
 
@@ -88,7 +92,7 @@ class ZPPOTrainer(GRPOTrainer):
 
     _tag_names = ["trl", "grpo", "zppo"]
     _name = "ZPPO"
-    _paper = {"title": PAPER_TITLE, "id": None, "citation": None}
+    _paper = {"title": PAPER_TITLE, "id": None, "citation": PAPER_CITATION}
 
     def __init__(
         self,
@@ -100,6 +104,7 @@ class ZPPOTrainer(GRPOTrainer):
         *,
         teacher: TeacherClient | None = None,
         dataset_name: str | None = None,
+        model_license: str | None = None,
         **kwargs: Any,
     ):
         if not isinstance(args, ZPPOConfig):
@@ -120,9 +125,19 @@ class ZPPOTrainer(GRPOTrainer):
         self._admitted_at: dict[Any, float] = {}  # resident -> plain accuracy at admission (for the bin metrics)
         self.counters: dict[str, float] = defaultdict(float)
         self.dataset_name = dataset_name
+        self.model_license = model_license
         self.teacher = teacher
         if self.teacher is None and args.reformulations:
             self.teacher = TeacherClient.from_config(args)
+        self._set_up_console()
+
+    def _set_up_console(self) -> None:
+        """One line per rollout step on the console; TRL's metrics dict only with ``full_console_logs``."""
+        if not self.args.full_console_logs:
+            if self.pop_callback(ProgressCallback) is not None:
+                self.add_callback(QuietProgressCallback)
+            self.pop_callback(PrinterCallback)
+        self.add_callback(RolloutSummaryCallback)
 
     # ------------------------------------------------------------------ TRL hooks
 
@@ -192,16 +207,30 @@ class ZPPOTrainer(GRPOTrainer):
             logger.warning("checkpoint %s has no %s: the replay buffer and ZPPO counters start empty", checkpoint, ZPPO_STATE_NAME)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """TRL's card, plus a ZPPO section: method, student, teacher, dataset, settings and final metrics."""
-        dataset_name = dataset_name or self.dataset_name
-        on_hub = dataset_name if dataset_name and not os.path.exists(dataset_name) else None  # TRL links it on the Hub
-        super().create_model_card(model_name=model_name, dataset_name=on_hub, tags=tags)
+        """Write ``output_dir/README.md``: the model card of this run (see :mod:`zppo_trl.model_card`).
+
+        Replaces TRL's card, which links a local student as ``huggingface.co/None`` and cites
+        TRL alone: this one names the student and dataset as given, says how the model was
+        trained (variant, teacher, data, schedule, settings, final counters) and cites the paper.
+        """
         if not self.is_world_process_zero():
             return
-        student = getattr(self.model.config, "_name_or_path", None)
-        section = zppo_card_section(self.args, student=student, dataset=dataset_name, log_history=self.state.log_history)
-        with open(os.path.join(self.args.output_dir, "README.md"), "a") as f:
-            f.write(section)
+        args = self.args
+        on_hub = bool(args.push_to_hub and args.hub_model_id)
+        facts = CardFacts(
+            model_name=model_name or (args.hub_model_id or os.path.basename(os.path.normpath(args.output_dir))).split("/")[-1],
+            student=getattr(self.model.config, "_name_or_path", None) or None,
+            dataset=dataset_name or self.dataset_name,
+            load_from=args.hub_model_id if on_hub else args.output_dir,
+            on_hub=on_hub,
+            vision=getattr(self.model.config, "vision_config", None) is not None,
+            license=self.model_license,
+            tags=tuple([tags] if isinstance(tags, str) else tags or ()),
+            optimizer_steps=self.state.global_step,
+        )
+        os.makedirs(args.output_dir, exist_ok=True)
+        with open(os.path.join(args.output_dir, "README.md"), "w") as f:
+            f.write(render_model_card(args, facts, self.state.log_history))
 
     # ------------------------------------------------------------------ state
 
@@ -391,7 +420,7 @@ class ZPPOTrainer(GRPOTrainer):
             if failed:
                 logger.warning("teacher: %d of %d requests failed this step; the step continues with what came back", failed, requests)
         self.counters["rollout_steps"] += 1
-        for name in ("bcq", "ncq", "compression_failures", "dropped", "prompts_over_context", "skipped_partitions", "admitted", "graduated", "evicted"):
+        for name in ("bcq", "ncq", "bcq_trained", "ncq_trained", "bcq_correct", "ncq_correct", "bcq_rollouts", "ncq_rollouts", "bcq_signal", "ncq_signal", "compression_failures", "dropped", "prompts_over_context", "skipped_partitions", "admitted", "graduated", "evicted"):
             self.counters[f"{name}_total"] += metrics.get(name, 0)
         metrics.update({name: value for name, value in self.counters.items()})
         for name, value in metrics.items():
@@ -557,22 +586,27 @@ class ZPPOTrainer(GRPOTrainer):
 
     def _reformulation_metrics(self, plan, kept, reform_rewards, reform_texts, reform_meta) -> dict:
         """BCQ/NCQ counts, in-prompt accuracies, the BCQ candidate-match audit and the NCQ repeat rate."""
-        G, world, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
+        G, world = self.num_generations, self.accelerator.num_processes
         out: dict[str, float] = {}
         out["bcq"] = sum(1 for inst in plan if inst.kind == "bcq")
         out["ncq"] = sum(1 for inst in plan if inst.kind == "ncq")
         questions = len({inst.key for inst in plan})
         out["teacher_success_rate"] = out["bcq"] / questions if questions else 0.0
-        # In-prompt accuracy over all ranks' BCQ/NCQ rollouts.
+        # In-prompt accuracy over all ranks' BCQ/NCQ rollouts, and the groups that carry a learning
+        # signal (non-trivial: not all right, not all wrong).
         for kind in ("bcq", "ncq"):
-            hits = total = 0
+            hits = total = signal = 0
             for r in range(world):
                 for g, (k, _key) in enumerate(reform_meta[r]):
                     if k == kind:
-                        hits += float((reform_rewards.view(world, -1)[r, g * G : (g + 1) * G] > _CORRECT).sum())
+                        correct = reform_rewards.view(world, -1)[r, g * G : (g + 1) * G] > _CORRECT
+                        hits += int(correct.sum())
                         total += G
+                        signal += int(0 < int(correct.sum()) < G)
             out[f"{kind}_trained"] = total // G
             out[f"{kind}_accuracy"] = hits / total if total else 0.0
+            out[f"{kind}_correct"], out[f"{kind}_rollouts"] = hits, total
+            out[f"{kind}_signal"] = signal
         # Audit on this rank's groups, summed over ranks.
         counts = torch.zeros(5, dtype=torch.float64)  # bcq teacher / student / neither, ncq repeats / ncq rollouts
         for g, inst in enumerate(kept):
