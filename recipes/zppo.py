@@ -20,17 +20,17 @@ import logging
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import transformers
 from transformers.trainer_utils import get_last_checkpoint
-from trl import ModelConfig, TrlParser, get_peft_config
+from trl import GRPOConfig, ModelConfig, TrlParser, get_peft_config
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
 from zppo_trl.callbacks import JsonlMetricsCallback
-from zppo_trl.data import load_questions
+from zppo_trl.data import is_hub_id, load_questions
 from zppo_trl.processing import load_processor
 from zppo_trl.rewards import boxed_accuracy_reward, judged_accuracy_reward
 from zppo_trl.teacher import TeacherClient
@@ -67,6 +67,10 @@ class ScriptArguments:
     dry_run: bool = field(
         default=False,
         metadata={"help": "Validate config, dataset, model config and servers without loading weights; print the step composition and process layout."},
+    )
+    model_license: str | None = field(
+        default=None,
+        metadata={"help": "License id for the model card's metadata, e.g. apache-2.0 (the student's license; left out when unset)."},
     )
     print_server_lengths: bool = field(
         default=False,
@@ -144,10 +148,6 @@ def wait_for_servers(script_args: ScriptArguments, args: ZPPOConfig) -> None:
         logger.info("%s at %s is up (model %s)", role, url, model)
 
 
-def is_local(name: str) -> bool:
-    return Path(name).expanduser().exists() or name.startswith((".", "/", "~"))
-
-
 def generation_backend(args: ZPPOConfig) -> str:
     if not args.use_vllm:
         return "transformers generate on each training rank (use_vllm: false)"
@@ -201,13 +201,13 @@ def dry_run(script_args: ScriptArguments, args: ZPPOConfig, model_args: ModelCon
         kind = "vision-language" if is_vision_language(config) else "text"
         out(f"  ok    student {model_args.model_name_or_path}: {config.model_type} ({kind})")
     except Exception as err:  # noqa: BLE001 - reported, not raised: a dry run lists every problem
-        if is_local(model_args.model_name_or_path or ""):
+        if not is_hub_id(model_args.model_name_or_path):
             problems.append(f"student {model_args.model_name_or_path}: {err}")
             out(f"  FAIL  student {model_args.model_name_or_path}: {err}")
         else:
             out(f"  skip  student {model_args.model_name_or_path}: config not reachable here ({type(err).__name__}: {str(err).splitlines()[0][:100]})")
     # dataset: every row when local
-    if is_local(script_args.dataset_name):
+    if not is_hub_id(script_args.dataset_name):  # a local path, existing or not (see zppo_trl.data.is_hub_id)
         try:
             dataset, skipped = load_questions(script_args.dataset_name, script_args.dataset_split, skip_invalid=script_args.skip_invalid)
             extra = f", {len(skipped)} invalid rows would be skipped" if skipped else ""
@@ -218,7 +218,7 @@ def dry_run(script_args: ScriptArguments, args: ZPPOConfig, model_args: ModelCon
             problems.append(f"dataset {script_args.dataset_name}: {err}")
             out(f"  FAIL  dataset {script_args.dataset_name}: {err}")
     else:
-        out(f"  skip  dataset {script_args.dataset_name}: a Hub id; rows are validated when the run loads it")
+        out(f"  skip  dataset {script_args.dataset_name}: a Hub id (org/name); rows are validated when the run loads it")
     # servers
     for role, url, model in endpoints(script_args, args):
         client = TeacherClient(url, model, api_key_env=args.teacher_api_key_env, max_retries=0)
@@ -263,6 +263,7 @@ def train(script_args: ScriptArguments, args: ZPPOConfig, model_args: ModelConfi
         processing_class=processor,
         peft_config=get_peft_config(model_args),
         dataset_name=script_args.dataset_name,
+        model_license=script_args.model_license,
         callbacks=[JsonlMetricsCallback()],
     )
     checkpoint = args.resume_from_checkpoint
@@ -272,10 +273,46 @@ def train(script_args: ScriptArguments, args: ZPPOConfig, model_args: ModelConfi
         logger.info("resuming from %s (replay buffer and ZPPO counters included)", checkpoint)
     trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(args.output_dir)
-    trainer.create_model_card(model_name=(args.hub_model_id or Path(args.output_dir).name).split("/")[-1])
+    trainer.create_model_card()
     if args.push_to_hub:
-        trainer.push_to_hub(dataset_name=script_args.dataset_name if not is_local(script_args.dataset_name) else None)
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
     logger.info("done: %s", args.output_dir)
+
+
+def build_parser() -> TrlParser:
+    """The recipe's parser, its ``--help`` grouped: ZPPO's own fields first, then this script's, the TRL
+    fields whose defaults the paper changes, the student's, and every other training field last."""
+    parser = TrlParser((ScriptArguments, ZPPOConfig, ModelConfig))
+    zppo_own = set(ZPPOConfig.__annotations__)
+    groups = [
+        ("ZPPO (zppo_trl.ZPPOConfig)", zppo_own - set(GRPOConfig.__dataclass_fields__)),
+        ("this script (recipes/zppo.py)", set(ScriptArguments.__dataclass_fields__)),
+        ("TRL fields at the paper's values", zppo_own & set(GRPOConfig.__dataclass_fields__)),
+        ("the student (trl.ModelConfig)", set(ModelConfig.__dataclass_fields__) - set(ZPPOConfig.__dataclass_fields__)),
+    ]
+    parser.usage = (
+        "accelerate launch recipes/zppo.py --config YAML [--FIELD VALUE ...]\n"
+        "       python recipes/zppo.py --config YAML --dry_run     (check it, print the plan; trains nothing)"
+    )
+    by_dest: dict[str, list] = {}  # --flag and --no_flag share a dest
+    for action in parser._actions:
+        by_dest.setdefault(action.dest, []).append(action)
+    ordered = []
+    for title, names in groups:
+        group = parser.add_argument_group(title)
+        for name in [dest for dest in by_dest if dest in names]:
+            for action in by_dest.pop(name):
+                for container in parser._action_groups:
+                    if action in container._group_actions:
+                        container._group_actions.remove(action)
+                group._group_actions.append(action)
+        ordered.append(group)
+    rest = [group for group in parser._action_groups if group not in ordered]
+    for group in rest:
+        if group.title == "options":
+            group.title = "training (trl.GRPOConfig, transformers.TrainingArguments)"
+    parser._action_groups[:] = ordered + rest  # argparse prints groups in this order
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -283,10 +320,17 @@ def main(argv: list[str] | None = None) -> int:
     if any(flag in argv for flag in ("--dry_run", "--print_server_lengths")) and "--use_cpu" not in argv:
         if not torch.cuda.is_available():  # validate a GPU recipe here: bf16 on CPU needs use_cpu
             argv += ["--use_cpu", "true"]
-    parser = TrlParser((ScriptArguments, ZPPOConfig, ModelConfig))
-    script_args, args, model_args = parser.parse_args_and_config(argv)
+    # TRL's GRPOConfig turns on `gradient_checkpointing`, which transformers 5 deprecates on every
+    # config built; nothing a user of this recipe can act on.
+    warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.* is deprecated", category=FutureWarning)
+    try:
+        script_args, args, model_args = build_parser().parse_args_and_config(argv)
+    except (ValueError, TypeError) as err:  # a bad field or value: one line naming it, not a traceback
+        print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
     if not model_args.model_name_or_path:
-        raise SystemExit("model_name_or_path is required (the student, e.g. Qwen/Qwen3.5-0.8B)")
+        print("error: model_name_or_path is required (the student, e.g. Qwen/Qwen3.5-0.8B)", file=sys.stderr)
+        return 2
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO if args.should_log else logging.WARNING)
     for noisy in ("httpx", "httpx2", "openai"):  # one INFO line per teacher request otherwise
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -109,8 +109,18 @@ def test_bad_config_and_bad_rows_are_named(tmp_path, tiny_text_model_dir):
     run = _recipe("--config", bad_yaml, "--dry_run")
     assert run.returncode != 0 and "bogus_field" in run.stderr
 
-    run = _recipe("--config", "recipes/qwen35_0.8b.yaml", "--dry_run", "--hard_threshold", "1.5")
-    assert run.returncode != 0 and "hard_threshold must be a number in [0, 1], got 1.5" in run.stderr
+    # a bad value: one line naming the field, no traceback, a usage-error exit code
+    for flags, message in (
+        (["--hard_threshold", "1.5"], "error: hard_threshold must be a number in [0, 1], got 1.5"),
+        (["--loss_type", "grpo"], "error: loss_type='grpo' changes ZPPO's objective"),
+    ):
+        run = _recipe("--config", "recipes/qwen35_0.8b.yaml", "--dry_run", *flags)
+        lines = [line for line in run.stderr.splitlines() if line.strip()]
+        assert run.returncode == 2 and len(lines) == 1 and lines[0].startswith(message), run.stderr[-2000:]
+
+    # a dataset path that does not exist fails the dry run (it is not taken for a Hub id)
+    run = _recipe("--config", "recipes/qwen35_0.8b.yaml", "--dry_run", "--dataset_name", "recipes/data/nope.jsonl")
+    assert run.returncode == 1 and "FAIL  dataset recipes/data/nope.jsonl: dataset 'recipes/data/nope.jsonl': no such file" in run.stdout
 
     rows = toy_rows("text")[:4]
     rows[2] = {**rows[2], "answer": ""}
@@ -205,12 +215,15 @@ def test_recipe_trains_checkpoints_resumes_and_writes_its_card(boxed_text_studen
     assert rows[-1].get("train_runtime") is not None
     card = (out / "README.md").read_text()
     for text in (
-        "## ZPPO training", "Trained with **ZPPO**", f"**Student:** {boxed_text_student_dir}",
-        f"**Teacher:** {boxed_teacher_server.model}", f"**Dataset:** {data}", "| `hard_threshold` | tau | 0.5 |",
-        "| `augment_fraction` | rho_aug | 0.5 |", "### Final metrics", "| rollout steps | 2 |",
+        "## Training procedure", "trained with **ZPPO**", f"**Student:** the local checkpoint `{boxed_text_student_dir}`",
+        f"**Teacher:** `{boxed_teacher_server.model}`", f"**Data:** the local dataset `{data}`",
+        "**Schedule:** 2 rollout steps of 4 student rollouts per prompt, 4 optimizer updates",
+        "| `hard_threshold` | tau | 0.5 |", "| `augment_fraction` | rho_aug | 0.5 |", "### Final metrics", "| rollout steps | 2 |",
+        f'pipeline("text-generation", model="{out}")', "Cite ZPPO as:",
     ):  # fmt: skip
         assert text in card, text
     assert f"| BCQ instances | {int(state['counters']['bcq_total'])} |" in card
+    assert "None" not in card.split("## Citations")[0]
 
     second = _recipe("--config", config, "--max_steps", "6", "--save_steps", "2", timeout=600)
     assert second.returncode == 0, second.stderr[-4000:]
@@ -228,5 +241,25 @@ def test_recipe_trains_checkpoints_resumes_and_writes_its_card(boxed_text_studen
     totals = f"bcq: {int(counters['bcq_total'])}, ncq: {int(counters['ncq_total'])}"
     assert f"replay buffer: {len(resumed['buffer']['residents'])} residents; admitted: {int(counters['admitted_total'])}" in plot.stdout
     assert totals in plot.stdout
+    for kind in ("bcq", "ncq"):  # groups trained, with signal, and the in-prompt accuracy with its sample size
+        trained, signal = int(counters[f"{kind}_trained_total"]), int(counters[f"{kind}_signal_total"])
+        right, rollouts = int(counters[f"{kind}_correct_total"]), int(counters[f"{kind}_rollouts_total"])
+        assert rollouts == 4 * trained and signal <= trained
+        line = f"{kind.upper()}: {trained} groups trained, {signal} with signal; in-prompt "
+        assert line + (f"{right}/{rollouts} right" if rollouts else "no rollouts") in plot.stdout
     png = out / "zppo_run.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_help_lists_the_zppo_fields_first():
+    run = _recipe("--help")
+    assert run.returncode == 0, run.stderr[-2000:]
+    titles = [line[:-1] for line in run.stdout.splitlines() if line and not line[0].isspace() and line.endswith(":")]
+    assert titles[:5] == [
+        "ZPPO (zppo_trl.ZPPOConfig)", "this script (recipes/zppo.py)", "TRL fields at the paper's values",
+        "the student (trl.ModelConfig)", "training (trl.GRPOConfig, transformers.TrainingArguments)",
+    ]  # fmt: skip
+    zppo = run.stdout.split("ZPPO (zppo_trl.ZPPOConfig):")[1].split("this script (recipes/zppo.py):")[0]
+    assert "--hard_threshold" in zppo and "--teacher_base_url" in zppo and "--learning_rate" not in zppo
+    script = run.stdout.split("this script (recipes/zppo.py):")[1].split("TRL fields at the paper's values:")[0]
+    assert "--use_judge" in script and "--no_use_judge" in script and "--dry_run" in script
