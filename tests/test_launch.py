@@ -188,3 +188,16 @@ def test_wait_for_http_against_a_real_server():
     dead.wait()
     exited = _wait(f"http://127.0.0.1:{port}/health/", 600, str(dead.pid))
     assert exited.returncode == 1 and "exited before answering" in exited.stderr
+
+
+def test_the_demo_never_writes_over_a_run(tmp_path):
+    earlier = tmp_path / "runs" / "20260101-120000"
+    earlier.mkdir(parents=True)
+    (earlier / "metrics.jsonl").write_text("{}\n")
+    refused = _run(REPO / "recipes" / "demo" / "run_demo.sh", env={"OUT": str(earlier), "PYTHON": "/nonexistent/python"})
+    assert refused.returncode == 2 and "already exists; the demo never writes over a run" in refused.stderr
+    assert (earlier / "metrics.jsonl").read_text() == "{}\n"
+    # by default each run gets a new, dated folder under RUNS (the earlier run stays)
+    script = (REPO / "recipes" / "demo" / "run_demo.sh").read_text()
+    assert 'OUT=${OUT:-$RUNS/$(date +%Y%m%d-%H%M%S)}' in script and "rm -rf" not in script
+    assert "outputs/demo" not in (REPO / "Makefile").read_text().split("clean:")[1]

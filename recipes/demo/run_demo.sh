@@ -9,14 +9,22 @@ cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-.venv/bin/python}
 MODEL_DIR=${MODEL_DIR:-.cache/demo/SmolLM2-135M-Instruct}
 PORT=${PORT:-8765}
-OUT=${OUT:-outputs/demo}
+RUNS=${RUNS:-outputs/demo}
+# Every demo is a fresh run in a folder of its own; earlier runs are kept (about 2 GB each,
+# mostly the final checkpoint's optimizer state). OUT names the folder; it must not exist.
+OUT=${OUT:-$RUNS/$(date +%Y%m%d-%H%M%S)}
 BIN=$(dirname "$PYTHON")
+if [[ -e "$OUT" ]]; then
+    echo "error: $OUT already exists; the demo never writes over a run. Leave OUT unset (each run gets a new folder under $RUNS) or pick another." >&2
+    exit 2
+fi
 
 start=$(date +%s)
 "$PYTHON" recipes/demo/prepare_model.py "$MODEL_DIR"
 
-rm -rf "$OUT"  # every demo is a fresh run (a leftover checkpoint would be resumed and train nothing)
 mkdir -p "$OUT"
+ln -sfn "$(basename "$OUT")" "$RUNS/latest" 2>/dev/null || true  # outputs/demo/latest: the newest run
+echo "this run: $OUT (earlier runs stay in $RUNS)"
 echo "teacher: transformers serve $MODEL_DIR on 127.0.0.1:$PORT (log: $OUT/teacher_server.log)"
 # One thread for the server: the trainer needs the other core, and a tiny model oversubscribes.
 # No --continuous-batching: it applies the first request's sampling settings to every later
