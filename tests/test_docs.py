@@ -1,0 +1,181 @@
+"""The README and docs/ name only things that exist: paths, links, make targets, flags, config fields.
+
+A doc that names a renamed flag or a deleted script misleads the researcher who copies the
+command. Each check reads the markdown as a user would: relative links and their anchors,
+repository paths in backticks, ``make`` targets, every ``--flag`` (ours must be an option of
+the script that takes it; another tool's must be on the short list below), the field tables,
+and ``zppo_trl.*`` names.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+ROOTS = ("recipes/", "zppo_trl/", "tests/", "benchmarks/", "docs/", "evaluation/", ".ci/", ".github/")
+PRODUCED = ("outputs/", ".cache/", "logs/", "data/")  # written by runs, not in the repository
+# Flags of other programs the docs show (vLLM, TRL's vllm-serve, accelerate, pip, transformers serve),
+# and "--bogus", the unknown key in a quoted error message.
+EXTERNAL_FLAGS = {
+    "--max-model-len", "--port", "--host", "--data-parallel-size", "--tensor-parallel-size", "--reasoning-parser",
+    "--language-model-only", "--api-key", "--model", "--config_file", "--num_processes", "--num_machines",
+    "--machine_rank", "--no-deps", "--device", "--continuous-batching", "--bogus",
+}  # fmt: skip
+# Our commands that take flags, and how to ask each for its options.
+SCRIPTS = {
+    "recipes/zppo.py": [sys.executable, "recipes/zppo.py", "--help"],
+    "recipes/build_corpus.py": [sys.executable, "recipes/build_corpus.py", "--help"],
+    "recipes/demo/plot_run.py": [sys.executable, "recipes/demo/plot_run.py", "--help"],
+    **{f"recipes/launch/{p.name}": ["bash", f"recipes/launch/{p.name}", "--help"] for p in (REPO / "recipes/launch").glob("*.sh") if p.name != "common.sh"},
+    "recipes/launch/slurm_zppo.sbatch": ["bash", "recipes/launch/slurm_zppo.sbatch", "--help"],
+    **{f"benchmarks/{p.name}": [sys.executable, f"benchmarks/{p.name}", "--help"] for p in (REPO / "benchmarks").glob("*.py")},
+}
+
+
+def _text(path: Path) -> str:
+    return path.read_text()
+
+
+def _code_lines(text: str) -> list[str]:
+    """Lines of fenced code blocks, continuation backslashes joined."""
+    lines, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            inside = not inside
+            continue
+        if inside:
+            line = re.split(r"\s#\s", line)[0]  # a shell comment is prose
+            if lines and lines[-1].endswith("\\"):
+                lines[-1] = lines[-1][:-1] + " " + line.strip()
+            else:
+                lines.append(line)
+    return lines
+
+
+def _prose(text: str) -> str:
+    """The text outside fenced code blocks."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+
+
+def _inline_code(text: str) -> list[str]:
+    return re.findall(r"`([^`\n]+)`", _prose(text))
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+@cache
+def _help(script: str) -> str:
+    run = subprocess.run(SCRIPTS[script], cwd=REPO, capture_output=True, text=True, timeout=180, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0, f"{script} --help failed: {run.stderr[-1000:]}"
+    return run.stdout
+
+
+def test_the_docs_exist_and_the_readme_links_every_page():
+    readme = _text(REPO / "README.md")
+    pages = sorted(p.name for p in (REPO / "docs").glob("*.md"))
+    assert len(pages) >= 8
+    for page in pages:
+        assert f"(docs/{page})" in readme, f"README does not link docs/{page}"
+    assert len(readme.splitlines()) < 150, "the README is an overview; reference belongs in docs/"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_links_and_anchors_resolve(doc):
+    for target in re.findall(r"\]\(([^)\s]+)\)", _text(doc)):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (doc.parent / path).resolve() if path else doc
+        assert file.exists(), f"{doc.name}: link to {target} goes nowhere"
+        if anchor and file.suffix == ".md":
+            headings = {_slug(h) for h in re.findall(r"^#+ (.+)$", _text(file), flags=re.M)}
+            assert anchor in headings, f"{doc.name}: no heading #{anchor} in {file.name}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_repository_paths_exist(doc):
+    for token in [t for t in _inline_code(_text(doc)) if " " not in t] + re.findall(r"(?<![\w/.-])((?:%s)[\w./*-]+)" % "|".join(map(re.escape, ROOTS)), "\n".join(_code_lines(_text(doc)))):
+        token = token.rstrip(".,:;)")
+        if not token.startswith(ROOTS) or token.startswith(PRODUCED):
+            continue
+        path = token.split("::")[0]
+        matches = list(REPO.glob(path)) if "*" in path else [REPO / path]
+        assert matches and all(m.exists() for m in matches), f"{doc.name}: {token} does not exist"
+
+
+def test_make_targets_exist():
+    targets = set(re.findall(r"^([a-z][\w-]*):", _text(REPO / "Makefile"), flags=re.M))
+    for doc in DOCS:
+        for target in re.findall(r"\bmake ([a-z][\w-]*)", _text(doc)):
+            assert target in targets, f"{doc.name}: `make {target}` is no Makefile target"
+
+
+def test_every_flag_is_an_option_of_the_script_that_takes_it():
+    ours: set[str] = set()
+    for doc in DOCS:
+        text = _text(doc)
+        for line in _code_lines(text) + _inline_code(text):
+            script = next((s for s in SCRIPTS if s in line), None)
+            flags = re.findall(r"(?<![\w-])(--[a-zA-Z][\w-]*)", line)
+            if script is None:
+                ours.update(flag for flag in flags if flag not in EXTERNAL_FLAGS)
+                continue
+            after = line.split(script, 1)[1]
+            for flag in re.findall(r"(?<![\w-])(--[a-zA-Z][\w-]*)", after):
+                assert flag in _help(script) or flag == "--help", f"{doc.name}: `{script} {flag}` is not an option of {script}"
+    # A flag named outside a command line (prose, tables) is an option of one of our scripts
+    # (the recipe's first: its flags are the YAML keys).
+    for flag in sorted(ours):
+        assert any(flag in _help(script) for script in SCRIPTS), f"{flag} is no option of our scripts nor on the list of other tools' flags"
+
+
+@pytest.fixture(scope="module")
+def recipe_fields() -> set[str]:
+    from trl import ModelConfig
+
+    from zppo_trl import ZPPOConfig
+
+    spec = importlib.util.spec_from_file_location("recipe_zppo_for_docs", REPO / "recipes" / "zppo.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return set(ZPPOConfig.__dataclass_fields__) | set(module.ScriptArguments.__dataclass_fields__) | set(ModelConfig.__dataclass_fields__)
+
+
+def test_configuration_tables_name_real_fields(recipe_fields):
+    text = _text(REPO / "docs" / "configuration.md")
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    assert len(rows) > 20
+    for row in rows:
+        for name in re.findall(r"`([a-z_]+)`", row.split("|")[1]):
+            assert name in recipe_fields, f"docs/configuration.md names `{name}`, which is no field"
+
+
+def test_zppo_trl_names_resolve():
+    for doc in DOCS:
+        for name in set(re.findall(r"`(zppo_trl(?:\.\w+)+)`", _text(doc))):
+            parts = name.split(".")
+            for split in range(len(parts), 0, -1):
+                try:
+                    obj = importlib.import_module(".".join(parts[:split]))
+                except ImportError:
+                    continue
+                for attr in parts[split:]:
+                    assert hasattr(obj, attr), f"{doc.name}: `{name}` does not resolve"
+                    obj = getattr(obj, attr)
+                break
+            else:
+                pytest.fail(f"{doc.name}: `{name}` does not resolve")
