@@ -77,12 +77,12 @@ def plot(rows: list[dict], out_path: Path) -> Path:
     ax.plot(x, series("plain_accuracy"), marker="o", color="black", label="plain (mean r_x)")
     for step, accuracy, n in zip(x, series("plain_accuracy"), questions):
         ax.annotate(f"{n}q", (step, accuracy), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
-    for kind, color in (("bcq", "tab:blue"), ("ncq", "tab:red")):
-        points = [(s, r[f"zppo/{kind}_accuracy"], int(r.get(f"zppo/{kind}_rollouts", 0))) for s, r in zip(x, rows) if r.get(f"zppo/{kind}_trained")]
+    for kind, color, shift in (("bcq", "tab:blue", -0.12), ("ncq", "tab:red", 0.12)):  # side by side, never hidden
+        points = [(s + shift, r[f"zppo/{kind}_accuracy"], int(r.get(f"zppo/{kind}_rollouts", 0))) for s, r in zip(x, rows) if r.get(f"zppo/{kind}_trained")]
         if points:
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="s", linestyle="none", color=color, label=f"{kind.upper()} in-prompt")
             for step, accuracy, rollouts in points:
-                ax.annotate(f"n={rollouts}", (step, accuracy), textcoords="offset points", xytext=(0, -12), ha="center", fontsize=7, color=color)
+                ax.annotate(f"n={rollouts}", (step, accuracy), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7, color=color)
     ax.set_ylim(-0.05, 1.05)
     ax.set_title("accuracy (plain: questions per step; in-prompt: n rollouts)")
     ax.legend(fontsize=8)
