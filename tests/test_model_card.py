@@ -18,7 +18,7 @@ def _card(student, dataset, *, on_hub=False, license=None, **overrides) -> str:
     args = ZPPOConfig(**{**ARGS, **overrides})
     facts = CardFacts(
         model_name="run", student=student, dataset=dataset, load_from="org/run" if on_hub else args.output_dir,
-        on_hub=on_hub, vision=False, license=license, optimizer_steps=20,
+        on_hub=on_hub, vision=False, license=license, tags=("trl", "grpo", "zppo"), optimizer_steps=20,
     )  # fmt: skip
     return render_model_card(args, facts, LOG)
 

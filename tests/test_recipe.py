@@ -224,6 +224,7 @@ def test_recipe_trains_checkpoints_resumes_and_writes_its_card(boxed_text_studen
         assert text in card, text
     assert f"| BCQ instances | {int(state['counters']['bcq_total'])} |" in card
     assert "None" not in card.split("## Citations")[0]
+    assert {"trl", "grpo", "zppo"} <= set(yaml.safe_load(card.split("---")[1])["tags"])  # the trainer's own tags
 
     second = _recipe("--config", config, "--max_steps", "6", "--save_steps", "2", timeout=600)
     assert second.returncode == 0, second.stderr[-4000:]

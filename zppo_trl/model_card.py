@@ -139,7 +139,7 @@ class CardFacts:
     on_hub: bool  # load_from is a Hub repository (the run pushes there)
     vision: bool  # an image-text-to-text student
     license: str | None = None
-    tags: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()  # the trainer's own tags (trl, grpo, zppo) and the caller's
     optimizer_steps: int = 0
 
 
@@ -154,7 +154,7 @@ def _front_matter(facts: CardFacts) -> str:
     if facts.license:
         data["license"] = facts.license
     data["pipeline_tag"] = "image-text-to-text" if facts.vision else "text-generation"
-    data["tags"] = list(dict.fromkeys(["generated_from_trainer", "trl", "grpo", "zppo", *facts.tags]))
+    data["tags"] = list(dict.fromkeys(["generated_from_trainer", *facts.tags]))
     return "---\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True) + "---\n"
 
 

@@ -225,7 +225,7 @@ class ZPPOTrainer(GRPOTrainer):
             on_hub=on_hub,
             vision=getattr(self.model.config, "vision_config", None) is not None,
             license=self.model_license,
-            tags=tuple([tags] if isinstance(tags, str) else tags or ()),
+            tags=(*self._tag_names, *([tags] if isinstance(tags, str) else tags or ())),
             optimizer_steps=self.state.global_step,
         )
         os.makedirs(args.output_dir, exist_ok=True)
