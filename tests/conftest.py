@@ -1,9 +1,14 @@
-"""Shared fixtures: real `transformers serve` processes on 127.0.0.1 serving the tiny models.
+"""Shared fixtures: real OpenAI-compatible servers on 127.0.0.1 serving the tiny models.
 
-`teacher_server` (session) serves the tiny text model, `vlm_server` (session, started only
-when a test asks for it) the tiny VLM, and `make_server` starts throwaway servers that a
-test may kill and restart on the same port (`Server.kill`, `Server.restart`). Every server
-runs on CPU with the Hub offline and is stopped at teardown, whatever the test did.
+Two servers: `transformers serve` (`Server`, in this environment) and vLLM's CPU engine
+(`VLLMServer`, from the environment `make vllm-env` builds; the production teacher server).
+`teacher_server` / `vllm_teacher_server` (session) serve the tiny text model and
+`live_teacher` is each of them in turn; `vlm_server` serves the tiny VLM (`transformers serve`
+only: vLLM's Qwen-VL code needs torchvision, which CPU torch cannot have here); `make_server`
+starts throwaway servers of either kind that a test may kill and restart on the same port
+(`Server.kill`, `Server.restart`). Every server runs on CPU with the Hub offline and is
+stopped at teardown, whatever the test did. A vLLM fixture skips, naming the reason, where
+vLLM is not installed.
 
 The `boxed_*` fixtures (session, each built only when a test asks for it) are tiny models
 fine-tuned to answer the toy arithmetic rows of boxed_models.py as ``<think> ...
@@ -61,6 +66,9 @@ def free_port() -> int:
 class Server:
     """One `transformers serve` process for ``model_dir`` on 127.0.0.1:``port``."""
 
+    name = "transformers serve"
+    backend = "transformers"
+
     def __init__(self, model_dir: str | Path, port: int | None = None, log_dir: str | Path | None = None):
         self.model_dir = Path(model_dir)
         self.port = port or free_port()
@@ -82,7 +90,29 @@ class Server:
         """Start the process and return once ``/health`` answers 200 (raises with the log tail otherwise)."""
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError(f"server on port {self.port} is already running")
-        env = dict(
+        (self.log_dir / "hf-cache").mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.environment(), start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log_tail()}")
+            if self.healthy():
+                return self
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"{self.name} did not become healthy in {timeout:.0f}s:\n{self.log_tail()}")
+
+    def command(self) -> list[str]:
+        """The server's command line."""
+        command = [sys.executable, "-c", _LAUNCHER, str(self.model_dir), "--host", "127.0.0.1", "--port", str(self.port)]
+        return command + ["--device", "cpu", "--log-level", "info"]
+
+    def environment(self) -> dict[str, str]:
+        """The server's environment: CPU only, the Hub offline."""
+        return dict(
             os.environ,
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
@@ -93,20 +123,6 @@ class Server:
             OMP_NUM_THREADS="1",
             PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
         )
-        (self.log_dir / "hf-cache").mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-c", _LAUNCHER, str(self.model_dir), "--host", "127.0.0.1", "--port", str(self.port)]
-        command += ["--device", "cpu", "--log-level", "info"]
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"transformers serve exited with {self.process.returncode}:\n{self.log_tail()}")
-            if self.healthy():
-                return self
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"transformers serve did not become healthy in {timeout:.0f}s:\n{self.log_tail()}")
 
     def healthy(self) -> bool:
         """Whether ``GET /health`` answers 200 now."""
@@ -153,9 +169,69 @@ class Server:
             pass
 
 
-def _serve(model_dir: Path) -> Iterator[Server]:
-    """A started `Server` for a session fixture, stopped at teardown."""
-    server = Server(model_dir).start()
+# vLLM's CPU engine lives in an environment of its own (`make vllm-env`): it pins its own torch
+# and transformers. ZPPO_VLLM_PYTHON points elsewhere.
+VLLM_PYTHON = Path(os.environ.get("ZPPO_VLLM_PYTHON", REPO_ROOT / ".venv-vllm" / "bin" / "python"))
+
+
+def vllm_unavailable() -> str | None:
+    """Why a vLLM server cannot start here, or None when it can."""
+    stamp = VLLM_PYTHON.parent.parent / ".installed"
+    if VLLM_PYTHON.exists() and stamp.exists():
+        return None
+    log = REPO_ROOT / ".venv-vllm.log"
+    errors = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("error:")] if log.exists() else []
+    why = f": {errors[-1]} (see {log.name})" if errors else f" (`make vllm-env` was not run, or see {log.name})"
+    return f"vLLM's CPU build is not installed at {VLLM_PYTHON}{why}"
+
+
+class VLLMServer(Server):
+    """vLLM's OpenAI-compatible server (CPU engine) for ``model_dir``: the production teacher server.
+
+    Its CPU attention needs a head_dim it has kernels for (the tiny models use 64); its
+    Qwen-VL model code imports torchvision, which cannot be installed next to CPU torch here,
+    so it serves text models only. ``n`` is honoured (no top-up requests).
+    """
+
+    name = "vLLM server"
+    backend = "vllm"
+
+    def command(self) -> list[str]:
+        return [
+            str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
+            "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", "4096", "--seed", "0",
+            # float32 as the tiny models were trained; eager mode starts in about 16 s instead of 27 s
+            "--dtype", "float32", "--enforce-eager",
+        ]  # fmt: skip
+
+    def environment(self) -> dict[str, str]:
+        return dict(
+            os.environ,
+            HF_HUB_OFFLINE="1",
+            HF_HUB_CACHE=str(self.log_dir / "hf-cache"),
+            CUDA_VISIBLE_DEVICES="",
+            # KV cache in GiB: on CPU, vLLM otherwise reserves 92% of the NUMA node's memory and
+            # refuses to start when other processes hold some of it.
+            VLLM_CPU_KVCACHE_SPACE="1",
+            VLLM_NO_USAGE_STATS="1",
+        )
+
+
+def require_vllm() -> None:
+    """Skip the calling test, naming why, when vLLM's CPU build is not installed."""
+    reason = vllm_unavailable()
+    if reason:
+        pytest.skip(reason)
+
+
+SERVERS = {"transformers": Server, "vllm": VLLMServer}
+
+
+def _serve(model_dir: Path, backend: str = "transformers") -> Iterator[Server]:
+    """A started server for a session fixture, stopped at teardown."""
+    if backend == "vllm":
+        require_vllm()
+    server = SERVERS[backend](model_dir).start()
     try:
         yield server
     finally:
@@ -178,6 +254,18 @@ def tiny_vlm_dir(tmp_path_factory) -> Path:
 def teacher_server(tiny_text_model_dir) -> Iterator[Server]:
     """`transformers serve` with the tiny text model; use ``.base_url`` and ``.model``. Do not kill it."""
     yield from _serve(tiny_text_model_dir)
+
+
+@pytest.fixture(scope="session")
+def vllm_teacher_server(tiny_text_model_dir) -> Iterator[Server]:
+    """vLLM's CPU server with the tiny text model (skips, naming why, where vLLM is not installed)."""
+    yield from _serve(tiny_text_model_dir, "vllm")
+
+
+@pytest.fixture(scope="session", params=sorted(SERVERS))
+def live_teacher(request) -> Server:
+    """The tiny text model on each server the teacher client must work with: `transformers serve` and vLLM."""
+    return request.getfixturevalue("vllm_teacher_server" if request.param == "vllm" else "teacher_server")
 
 
 @pytest.fixture(scope="session")
@@ -217,6 +305,12 @@ def boxed_teacher_server(boxed_text_teacher_dir) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="session")
+def vllm_boxed_teacher_server(boxed_text_teacher_dir) -> Iterator[Server]:
+    """vLLM's CPU server with the boxed text teacher, as production serves the teacher. Do not kill it."""
+    yield from _serve(boxed_text_teacher_dir, "vllm")
+
+
+@pytest.fixture(scope="session")
 def boxed_vlm_teacher_server(boxed_vlm_teacher_dir) -> Iterator[Server]:
     """`transformers serve` with the boxed VLM teacher (images reach the model). Do not kill it."""
     yield from _serve(boxed_vlm_teacher_dir)
@@ -224,11 +318,17 @@ def boxed_vlm_teacher_server(boxed_vlm_teacher_dir) -> Iterator[Server]:
 
 @pytest.fixture
 def make_server(tiny_text_model_dir, tmp_path) -> Iterator:
-    """A factory ``make_server(model_dir=None, port=None) -> Server`` (started); all stopped at teardown."""
+    """A factory ``make_server(model_dir=None, port=None, backend="transformers") -> Server`` (started).
+
+    ``backend="vllm"`` skips the test, naming why, where vLLM is not installed. All servers
+    are stopped at teardown.
+    """
     servers: list[Server] = []
 
-    def make(model_dir: str | Path | None = None, port: int | None = None) -> Server:
-        server = Server(model_dir or tiny_text_model_dir, port=port, log_dir=tmp_path)
+    def make(model_dir: str | Path | None = None, port: int | None = None, backend: str = "transformers") -> Server:
+        if backend == "vllm":
+            require_vllm()
+        server = SERVERS[backend](model_dir or tiny_text_model_dir, port=port, log_dir=tmp_path)
         servers.append(server)
         return server.start()
 

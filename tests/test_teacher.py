@@ -1,4 +1,8 @@
-"""TeacherClient: pure parsers and payloads, then a real `transformers serve` (see conftest.py).
+"""TeacherClient: pure parsers and payloads, then real servers (see conftest.py).
+
+The live tests run against both servers the client must work with: `transformers serve`
+(which ignores ``n``, so the client tops up with single requests) and vLLM's CPU engine, the
+production teacher server (which honours ``n``).
 
 The served models are tiny and random: their replies are noise, so live tests assert what
 the protocol makes observable (reply counts, token counts the server reports, counters),
@@ -182,7 +186,7 @@ def test_bad_arguments_raise_value_error_naming_them():
         assert client.sample([]) == [] and client.compress([]) == [] and client.judge([]) == []
 
 
-# ---------------------------------------------------------------- live: transformers serve
+# ---------------------------------------------------------------- live: transformers serve and vLLM
 
 
 @pytest.mark.integration
@@ -207,8 +211,20 @@ def test_n_replies_per_conversation_with_top_up(teacher_server):
 
 
 @pytest.mark.integration
-def test_extra_body_reaches_the_server(teacher_server):
-    with fast_client(teacher_server.base_url, teacher_server.model) as client:
+def test_n_replies_come_in_one_request_from_vllm(vllm_teacher_server):
+    with fast_client(vllm_teacher_server.base_url, vllm_teacher_server.model) as client:
+        replies = client.sample(["What is 6*7?", [{"role": "user", "content": "Name a prime."}], "Hi"], n=4, max_tokens=4)
+        stats = client.stats()
+    assert [len(r) for r in replies] == [4, 4, 4]
+    assert all(isinstance(text, str) for group in replies for text in group)
+    # vLLM honours n: one request per conversation, no top-ups
+    assert stats["requests"] == 3 and stats["replies"] == 12 and stats["top_ups"] == 0 and stats["failed"] == 0
+    assert 0 < stats["completion_tokens"] <= 12 * 4
+
+
+@pytest.mark.integration
+def test_extra_body_reaches_the_server(live_teacher):
+    with fast_client(live_teacher.base_url, live_teacher.model) as client:
         client.sample(["a", "b", "c"], n=1, max_tokens=12)
         plain = client.stats(reset=True)["completion_tokens"]
         # extra_body is merged into the request body last, over the client's own max_tokens
@@ -237,9 +253,9 @@ def test_images_reach_a_vision_language_server(vlm_server):
 
 
 @pytest.mark.integration
-def test_compress_live(teacher_server):
+def test_compress_live(live_teacher):
     texts = ["<think>long exploration</think> 6*7 = 42, so \\boxed{42}", "Try 3. No. Try 5: works. \\boxed{5}"]
-    with fast_client(teacher_server.base_url, teacher_server.model) as client:
+    with fast_client(live_teacher.base_url, live_teacher.model) as client:
         out = client.compress(texts, max_tokens=6)
         stats = client.stats()
     # The random model never closes a <summary> pair: a reply comes back untagged, or None where
@@ -253,10 +269,10 @@ def test_compress_live(teacher_server):
 
 
 @pytest.mark.integration
-def test_judge_live_sends_the_boxed_span(teacher_server):
+def test_judge_live_sends_the_boxed_span(live_teacher):
     reasoning = "We add the numbers one by one and check the carry each time. " * 20
     item = {"question": "What is 6*7?", "ground_truth": "42", "options": None}
-    with fast_client(teacher_server.base_url, teacher_server.model) as client:
+    with fast_client(live_teacher.base_url, live_teacher.model) as client:
         verdicts = client.judge([{**item, "response": reasoning + "So \\boxed{42}."}], max_tokens=8)
         boxed = client.stats(reset=True)
         client.judge([{**item, "response": reasoning + "So 42."}], max_tokens=8)
@@ -268,10 +284,10 @@ def test_judge_live_sends_the_boxed_span(teacher_server):
 
 
 @pytest.mark.integration
-def test_routing_reward_calls_the_judge_only_on_zeros(teacher_server):
+def test_routing_reward_calls_the_judge_only_on_zeros(live_teacher):
     from zppo_trl.rewards import judged_accuracy_reward
 
-    with fast_client(teacher_server.base_url, teacher_server.model) as client:
+    with fast_client(live_teacher.base_url, live_teacher.model) as client:
         reward = judged_accuracy_reward(client)
         scores = reward(
             completions=["6*7 is \\boxed{42}", "6*7 is \\boxed{41}", "I think it is forty-two"],
@@ -284,21 +300,21 @@ def test_routing_reward_calls_the_judge_only_on_zeros(teacher_server):
 
 
 @pytest.mark.integration
-def test_health(teacher_server, caplog):
+def test_health(live_teacher, caplog):
     caplog.set_level(logging.WARNING, logger="zppo_trl.teacher")
-    assert TeacherClient(teacher_server.base_url, teacher_server.model).health()
+    assert TeacherClient(live_teacher.base_url, live_teacher.model).health()
     assert not [r for r in caplog.records if r.name == "zppo_trl.teacher"]
 
-    assert not TeacherClient(teacher_server.base_url, "no-such-model").health()
-    assert "HTTP 400" in caplog.text and "no-such-model" in caplog.text
+    assert not TeacherClient(live_teacher.base_url, "no-such-model").health()
+    assert ("HTTP 400" in caplog.text or "HTTP 404" in caplog.text) and "no-such-model" in caplog.text  # transformers / vLLM
     caplog.clear()
-    assert not TeacherClient(teacher_server.base_url.removesuffix("/v1"), teacher_server.model).health()
+    assert not TeacherClient(live_teacher.base_url.removesuffix("/v1"), live_teacher.model).health()
     assert "HTTP 404" in caplog.text and "/v1" in caplog.text
 
 
 @pytest.mark.integration
-def test_per_request_timeout(teacher_server):
-    with fast_client(teacher_server.base_url, teacher_server.model, timeout=0.05, max_retries=1) as client:
+def test_per_request_timeout(live_teacher):
+    with fast_client(live_teacher.base_url, live_teacher.model, timeout=0.05, max_retries=1) as client:
         assert client.sample(["Write a long story."], n=1, max_tokens=1000) == [[]]
         stats = client.stats()
     assert stats["failed"] == 1 and stats["retries"] == 1 and stats["succeeded"] == 0
@@ -323,8 +339,9 @@ def test_unreachable_url_degrades_without_raising(caplog, monkeypatch):
 
 
 @pytest.mark.integration
-def test_server_killed_mid_batch_then_restarted_on_the_same_port(make_server):
-    server = make_server()
+@pytest.mark.parametrize("backend", ["transformers", "vllm"])
+def test_server_killed_mid_batch_then_restarted_on_the_same_port(make_server, backend):
+    server = make_server(backend=backend)
     with fast_client(server.base_url, server.model, max_concurrency=2, max_retries=1) as client:
         future = client.sample_async([f"Question {i}" for i in range(200)], n=1, max_tokens=64)
         wait_for(lambda: client.stats()["succeeded"] >= 3, 60, "the first replies")
@@ -344,8 +361,8 @@ def test_server_killed_mid_batch_then_restarted_on_the_same_port(make_server):
 
 
 @pytest.mark.integration
-def test_close_cancels_pending_work_and_the_client_restarts(teacher_server):
-    client = fast_client(teacher_server.base_url, teacher_server.model, max_concurrency=1)
+def test_close_cancels_pending_work_and_the_client_restarts(live_teacher):
+    client = fast_client(live_teacher.base_url, live_teacher.model, max_concurrency=1)
     future = client.sample_async([f"q{i}" for i in range(50)], n=1, max_tokens=32)
     client.close()
     with pytest.raises(CancelledError):
@@ -355,10 +372,13 @@ def test_close_cancels_pending_work_and_the_client_restarts(teacher_server):
 
 
 @pytest.mark.integration
-def test_compression_cut_off_inside_thinking_is_a_failure_not_a_candidate(boxed_teacher_server):
+@pytest.mark.parametrize("backend", ["transformers", "vllm"])
+def test_compression_cut_off_inside_thinking_is_a_failure_not_a_candidate(backend, request):
     # The boxed teacher answers the compression prompt "<think> </think> <summary> ... </summary>";
-    # transformers serve moves the think part out of the content, as vLLM's reasoning parser does,
-    # so a reply cut off inside it arrives as an empty content (the pure tests cover inline tags).
+    # transformers serve moves the think part out of the content, as vLLM's reasoning parser does;
+    # vLLM without one (as the recipes serve it) drops the think tokens, special in the tiny
+    # tokenizer, from the text. Either way a reply cut off inside it leaves nothing usable.
+    boxed_teacher_server = request.getfixturevalue("vllm_boxed_teacher_server" if backend == "vllm" else "boxed_teacher_server")
     source = "\\boxed{42}"
     with fast_client(boxed_teacher_server.base_url, boxed_teacher_server.model) as client:
         full = client.compress([source], max_tokens=64, temperature=0.0)

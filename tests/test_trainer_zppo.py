@@ -3,7 +3,9 @@
 The students and teachers are tiny models fine-tuned at the start of the session
 (``boxed_models.py``) to answer the toy questions with per-question reliability, so some
 questions are hard, the teacher is right on most of them, and wrong answers parse. The
-teacher is a real ``transformers serve`` process on 127.0.0.1.
+teacher is a real server on 127.0.0.1: vLLM's CPU engine (the production server) and
+``transformers serve`` for the text teacher, ``transformers serve`` for the VLM teacher
+(vLLM's Qwen-VL code needs torchvision, which CPU torch cannot have here).
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ from zppo_trl.teacher import TeacherClient
 
 try:
     from boxed_models import toy_rows
-    from conftest import Server
+    from conftest import SERVERS, require_vllm
 except ImportError:  # tests/ imported as a package
     from tests.boxed_models import toy_rows
-    from tests.conftest import Server
+    from tests.conftest import SERVERS, require_vllm
 
 pytestmark = pytest.mark.integration
 
@@ -135,7 +137,9 @@ def _check_reformulated_prompt(text: str, question: str) -> str:
     return kind
 
 
-def test_zppo_trains_bcq_and_ncq_groups_against_a_real_teacher(boxed_text_student_dir, boxed_teacher_server, tmp_path):
+@pytest.mark.parametrize("backend", ["vllm", "transformers"])
+def test_zppo_trains_bcq_and_ncq_groups_against_a_real_teacher(boxed_text_student_dir, backend, request, tmp_path):
+    boxed_teacher_server = request.getfixturevalue("vllm_boxed_teacher_server" if backend == "vllm" else "boxed_teacher_server")
     rows = toy_rows("text")
     questions = {row["id"]: row["question"] for row in rows}
     spy, trained = Spy(), TrainedRows()
@@ -215,8 +219,11 @@ def test_vlm_student_sees_question_image_block_closer(boxed_vlm_student_dir, box
     assert all("<|image_pad|>" in p for p in trained.prompts)
 
 
-def test_teacher_outage_degrades_and_recovers(boxed_text_student_dir, boxed_text_teacher_dir, tmp_path):
-    server = Server(boxed_text_teacher_dir, log_dir=tmp_path).start()
+@pytest.mark.parametrize("backend", ["vllm", "transformers"])
+def test_teacher_outage_degrades_and_recovers(boxed_text_student_dir, boxed_text_teacher_dir, backend, tmp_path):
+    if backend == "vllm":
+        require_vllm()
+    server = SERVERS[backend](boxed_text_teacher_dir, log_dir=tmp_path).start()
 
     class Outage(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
