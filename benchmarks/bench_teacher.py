@@ -1,15 +1,20 @@
 """TeacherClient throughput and overhead, on CPU, with nothing but this repository.
 
-    .venv/bin/python benchmarks/bench_teacher.py [--requests 64] [--max-tokens 8]
+    .venv/bin/python benchmarks/bench_teacher.py [--requests 64] [--max-tokens 8] [--model DIR]
 
-1. `transformers serve` with the tiny random text model (tests/tiny_models.py): requests/s
-   through TeacherClient at concurrency 1 and 16, next to bare `openai.AsyncOpenAI` and raw
-   `httpx2` posting the same JSON body (so differences are the client, not the server).
-2. The same against a no-op endpoint (a bare ASGI app under uvicorn that answers every POST
-   with one fixed chat completion), where the client's own cost per request shows:
-   TeacherClient minus httpx2, and TeacherClient minus bare openai.
+1. The two teacher servers side by side: `transformers serve` and vLLM's CPU engine (from
+   `make vllm-env`; skipped, saying why, where it is not installed), each serving the tiny
+   random text model (tests/tiny_models.py) or ``--model DIR`` (e.g. the demo's
+   .cache/demo/SmolLM2-135M-Instruct): requests/s and replies/s of TeacherClient.sample with
+   ``n=4`` at concurrency 1 and 16. vLLM honours ``n``; for `transformers serve` the client
+   makes up the other 3 replies with single requests.
+2. The client's own cost: at ``n=1`` against `transformers serve`, TeacherClient next to bare
+   `openai.AsyncOpenAI` and raw `httpx2` posting the same JSON body; and the same against a
+   no-op endpoint (a bare ASGI app under uvicorn that answers every POST with one fixed chat
+   completion), where TeacherClient minus httpx2 and minus bare openai show.
 
-Numbers depend on the machine; the server runs with one intra-op thread (see tests/conftest.py).
+Numbers depend on the machine; `transformers serve` runs with one intra-op thread, vLLM binds
+its own (see tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 import httpx2  # noqa: E402  (openai's HTTP library)
 import openai  # noqa: E402
 
-from tests.conftest import Server, free_port  # noqa: E402
+from tests.conftest import Server, VLLMServer, free_port, vllm_unavailable  # noqa: E402
 from tiny_models import save_tiny_text_model  # noqa: E402
 from zppo_trl.teacher import TeacherClient  # noqa: E402
 
@@ -64,15 +69,15 @@ def _listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def client_rate(base_url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int) -> float:
-    """Requests/s of one TeacherClient.sample batch (n=1) at ``concurrency``."""
+def client_rate(base_url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int, n: int = 1) -> float:
+    """Conversations/s of one TeacherClient.sample batch (``n`` replies each) at ``concurrency``."""
     with TeacherClient(base_url, model, max_concurrency=concurrency, max_retries=0) as client:
-        client.sample(prompts[:2], n=1, max_tokens=max_tokens)  # warm: loop thread, connections
+        client.sample(prompts[:2], n=n, max_tokens=max_tokens)  # warm: loop thread, connections, n support
         client.stats(reset=True)
         start = time.perf_counter()
-        replies = client.sample(prompts, n=1, max_tokens=max_tokens)
+        replies = client.sample(prompts, n=n, max_tokens=max_tokens)
         elapsed = time.perf_counter() - start
-        assert all(len(r) == 1 for r in replies), client.stats()
+        assert all(len(r) == n for r in replies), client.stats()
     return len(prompts) / elapsed
 
 
@@ -124,23 +129,44 @@ def openai_rate(base_url: str, model: str, prompts: list[str], concurrency: int,
     return asyncio.run(run())
 
 
+def server_rates(server_class, model_dir: Path, log_dir: str, prompts: list[str], max_tokens: int) -> list[tuple]:
+    """(server, concurrency, conversations/s, replies/s) at n=4 for one server of ``server_class``."""
+    server = server_class(model_dir, log_dir=log_dir).start()
+    try:
+        rows = []
+        for concurrency in (1, 16):
+            rate = client_rate(server.base_url, server.model, prompts, concurrency, max_tokens, n=4)
+            rows.append((server.name, concurrency, rate, 4 * rate))
+        return rows
+    finally:
+        server.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=64, help="requests per measurement against transformers serve")
+    parser.add_argument("--requests", type=int, default=64, help="conversations per measurement against a real server")
     parser.add_argument("--noop-requests", type=int, default=2000, help="requests per measurement against the no-op endpoint")
     parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--model", type=Path, help="serve this checkpoint instead of the tiny random model")
     args = parser.parse_args()
 
-    rows = []
+    servers, overhead = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        server = Server(save_tiny_text_model(Path(tmp) / "model"), log_dir=tmp).start()
+        model_dir = args.model.resolve() if args.model else save_tiny_text_model(Path(tmp) / "model")
+        prompts = [f"What is {i} + {i}?" for i in range(args.requests)]
+        servers += server_rates(Server, model_dir, tmp, prompts, args.max_tokens)
+        reason = vllm_unavailable()
+        if reason:
+            print(f"vLLM skipped: {reason}")
+        else:
+            servers += server_rates(VLLMServer, model_dir, tmp, prompts, args.max_tokens)
+        server = Server(model_dir, log_dir=tmp).start()
         try:
-            prompts = [f"What is {i} + {i}?" for i in range(args.requests)]
             for concurrency in (1, 16):
                 client = client_rate(server.base_url, server.model, prompts, concurrency, args.max_tokens)
                 bare = openai_rate(server.base_url, server.model, prompts, concurrency, args.max_tokens)
                 raw = raw_rate(server.base_url, server.model, prompts, concurrency, args.max_tokens)
-                rows.append((f"transformers serve, tiny model, {args.max_tokens} tokens", concurrency, client, bare, raw))
+                overhead.append((f"transformers serve, {args.max_tokens} tokens", concurrency, client, bare, raw))
         finally:
             server.stop()
 
@@ -158,13 +184,18 @@ def main() -> None:
             client = client_rate(url, "noop", prompts, concurrency, 1)
             bare = openai_rate(url, "noop", prompts, concurrency, 1)
             raw = raw_rate(url, "noop", prompts, concurrency, 1)
-            rows.append(("no-op endpoint", concurrency, client, bare, raw))
+            overhead.append(("no-op endpoint", concurrency, client, bare, raw))
     finally:
         noop.terminate()
         noop.wait(10)
 
-    print(f"\n{'endpoint':<40} {'conc':>4} {'TeacherClient':>13} {'openai':>8} {'httpx2':>8}   overhead/request vs httpx2 (vs openai)")
-    for name, concurrency, client, bare, raw in rows:
+    model = args.model.name if args.model else "tiny random model"
+    print(f"\nteacher servers, {model}, {args.max_tokens}-token replies, TeacherClient.sample with n=4")
+    print(f"{'server':<22} {'conc':>4} {'requests/s':>11} {'replies/s':>10}")
+    for name, concurrency, rate, replies in servers:
+        print(f"{name:<22} {concurrency:>4} {rate:>11.1f} {replies:>10.1f}")
+    print(f"\n{'client overhead (n=1)':<40} {'conc':>4} {'TeacherClient':>13} {'openai':>8} {'httpx2':>8}   overhead/request vs httpx2 (vs openai)")
+    for name, concurrency, client, bare, raw in overhead:
         vs_raw, vs_openai = ((1 / client - 1 / other) * 1e6 for other in (raw, bare))
         print(f"{name:<40} {concurrency:>4} {client:>13.1f} {bare:>8.1f} {raw:>8.1f}   {vs_raw:>6.0f} us ({vs_openai:.0f} us)")
     print("(requests/s; overhead = 1/rate difference, so noise of a few percent shows as tens of us)")

@@ -2,15 +2,18 @@
 
 Both runs use the same boxed student (a tiny model fine-tuned to answer toy questions in
 the paper's format, from ``tests/boxed_models.py``), the same seed and the same new
-prompts per step. ZPPO talks to a real ``transformers serve`` process on 127.0.0.1
-serving a same-size teacher, so the teacher is no slower than the student. The first
-rollout step of each run is a warm-up and not counted.
+prompts per step. ZPPO talks to a real teacher server on 127.0.0.1 serving a same-size
+teacher, so the teacher is no slower than the student: vLLM's CPU engine (``--teacher
+vllm``, the production server; from ``make vllm-env``) or ``transformers serve``, which
+answers one request at a time (``--teacher transformers``). The first rollout step of each
+run is a warm-up and not counted.
 
-    python benchmarks/bench_trainer.py [--steps 6] [--workdir /tmp/zppo-bench]
+    python benchmarks/bench_trainer.py [--teacher vllm] [--steps 6] [--workdir /tmp/zppo-bench]
 
-Prints per-run mean step time (one rollout step and its optimizer updates), the ZPPO/GRPO†
-ratio, and the teacher-wait share (time blocked on teacher sampling and compression / step).
-Target: waiting <= 10% of a ZPPO step.
+Prints per-run mean step time (one rollout step and its optimizer updates) and where a ZPPO
+step's time goes, then on its last line the ZPPO/GRPO† step-time ratio and the teacher-wait
+share (time blocked on teacher sampling and compression / step).
+Targets: ZPPO/GRPO† <= 1.5x and waiting < 25% of a ZPPO step with the vLLM teacher.
 """
 
 from __future__ import annotations
@@ -96,6 +99,8 @@ def _run(variant: str, student: Path, server, steps: int, workdir: Path) -> dict
         "teacher_wait_fraction": statistics.mean(w / s for w, s in zip(waits, full_steps)),
         "teacher_sample_wait_s": statistics.mean(h.get("zppo/time/teacher_sample_wait_s", 0.0) for h in logs),
         "compression_s": statistics.mean(h.get("zppo/time/compression_s", 0.0) for h in logs),
+        "plain_generation_s": statistics.mean(h["zppo/time/plain_generation_s"] for h in logs),
+        "reformulated_generation_s": statistics.mean(h.get("zppo/time/reformulated_generation_s", 0.0) for h in logs),
         "bcq_per_step": statistics.mean(h["zppo/bcq"] for h in logs),
         "ncq_per_step": statistics.mean(h["zppo/ncq"] for h in logs),
         "wall_s": wall,
@@ -104,30 +109,36 @@ def _run(variant: str, student: Path, server, steps: int, workdir: Path) -> dict
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--teacher", choices=("vllm", "transformers"), default="vllm", help="the teacher's server")
     parser.add_argument("--steps", type=int, default=6, help="rollout steps per run (the first is a warm-up)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/zppo-bench"))
     options = parser.parse_args()
     options.workdir.mkdir(parents=True, exist_ok=True)
 
-    from conftest import Server
+    from conftest import SERVERS, vllm_unavailable
 
+    if options.teacher == "vllm" and vllm_unavailable():
+        parser.error(f"{vllm_unavailable()}; run `make vllm-env` or pass --teacher transformers")
     student, teacher = _models(options.workdir)
-    server = Server(teacher, log_dir=options.workdir).start()
+    server = SERVERS[options.teacher](teacher, log_dir=options.workdir).start()
     try:
         results = [_run(variant, student, server, options.steps, options.workdir) for variant in ("GRPO\u2020", "ZPPO")]
     finally:
         server.stop()
     grpo, zppo = results
+    print(json.dumps(results))
     for r in results:
         print(
-            f"{r['variant']:6s} step {r['step_s']:.2f} s (generation and scoring {r['rollout_step_s']:.2f} s), "
-            f"teacher wait {r['teacher_wait_s']:.3f} s ({100 * r['teacher_wait_fraction']:.1f}%: samples "
-            f"{r['teacher_sample_wait_s']:.3f} s, compression {r['compression_s']:.3f} s), "
+            f"{r['variant']:6s} step {r['step_s']:.2f} s: plain rollouts {r['plain_generation_s']:.2f} s, "
+            f"BCQ/NCQ rollouts {r['reformulated_generation_s']:.2f} s, teacher wait {r['teacher_wait_s']:.3f} s "
+            f"(samples {r['teacher_sample_wait_s']:.3f} s, compression {r['compression_s']:.3f} s), "
+            f"optimizer updates {r['step_s'] - r['rollout_step_s']:.2f} s; "
             f"BCQ {r['bcq_per_step']:.1f} / NCQ {r['ncq_per_step']:.1f} per step, run {r['wall_s']:.0f} s"
         )
-    print(f"ZPPO / GRPO\u2020 step time: {zppo['step_s'] / grpo['step_s']:.2f}x")
-    print(f"teacher wait: {100 * zppo['teacher_wait_fraction']:.1f}% of a ZPPO step (target <= 10%)")
-    print(json.dumps(results))
+    print(
+        f"ZPPO/GRPO\u2020 step time: {zppo['step_s'] / grpo['step_s']:.2f}x; teacher wait "
+        f"{100 * zppo['teacher_wait_fraction']:.1f}% of a ZPPO step (teacher: {server.name})"
+    )
 
 
 if __name__ == "__main__":

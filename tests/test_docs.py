@@ -28,7 +28,7 @@ PRODUCED = ("outputs/", ".cache/", "logs/", "data/")  # written by runs, not in 
 EXTERNAL_FLAGS = {
     "--max-model-len", "--port", "--host", "--data-parallel-size", "--tensor-parallel-size", "--reasoning-parser",
     "--language-model-only", "--api-key", "--model", "--config_file", "--num_processes", "--num_machines",
-    "--machine_rank", "--no-deps", "--device", "--continuous-batching", "--bogus",
+    "--machine_rank", "--no-deps", "--device", "--continuous-batching", "--bogus", "--dtype", "--enforce-eager",
 }  # fmt: skip
 # Our commands that take flags, and how to ask each for its options.
 SCRIPTS = {
@@ -134,8 +134,11 @@ def test_every_flag_is_an_option_of_the_script_that_takes_it():
                 ours.update(flag for flag in flags if flag not in EXTERNAL_FLAGS)
                 continue
             after = line.split(script, 1)[1]
+            after, _, passed_on = after.partition(" -- ")  # after a bare --: the wrapped program's own flags
             for flag in re.findall(r"(?<![\w-])(--[a-zA-Z][\w-]*)", after):
                 assert flag in _help(script) or flag == "--help", f"{doc.name}: `{script} {flag}` is not an option of {script}"
+            for flag in re.findall(r"(?<![\w-])(--[a-zA-Z][\w-]*)", passed_on):
+                assert flag in EXTERNAL_FLAGS, f"{doc.name}: `{flag}`, passed on by {script}, is not on the list of other tools' flags"
     # A flag named outside a command line (prose, tables) is an option of one of our scripts
     # (the recipe's first: its flags are the YAML keys).
     for flag in sorted(ours):
