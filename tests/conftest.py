@@ -174,15 +174,13 @@ class Server:
 VLLM_PYTHON = Path(os.environ.get("ZPPO_VLLM_PYTHON", REPO_ROOT / ".venv-vllm" / "bin" / "python"))
 
 
-def vllm_unavailable() -> str | None:
-    """Why a vLLM server cannot start here, or None when it can."""
-    stamp = VLLM_PYTHON.parent.parent / ".installed"
-    if VLLM_PYTHON.exists() and stamp.exists():
+def vllm_unavailable(python: Path = VLLM_PYTHON, log: Path = REPO_ROOT / ".venv-vllm.log") -> str | None:
+    """Why a vLLM server cannot start here, or None when it can (quoting the install's error line)."""
+    if python.exists() and (python.parent.parent / ".installed").exists():
         return None
-    log = REPO_ROOT / ".venv-vllm.log"
     errors = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("error:")] if log.exists() else []
     why = f": {errors[-1]} (see {log.name})" if errors else f" (`make vllm-env` was not run, or see {log.name})"
-    return f"vLLM's CPU build is not installed at {VLLM_PYTHON}{why}"
+    return f"vLLM's CPU build is not installed at {python}{why}"
 
 
 class VLLMServer(Server):

