@@ -236,6 +236,19 @@ def _serve(model_dir: Path, backend: str = "transformers") -> Iterator[Server]:
         server.stop()
 
 
+# The paper is the spec. Tests that check code against it read the shared checkout's copy where
+# there is one (beside the repository) and the copy in tests/data otherwise (CI); the two must
+# be the same text (test_evaluation_tasks.py::test_the_repositorys_copy_of_the_paper_is_the_spec).
+PAPER_TEX = REPO_ROOT.parent / "shared" / "paper" / "zppo-paper.tex"
+PAPER_TEX_COPY = REPO_ROOT / "tests" / "data" / "zppo-paper.tex"
+
+
+@pytest.fixture(scope="session")
+def paper_tex() -> str:
+    """The paper's LaTeX source."""
+    return (PAPER_TEX if PAPER_TEX.is_file() else PAPER_TEX_COPY).read_text()
+
+
 @pytest.fixture(scope="session")
 def tiny_text_model_dir(tmp_path_factory) -> Path:
     """The tiny random Qwen3 text model, saved once per session."""

@@ -13,7 +13,6 @@ import functools
 import math
 import re
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,7 +29,6 @@ from zppo_trl.evaluation.stats import (
 )
 from zppo_trl.evaluation.tasks import FAMILIES, SUITE
 
-TEX = Path(__file__).resolve().parents[2] / "shared/paper/zppo-paper.tex"
 RESULT_TABLES = ("tab:main", "tab:main_4b9b", "tab:generalization", "tab:generalization_4b9b")
 PRINTED = 0.005  # half a unit of the CI tables' last printed digit
 RESAMPLES = 10_000
@@ -39,10 +37,8 @@ LEVEL_SIGMAS = 4.0  # binomial standard errors a 10,000-draw percentile may stra
 
 
 @pytest.fixture(scope="module")
-def tex() -> str:
-    if not TEX.is_file():
-        pytest.skip(f"the paper source is not at {TEX} (the shared/ checkout beside the repository)")
-    return TEX.read_text()
+def tex(paper_tex) -> str:
+    return paper_tex
 
 
 # --- reading the paper's tables -------------------------------------------------------------

@@ -9,21 +9,17 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 
 import pytest
 
 from zppo_trl.evaluation.tasks import ALL_CONFIGS, FAMILIES, PAPER_DECODING, SUITE, select
 
-TEX = Path(__file__).resolve().parents[2] / "shared/paper/zppo-paper.tex"
 TABLES = {"vlm": "tab:appendix:vlm_benchmarks", "llm": "tab:appendix:llm_benchmarks", "video": "tab:appendix:video_benchmarks"}
 
 
 @pytest.fixture(scope="module")
-def tex() -> str:
-    if not TEX.is_file():
-        pytest.skip(f"the paper source is not at {TEX} (the shared/ checkout beside the repository)")
-    return TEX.read_text()
+def tex(paper_tex) -> str:
+    return paper_tex
 
 
 def _tabular_rows(tex: str, label: str) -> list[list[str]]:
@@ -149,3 +145,11 @@ def test_specs_are_frozen_and_validated():
         type(spec)("X", "vlm", "X", "exact", "a/b", "test", "q", "a")
     with pytest.raises(ValueError, match="group_field"):
         type(spec)("X", "vlm", "X", "det", "a/b", "test", "q", "a", aggregation="mean_of_tasks")
+
+
+def test_the_repositorys_copy_of_the_paper_is_the_spec():
+    from conftest import PAPER_TEX, PAPER_TEX_COPY
+
+    if not PAPER_TEX.is_file():
+        pytest.skip(f"no shared checkout of the paper at {PAPER_TEX} to compare tests/data's copy with")
+    assert PAPER_TEX_COPY.read_text() == PAPER_TEX.read_text(), "tests/data/zppo-paper.tex is stale: copy the paper again"
