@@ -180,8 +180,14 @@ def test_resume_continues_the_same_run(tiny_text_model_dir, tmp_path):
         torch.testing.assert_close(resumed.model.get_parameter(name), p, rtol=0, atol=0)
 
 
+def _staircase_reward(completions, id, **kwargs):
+    """Question q's rollout i (of each group of 4) is right when i < q % 4: trivial and mixed groups by construction."""
+    return [float(n % 4 < int(key[1:]) % 4) for n, key in enumerate(id)]
+
+
 def test_logged_advantages_are_the_trained_ones(tiny_text_model_dir, tmp_path):
-    trainer = _trainer(tiny_text_model_dir, _config(tmp_path, max_steps=2, log_completions=True), CoinReward(seed=1))
+    # A reward that does not depend on the sampled text: every rollout step trains mixed groups.
+    trainer = _trainer(tiny_text_model_dir, _config(tmp_path, max_steps=2, log_completions=True), _staircase_reward)
     trainer.train()
     # What the one rollout step trained: every micro-batch's rows that carry loss tokens.
     trained = []

@@ -124,7 +124,8 @@ _SPECS = (
     # assumption: the validation split, the one whose answers are public (also InfoVQA's).
     TaskSpec("CharXiv", "vlm", "CharXiv", "benchjudge", "princeton-nlp/CharXiv", "validation",
              "reasoning_q", "reasoning_a", image_field="image",  # upstream
-             extra_fields=("reasoning_q_source",) + tuple(f"descriptive_{k}{i}" for i in range(1, 5) for k in "qa")),
+             # reasoning_a_type picks CharXiv's reasoning rubric (1-4) in the benchmark judge (judges.py)
+             extra_fields=("reasoning_q_source", "reasoning_a_type") + tuple(f"descriptive_{k}{i}" for i in range(1, 5) for k in "qa")),
     TaskSpec("DynaM", "vlm", "DynaMath", "exact+judge", "DynaMath/DynaMath_Sample",
              tuple(f"sample_variant{i}" for i in range(1, 11)),  # upstream: one split per variant
              "question", "ground_truth", image_field="decoded_image",  # upstream
