@@ -67,7 +67,6 @@ class Server:
     """One `transformers serve` process for ``model_dir`` on 127.0.0.1:``port``."""
 
     name = "transformers serve"
-    backend = "transformers"
 
     def __init__(self, model_dir: str | Path, port: int | None = None, log_dir: str | Path | None = None):
         self.model_dir = Path(model_dir)
@@ -192,7 +191,6 @@ class VLLMServer(Server):
     """
 
     name = "vLLM server"
-    backend = "vllm"
 
     def command(self) -> list[str]:
         return [
