@@ -1,0 +1,158 @@
+"""``zppo-eval``: run the suite against a served checkpoint, and compare runs.
+
+    zppo-eval run --base-url http://127.0.0.1:8000/v1 --model ckpt --judge-base-url http://127.0.0.1:8001/v1 \\
+        --judge-model judge --tasks vlm,llm,video --output-dir evals/zppo-0.8b
+    zppo-eval compare evals/grpo-0.8b evals/zppo-0.8b --bootstrap --plot families.png
+
+``run`` is resumable: the same command on the same ``--output-dir`` continues an interrupted run.
+Errors in the arguments or the data print one ``error: ...`` line and exit 2; an endpoint that
+fails exits 1 with what was saved and how to resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+from pathlib import Path
+
+from ..teacher import TeacherClient
+from .runner import EvalOptions, EvaluationError, run_suite
+from .tasks import PAPER_DECODING, select
+
+__all__ = ["main", "run_main", "data_locations"]
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="zppo-eval run",
+        description="Evaluate a served checkpoint on the paper's suite (resumable; see docs/evaluation.md).",
+    )
+    endpoint = parser.add_argument_group("endpoints (OpenAI-compatible, e.g. vllm serve)")
+    endpoint.add_argument("--base-url", required=True, help="the student's endpoint, e.g. http://127.0.0.1:8000/v1")
+    endpoint.add_argument("--model", required=True, help="the served model name of the student")
+    endpoint.add_argument("--judge-base-url", help="the shared judge's endpoint (paper: Qwen3.5-27B-FP8)")
+    endpoint.add_argument("--judge-model", help="the served model name of the judge")
+    endpoint.add_argument("--no-judge", action="store_true",
+                          help="deterministic scoring only; BenchJudge settings are skipped (not the paper's numbers)")  # fmt: skip
+    endpoint.add_argument("--sampling-fields", choices=("all", "openai"), default="all",
+                          help="all: every paper decoding field (vLLM); openai: only OpenAI's, for servers that "
+                               "reject the rest (transformers serve); not the paper's decoding")  # fmt: skip
+    endpoint.add_argument("--api-key-env", help="environment variable holding the endpoints' API key")
+    endpoint.add_argument("--timeout", type=float, default=3600.0, help="seconds one request may take (default 3600)")
+    endpoint.add_argument("--max-retries", type=int, default=3, help="retries of a failed request (default 3)")
+    run = parser.add_argument_group("what to run")
+    run.add_argument("--tasks", default="all", help="families (vlm, llm, video), setting names or all, comma-separated")
+    run.add_argument("--output-dir", required=True, type=Path, help="the run directory (created; resumed when it exists)")
+    run.add_argument("--run-name", help="the run's row label in comparisons (default: the directory's name)")
+    run.add_argument("--data-dir", type=Path,
+                     help="local copies: <data-dir>/<setting>/ in the Hub layout (videos/ and subtitles/ beside); "
+                          "settings without one load from the Hub")  # fmt: skip
+    run.add_argument("--max-samples", type=_positive, help="rows per setting (DynaMath: seeds); default all")
+    run.add_argument("--passes", type=_positive, default=PAPER_DECODING.passes, help=f"passes averaged (paper: {PAPER_DECODING.passes})")
+    run.add_argument("--concurrency", type=_positive, default=32, help="requests in flight per endpoint (default 32)")
+    run.add_argument("--seed", type=int, default=0, help="seeds the per-pass option shuffles (GPQA-D)")
+    run.add_argument("--max-frames", type=_positive, default=32, help="frames sampled per video (default 32)")
+    run.add_argument("--max-new-tokens", type=_positive, default=PAPER_DECODING.max_new_tokens,
+                     help=f"the student's token budget (paper: {PAPER_DECODING.max_new_tokens}; lower only for smoke tests)")  # fmt: skip
+    return parser
+
+
+def data_locations(data_dir: Path | None, names: list[str]) -> tuple[dict, dict, dict]:
+    """(sources, video dirs, subtitle dirs) for the settings that have a local copy under `data_dir`."""
+    sources, videos, subtitles = {}, {}, {}
+    if data_dir is None:
+        return sources, videos, subtitles
+    if not data_dir.is_dir():
+        raise ValueError(f"--data-dir {data_dir} is not a directory")
+    for name in names:
+        root = data_dir / name
+        if root.is_dir():
+            sources[name] = str(root)
+            if (root / "videos").is_dir():
+                videos[name] = str(root / "videos")
+            if (root / "subtitles").is_dir():
+                subtitles[name] = str(root / "subtitles")
+    return sources, videos, subtitles
+
+
+def run_main(argv: list[str] | None = None) -> int:
+    """``zppo-eval run``; returns the exit code."""
+    args = _run_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        names = select(args.tasks)
+        if args.no_judge == bool(args.judge_base_url):
+            raise ValueError("give --judge-base-url and --judge-model (the paper's scoring), or --no-judge")
+        if args.judge_base_url and not args.judge_model:
+            raise ValueError("--judge-base-url needs --judge-model")
+        sources, videos, subtitles = data_locations(args.data_dir, names)
+        decoding = dataclasses.replace(PAPER_DECODING, max_new_tokens=args.max_new_tokens)
+        options = EvalOptions(
+            passes=args.passes, decoding=decoding, max_samples=args.max_samples, seed=args.seed,
+            max_frames=args.max_frames, concurrency=args.concurrency, sources=sources, video_dir=videos,
+            subtitle_dir=subtitles, sampling_fields=args.sampling_fields,
+        )  # fmt: skip
+        client_args = dict(max_concurrency=args.concurrency, timeout=args.timeout, max_retries=args.max_retries, api_key_env=args.api_key_env)
+        student = TeacherClient(args.base_url, args.model, **client_args)
+        judge = None if args.no_judge else TeacherClient(args.judge_base_url, args.judge_model, **client_args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
+        results = run_suite(names, student, judge, args.output_dir, options, run_name=args.run_name)
+    except ValueError as err:  # bad data: a missing column, a missing local copy
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except EvaluationError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    finally:
+        student.close()
+        if judge is not None:
+            judge.close()
+    _print_summary(results, args.output_dir)
+    return 0
+
+
+def _print_summary(results: dict, run_dir: Path) -> None:
+    print(f"\n{results['run_name']} ({results['model']}), {results['passes']} pass(es):")
+    for name, entry in results["settings"].items():
+        score = "n/a" if entry["score"] is None else f"{entry['score']:.2f} ± {entry['stderr']:.2f}"
+        notes = [f"{entry['skipped']} skipped"] if entry["skipped"] else []
+        notes += [f"{entry['judge_unparsed']} judge replies unparsed"] if entry["judge_unparsed"] else []
+        notes += [] if entry["complete"] else ["partial"]
+        print(f"  {name:<9} {score:>15}  n={entry['n']}" + (f"  ({', '.join(notes)})" if notes else ""))
+    for family, entry in results["families"].items():
+        print(f"  {family.upper():<9} avg {entry['average']:.2f} over {entry['settings']} setting(s)" + ("" if entry["complete"] else " (partial)"))
+    print(f"results: {run_dir / 'results.json'}; per-sample details: {run_dir / 'details'}/")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``zppo-eval {run,compare} ...``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"run": run_main, "compare": _compare_main}
+    if not argv or argv[0] not in commands:
+        print("usage: zppo-eval {run,compare} [--help]\n"
+              "  run      evaluate a served checkpoint on the suite (resumable)\n"
+              "  compare  the paper's tables (and bootstrap, plot) for several runs", file=sys.stderr)  # fmt: skip
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    return commands[argv[0]](argv[1:])
+
+
+def _compare_main(argv: list[str]) -> int:
+    from .report import compare_main
+
+    return compare_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,547 @@
+"""Running the suite against an OpenAI-compatible endpoint: generate, score, judge, aggregate.
+
+One run directory holds one checkpoint's evaluation::
+
+    run.json                 what was asked (model, endpoint, settings, passes, decoding, ...)
+    records/<setting>.jsonl  one line per finished generation and per finished judgment, appended
+                             as they complete: the run's memory, and why a run resumes
+    details/<setting>.parquet  per-sample details (one file per setting, like lighteval's --save-details)
+    results.json             per setting: mean over passes, its stderr, n; per family: macro average
+
+A crashed or interrupted run is resumed by running the same command again: every generation and
+judgment already in ``records/`` is reused, only the missing ones are requested. ``run.json``
+guards the resume: a different model, decoding or sample budget is refused (a new directory is
+the way to change them), so a directory never mixes two configurations.
+
+Scoring follows the paper's appendix (see `zppo_trl.evaluation.scorers`): the deterministic step
+first; on ``+Judge`` paths the shared judge only where it scored 0 (extracted snippet when a span
+parsed, else the full response); ``benchjudge`` settings by their benchmark's own judge prompt.
+An item that cannot be built or scored (unreadable image, missing video, a row without its gold
+answer, an OCRBench v2 task type not implemented) is skipped, counted per setting and logged with
+its reason; it is never scored as right or wrong. A judge reply that does not parse scores 0 and
+is counted (``judge_unparsed``). Requests that fail after the client's retries are not recorded;
+the run stops with an error saying how many, and the next run requests them again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import datetime
+import importlib.util
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from ..prompts import render_judge
+from ..teacher import TeacherClient, parse_verdict
+from .judges import render_bench_judge, score_bench_judge
+from .scorers import ItemRecord, aggregate, score_deterministic
+from .stats import family_macro_averages, mean_and_stderr
+from .tasks import FAMILIES, JUDGE_DECODING, PAPER_DECODING, SUITE, DecodingConfig, TaskSpec
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["EvalOptions", "EvaluationError", "run_suite", "sampling_extra_body", "summarize_setting", "RecordStore"]
+
+RESULTS_FILE = "results.json"
+SAMPLING_FIELDS = ("all", "openai")
+RUN_FILE = "run.json"
+
+# run.json fields that must match for a directory to be resumed (the rest may change: concurrency,
+# endpoints' URLs, the settings to run).
+_RESUME_KEYS = ("model", "passes", "decoding", "sampling_fields", "max_samples", "seed", "max_frames", "judge_model")
+
+
+class EvaluationError(RuntimeError):
+    """The run could not finish (endpoint down, failed requests, a directory of another run)."""
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """What a run asks for besides the endpoints.
+
+    Attributes:
+        passes: evaluation passes per setting, averaged (paper: 5 for a frozen checkpoint).
+        decoding: the student's sampling (default: the paper's evaluation configuration).
+        max_samples: rows per setting (DynaMath: seeds); None for the full set.
+        seed: seeds the option shuffles (GPQA-D) per pass.
+        max_frames: frames sampled per video (`zppo_trl.evaluation.media.video_frames`).
+        concurrency: student requests in flight (the judge gets as many).
+        sources: setting name -> a local dataset directory or Hub id (default: the spec's Hub id).
+        video_dir, subtitle_dir: setting name -> where its video files / subtitles are.
+        sampling_fields: ``"all"`` sends every field of `decoding` (vLLM reads them all);
+            ``"openai"`` only OpenAI's own (temperature, top-p, presence penalty), for servers that
+            reject the others (``transformers serve`` answers 422): not the paper's decoding.
+    """
+
+    passes: int = PAPER_DECODING.passes
+    decoding: DecodingConfig = PAPER_DECODING
+    max_samples: int | None = None
+    seed: int = 0
+    max_frames: int = 32
+    concurrency: int = 32
+    sources: Mapping[str, str] = field(default_factory=dict)
+    video_dir: Mapping[str, str] = field(default_factory=dict)
+    subtitle_dir: Mapping[str, str] = field(default_factory=dict)
+    sampling_fields: str = "all"
+
+    def __post_init__(self) -> None:
+        if self.sampling_fields not in SAMPLING_FIELDS:
+            raise ValueError(f"sampling_fields must be one of {SAMPLING_FIELDS}, got {self.sampling_fields!r}")
+        if self.passes < 1:
+            raise ValueError(f"passes must be at least 1, got {self.passes}")
+        if self.max_samples is not None and self.max_samples < 1:
+            raise ValueError(f"max_samples must be at least 1, got {self.max_samples}")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
+
+
+def sampling_extra_body(decoding: DecodingConfig, fields: str = "all") -> dict[str, Any]:
+    """The decoding's fields beyond temperature and top-p, as request-body JSON.
+
+    ``fields="all"``: presence penalty, and what vLLM reads beyond OpenAI's parameters: top-k,
+    min-p, repetition penalty and the pixel bounds (its per-request ``mm_processor_kwargs``).
+    ``fields="openai"``: the presence penalty alone. Fields the decoding leaves None are not sent.
+    """
+    names = ("presence_penalty",) if fields == "openai" else ("top_k", "min_p", "presence_penalty", "repetition_penalty")
+    body: dict[str, Any] = {name: getattr(decoding, name) for name in names if getattr(decoding, name) is not None}
+    if fields == "openai":
+        return body
+    pixels = {name: getattr(decoding, name) for name in ("min_pixels", "max_pixels") if getattr(decoding, name) is not None}
+    if pixels:
+        body["mm_processor_kwargs"] = pixels
+    return body
+
+
+# ------------------------------------------------------------------ the run's memory
+
+
+class RecordStore:
+    """Append-only JSONL of one setting's finished generations and judgments (thread-safe).
+
+    A line is ``{"kind": "generation" | "judgment" | "skip", "key": ..., ...}``. A torn last line
+    (the process killed mid-write) is ignored on load, so that item is simply requested again.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.generations: dict[str, dict] = {}
+        self.judgments: dict[str, dict] = {}
+        self.skips: dict[str, dict] = {}
+        self._lock = threading.Lock()
+        if path.exists():
+            self._load()
+
+    def _load(self) -> None:
+        kinds = {"generation": self.generations, "judgment": self.judgments, "skip": self.skips}
+        torn = 0
+        with self.path.open(encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    record = json.loads(line)
+                    kinds[record["kind"]][record["key"]] = record
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    torn += 1
+        if torn:
+            logger.warning("%s: ignored %d unreadable line(s) (a run killed mid-write); they are redone", self.path, torn)
+
+    def add(self, record: dict) -> None:
+        """Append one record and flush it to disk before returning."""
+        line = json.dumps(record, ensure_ascii=False) + "\n"
+        with self._lock:
+            {"generation": self.generations, "judgment": self.judgments, "skip": self.skips}[record["kind"]][record["key"]] = record
+            with self.path.open("a", encoding="utf-8") as handle:
+                handle.write(line)
+
+
+def item_key(pass_index: int, row_id: str, part: str | None) -> str:
+    """The stable key of one generation: pass, row and (CharXiv) question part."""
+    return f"p{pass_index}/{row_id}" + (f"#{part}" if part else "")
+
+
+# ------------------------------------------------------------------ scoring one item
+
+
+def _prompt_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The conversation as text for the details file: image parts shown as ``<image>``."""
+    lines = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            text = content
+        else:
+            text = "".join(part.get("text", "") if part.get("type") == "text" else "<image>" for part in content or [])
+        lines.append(f"[{message.get('role')}] {text}")
+    return "\n".join(lines)
+
+
+def _judge_prompt(spec: TaskSpec, request: Any, response: str, verdict: Any) -> str | None:
+    """The judge prompt this item needs, or None where the deterministic verdict stands."""
+    if spec.scoring == "benchjudge":
+        part = request.part
+        if spec.name == "CharXiv" and part and part.startswith("descriptive_"):
+            part = int(part.rsplit("_", 1)[1])
+        return render_bench_judge(spec.name, request.row, response, part)
+    if verdict is None or not verdict.consult_judge:
+        return None
+    return render_judge(request.question, verdict.judge_input, verdict.gold, request.options)
+
+
+def _judge_score(spec: TaskSpec, row: Mapping[str, Any], reply: str) -> tuple[float, bool]:
+    """(score, parsed) of a judge reply, by the setting's parser (strict: unparsed scores 0)."""
+    if spec.scoring == "benchjudge":
+        result = score_bench_judge(spec.name, row, reply)
+        return float(result.score), bool(result.parsed)
+    verdict = parse_verdict(reply)
+    return (1.0 if verdict is True else 0.0), verdict is not None
+
+
+# ------------------------------------------------------------------ one setting
+
+
+@dataclass
+class _Counters:
+    failed_generations: int = 0
+    failed_judgments: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, name: str) -> None:
+        with self.lock:
+            setattr(self, name, getattr(self, name) + 1)
+
+
+class _SettingRun:
+    """One setting's generations and judgments, resumable from its `RecordStore`."""
+
+    def __init__(self, spec: TaskSpec, rows: list[dict], store: RecordStore, student: TeacherClient,
+                 judge: TeacherClient | None, options: EvalOptions, build_requests: Callable):  # fmt: skip
+        self.spec, self.rows, self.store = spec, rows, store
+        self.student, self.judge, self.options = student, judge, options
+        self.build_requests = build_requests
+        self.counters = _Counters()
+        self.abort = threading.Event()
+        self._extra_body = sampling_extra_body(options.decoding, options.sampling_fields)
+
+    def run(self) -> None:
+        units = [(p, row) for p in range(self.options.passes) for row in self.rows]
+        bar = tqdm(total=len(units), desc=f"{self.spec.name:>9}", unit="q", dynamic_ncols=True, leave=True)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=self.options.concurrency) as pool:
+                futures = [pool.submit(self._unit, p, row) for p, row in units]
+                for future in concurrent.futures.as_completed(futures):
+                    future.result()
+                    bar.update(1)
+        finally:
+            bar.close()
+        failed = self.counters.failed_generations + self.counters.failed_judgments
+        if failed:
+            raise EvaluationError(
+                f"{self.spec.name}: {self.counters.failed_generations} generation(s) and "
+                f"{self.counters.failed_judgments} judgment(s) failed after retries (is the endpoint up?); "
+                f"finished items are saved in {self.store.path}; run the same command again to resume"
+            )
+
+    def _skip(self, key: str, reason: str) -> None:
+        if key not in self.store.skips:
+            self.store.add({"kind": "skip", "key": key, "reason": reason})
+
+    def _unit(self, pass_index: int, row: dict) -> None:
+        """Every question of one row in one pass: build, generate, score, judge (what is missing)."""
+        if self.abort.is_set():
+            return
+        base = item_key(pass_index, row["_id"], None)
+        if base in self.store.skips:
+            return
+        try:
+            requests = self.build_requests(self.spec, row, pass_index=pass_index, seed=self.options.seed, max_frames=self.options.max_frames)
+        except (ValueError, OSError) as err:  # MediaError is a ValueError: unreadable image, missing video
+            self._skip(base, f"prompt: {err}")
+            return
+        for request in requests:
+            if self.abort.is_set():
+                return
+            self._item(item_key(pass_index, row["_id"], request.part), request, pass_index, row["_id"])
+
+    def _item(self, key: str, request: Any, pass_index: int, row_id: str) -> None:
+        if key in self.store.skips:
+            return
+        generation = self.store.generations.get(key)
+        if generation is None:
+            (replies,) = self.student.sample(
+                [request.messages], n=1, max_tokens=self.options.decoding.max_new_tokens or 1,
+                temperature=self.options.decoding.temperature, top_p=self.options.decoding.top_p,
+                extra_body=self._extra_body,
+            )  # fmt: skip
+            if not replies:
+                self._failed("failed_generations")
+                return
+            generation = {
+                "kind": "generation", "key": key, "pass": pass_index, "row_id": row_id, "part": request.part,
+                "prompt": _prompt_text(request.messages), "response": replies[0],
+            }  # fmt: skip
+            self.store.add(generation)
+        self._score(key, request, generation["response"])
+
+    def _score(self, key: str, request: Any, response: str) -> None:
+        """The deterministic verdict, then the judge where the path asks for it; one judgment record."""
+        spec = self.spec
+        if spec.scoring == "benchjudge" and self.judge is None:
+            self._skip(key, "no judge endpoint (BenchJudge setting)")
+            return
+        try:
+            verdict = None if spec.scoring == "benchjudge" else score_deterministic(spec, response, request.row)
+            prompt = _judge_prompt(spec, request, response, verdict) if self.judge is not None else None
+        except (NotImplementedError, ValueError) as err:  # an OCR task type not built; a row missing a field
+            self._skip(key, f"score: {err}")
+            return
+        done = self.store.judgments.get(key)
+        if done is not None and done.get("judge_prompt") == prompt:
+            return
+        judgment = {"kind": "judgment", "key": key, "judge_prompt": prompt, "judge_reply": None,
+                    "judge_score": None, "judge_parsed": None, "group": None}  # fmt: skip
+        if verdict is not None:
+            judgment.update(extracted=verdict.extracted, gold=verdict.gold, det_score=verdict.score, rule=verdict.rule,
+                            group=verdict.group, score=verdict.score)  # fmt: skip
+        if prompt is not None:
+            (replies,) = self.judge.sample([prompt], n=1, max_tokens=JUDGE_DECODING.max_new_tokens,
+                                           temperature=JUDGE_DECODING.temperature, top_p=JUDGE_DECODING.top_p)  # fmt: skip
+            if not replies:
+                self._failed("failed_judgments")
+                return
+            score, parsed = _judge_score(spec, request.row, replies[0])
+            # The shared judge runs only where the deterministic step gave 0, so its verdict is the score.
+            judgment.update(judge_reply=replies[0], judge_score=score, judge_parsed=parsed, score=score)
+        self.store.add(judgment)
+
+    def _failed(self, counter: str) -> None:
+        self.counters.add(counter)
+        # A dead endpoint fails every request after its retries: stop early rather than wait them all out.
+        if self.counters.failed_generations + self.counters.failed_judgments >= max(8, self.options.concurrency):
+            self.abort.set()
+
+
+# ------------------------------------------------------------------ aggregation
+
+
+def _pass_score(spec: TaskSpec, items: list[dict]) -> float:
+    """One pass's setting score in [0, 1]; CharXiv: the mean of its Reasoning and Descriptive accuracies."""
+    if spec.name == "CharXiv":
+        reasoning = [item for item in items if item["part"] == "reasoning"]
+        descriptive = [item for item in items if item["part"] != "reasoning"]
+        parts = [aggregate(spec, [ItemRecord(i["score"]) for i in group]) for group in (reasoning, descriptive) if group]
+        return sum(parts) / len(parts)
+    return aggregate(spec, [ItemRecord(item["score"], item.get("group")) for item in items])
+
+
+_DETAIL_COLUMNS = (
+    "key", "pass", "row_id", "part", "prompt", "response", "extracted", "gold", "det_score",
+    "judge_reply", "judge_score", "judge_parsed", "score", "skipped",
+)  # fmt: skip
+
+
+def _parse_key(key: str) -> tuple[int, str, str]:
+    """(pass, row id, part) of an `item_key`."""
+    head, rest = key.split("/", 1)
+    row_id, _, part = rest.partition("#")
+    return int(head[1:]), row_id, part
+
+
+def _details(store: RecordStore) -> list[dict]:
+    """One detail row per generated or skipped item, from the records."""
+    rows = []
+    for key in {**store.generations, **store.skips}:
+        generation = store.generations.get(key, {})
+        judgment = store.judgments.get(key, {})
+        pass_index, row_id, part = _parse_key(key)
+        row = {column: judgment.get(column) for column in _DETAIL_COLUMNS}
+        row.update({"key": key, "pass": pass_index, "row_id": row_id, "part": part, "prompt": generation.get("prompt"),
+                    "response": generation.get("response"), "skipped": store.skips.get(key, {}).get("reason")})  # fmt: skip
+        if row["skipped"]:
+            row["score"] = None
+        rows.append(row)
+    return rows
+
+
+def _scored_by_pass(store: RecordStore, passes: int) -> dict[int, list[dict]]:
+    """Pass -> the scored items of that pass (skipped items excluded)."""
+    by_pass: dict[int, list[dict]] = {p: [] for p in range(passes)}
+    for key, judgment in store.judgments.items():
+        pass_index, _, part = _parse_key(key)
+        if key not in store.skips and pass_index < passes:
+            by_pass[pass_index].append({"score": judgment["score"], "group": judgment.get("group"), "part": part})
+    return by_pass
+
+
+def summarize_setting(spec: TaskSpec, store: RecordStore, passes: int, complete_rows: bool) -> tuple[dict, list[dict]]:
+    """The setting's results entry (scores in percent) and its per-sample detail rows.
+
+    ``score`` is the mean over passes of each pass's official aggregate, ``stderr`` its standard
+    error, ``n`` the scored items of one pass; ``complete`` is False on a subset (max_samples), with
+    skipped items, or with a pass missing.
+    """
+    by_pass = _scored_by_pass(store, passes)
+    scored = [p for p in range(passes) if by_pass[p]]
+    entry: dict[str, Any] = {
+        "family": spec.family,
+        "skipped": len(store.skips),
+        "judge_unparsed": sum(1 for judgment in store.judgments.values() if judgment.get("judge_parsed") is False),
+    }
+    if not scored:
+        entry.update(score=None, stderr=None, n=0, passes=[], complete=False)
+        return entry, _details(store)
+    pass_scores = [100.0 * _pass_score(spec, by_pass[p]) for p in scored]
+    mean, stderr = mean_and_stderr(pass_scores)
+    stderr = 0.0 if len(pass_scores) == 1 else stderr  # one pass: no spread to report (JSON has no NaN)
+    entry.update(
+        score=round(mean, 4), stderr=round(stderr, 4), n=len(by_pass[scored[0]]),
+        passes=[round(score, 4) for score in pass_scores],
+        complete=complete_rows and not store.skips and len(scored) == passes,
+    )  # fmt: skip
+    if spec.name == "CharXiv":  # the two halves the combined score averages
+        items = [item for p in scored for item in by_pass[p]]
+        halves = {"reasoning": [i for i in items if i["part"] == "reasoning"], "descriptive": [i for i in items if i["part"] != "reasoning"]}
+        entry["parts"] = {name: round(100.0 * sum(i["score"] for i in group) / len(group), 4) for name, group in halves.items() if group}
+    return entry, _details(store)
+
+
+def family_summary(settings: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
+    """Per family: the macro average of its scored settings, how many, and whether it is the full family."""
+    scores = {name: entry["score"] for name, entry in settings.items() if entry.get("score") is not None}
+    averages = family_macro_averages(scores)
+    return {
+        family: {
+            "average": round(average, 4),
+            "settings": sum(1 for name in FAMILIES[family] if name in scores),
+            "complete": all(name in settings and settings[name].get("complete") for name in FAMILIES[family]),
+        }
+        for family, average in averages.items()
+    }
+
+
+# ------------------------------------------------------------------ the run
+
+
+def _check_resume(run_dir: Path, manifest: dict) -> None:
+    path = run_dir / RUN_FILE
+    if not path.exists():
+        return
+    previous = json.loads(path.read_text())
+    for name in _RESUME_KEYS:
+        if previous.get(name) != manifest.get(name):
+            raise EvaluationError(
+                f"{run_dir} holds a run with {name}={previous.get(name)!r}, not {manifest.get(name)!r}; "
+                "use a new output directory (a run directory never mixes configurations)"
+            )
+
+
+def run_suite(
+    settings: Iterable[str],
+    student: TeacherClient,
+    judge: TeacherClient | None,
+    run_dir: str | Path,
+    options: EvalOptions = EvalOptions(),
+    *,
+    run_name: str | None = None,
+    load_rows: Callable[..., list[dict]] | None = None,
+    build_requests: Callable[..., list] | None = None,
+) -> dict:
+    """Evaluate `student` on `settings` into `run_dir` (resuming what is there); returns results.json's dict.
+
+    `load_rows` and `build_requests` default to `zppo_trl.evaluation.data.load_setting` and
+    `zppo_trl.evaluation.prompting.build_requests` (parameters for the benchmarks' timing only).
+    A None `judge` scores the deterministic step alone and skips the BenchJudge settings (not the
+    paper's numbers; results.json says ``"judged": false``).
+    Raises `EvaluationError` where the endpoint is unreachable or requests failed after retries
+    (finished items stay recorded), ValueError for bad settings or data.
+    """
+    from .data import load_setting
+    from .prompting import build_requests as default_build
+
+    load_rows = load_rows or load_setting
+    build_requests = build_requests or default_build
+    names = list(settings)
+    unknown = [name for name in names if name not in SUITE]
+    if unknown:
+        raise ValueError(f"unknown setting(s) {unknown}; see zppo_trl.evaluation.tasks.SUITE")
+    if any(SUITE[name].family == "video" for name in names) and importlib.util.find_spec("av") is None:
+        raise ValueError("the video settings decode their files with PyAV: pip install 'zppo-trl[eval]' (or av)")
+    run_dir = Path(run_dir)
+    manifest = {
+        "run_name": run_name or run_dir.name, "model": student.model, "base_url": student.base_url,
+        "judge_model": judge.model if judge else None, "judge_base_url": judge.base_url if judge else None,
+        "passes": options.passes, "decoding": dataclasses.asdict(options.decoding), "sampling_fields": options.sampling_fields,
+        "max_samples": options.max_samples,
+        "seed": options.seed, "max_frames": options.max_frames, "settings": names,
+    }  # fmt: skip
+    _check_resume(run_dir, manifest)
+    if options.sampling_fields != "all":
+        logger.warning("sending only OpenAI's sampling fields: top-k, min-p, repetition penalty and the pixel "
+                       "bounds are the server's defaults, so this is not the paper's decoding")  # fmt: skip
+    (run_dir / "records").mkdir(parents=True, exist_ok=True)
+    (run_dir / "details").mkdir(exist_ok=True)
+    (run_dir / RUN_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+    if not student.health(timeout=30):
+        raise EvaluationError(f"the student endpoint {student.base_url} (model {student.model!r}) does not answer; see the warning above")
+    if judge is not None and not judge.health(timeout=30):
+        raise EvaluationError(f"the judge endpoint {judge.base_url} (model {judge.model!r}) does not answer; see the warning above")
+
+    previous = _read_results(run_dir)
+    results_settings: dict[str, Any] = dict(previous.get("settings", {}))
+    for name in names:
+        spec = SUITE[name]
+        if spec.scoring == "benchjudge" and judge is None:
+            logger.warning("%s: skipped, its BenchJudge scoring needs a judge endpoint", name)
+            continue
+        rows = load_rows(
+            spec, options.sources.get(name), max_samples=options.max_samples,
+            video_dir=options.video_dir.get(name), subtitle_dir=options.subtitle_dir.get(name),
+        )  # fmt: skip
+        store = RecordStore(run_dir / "records" / f"{name}.jsonl")
+        _SettingRun(spec, rows, store, student, judge, options, build_requests).run()
+        entry, details = summarize_setting(spec, store, options.passes, complete_rows=options.max_samples is None)
+        if store.skips:
+            first = next(iter(store.skips.values()))["reason"]
+            logger.warning("%s: %d item(s) skipped, not scored (e.g. %s); their reasons are in details/%s.parquet",
+                           name, len(store.skips), first[:200], name)  # fmt: skip
+        _write_details(run_dir / "details" / f"{name}.parquet", details)
+        results_settings[name] = entry
+        _write_results(run_dir, manifest, results_settings, judge is not None)
+    return _write_results(run_dir, manifest, results_settings, judge is not None)
+
+
+def _read_results(run_dir: Path) -> dict:
+    path = run_dir / RESULTS_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _write_results(run_dir: Path, manifest: dict, settings: Mapping[str, Any], judged: bool) -> dict:
+    ordered = {name: settings[name] for name in SUITE if name in settings}
+    results = {
+        "run_name": manifest["run_name"], "model": manifest["model"], "base_url": manifest["base_url"],
+        "judge_model": manifest["judge_model"], "judged": judged,
+        "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "passes": manifest["passes"], "max_samples": manifest["max_samples"],
+        "paper_decoding": manifest["decoding"] == dataclasses.asdict(PAPER_DECODING) and manifest["sampling_fields"] == "all",
+        "settings": ordered, "families": family_summary(ordered),
+    }  # fmt: skip
+    tmp = run_dir / (RESULTS_FILE + ".tmp")
+    tmp.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n")
+    tmp.replace(run_dir / RESULTS_FILE)
+    return results
+
+
+def _write_details(path: Path, details: list[dict]) -> None:
+    import pandas as pd
+
+    frame = pd.DataFrame(details, columns=list(_DETAIL_COLUMNS))
+    frame = frame.sort_values(["pass", "key"], kind="stable")
+    for column in ("det_score", "judge_score", "score"):
+        frame[column] = frame[column].astype("float64")
+    frame.to_parquet(path, index=False)
