@@ -167,7 +167,7 @@ def test_a_run_directory_is_never_resumed_under_another_configuration(vlm_server
     data_dir = _data_dir(tmp_path / "data", ["GPQA-D"], rows=2)
     out = tmp_path / "run"
     assert main(_run_args(vlm_server, teacher_server, data_dir, out, "GPQA-D", "--passes", "1")) == 0
-    assert main(_run_args(vlm_server, teacher_server, data_dir, out, "GPQA-D", "--passes", "2")) == 1
+    assert main(_run_args(vlm_server, teacher_server, data_dir, out, "GPQA-D", "--passes", "2")) == 2
     assert "passes=1" in capsys.readouterr().err
 
 
@@ -197,3 +197,22 @@ def test_bad_input_is_an_error_or_a_counted_skip(vlm_server, teacher_server, tmp
     del args[args.index("--judge-base-url") : args.index("--judge-base-url") + 4]
     assert main(args) == 2
     assert "--no-judge" in capsys.readouterr().err
+
+
+def test_vllm_as_the_student_and_a_request_it_refuses_is_a_counted_skip(vllm_teacher_server, tmp_path, capsys):
+    """vLLM serves the student with every paper sampling field; a prompt over its context is
+    refused (HTTP 400), which no retry can fix: that item is skipped with the server's reason."""
+    data_dir = _data_dir(tmp_path / "data", ["GPQA-D"], rows=3)
+    table = data_dir / "GPQA-D" / "gpqa_diamond" / "train.parquet"
+    frame = pd.read_parquet(table)
+    frame.at[2, "Question"] = "why " * 5000  # over the server's 4,096-token context
+    frame.to_parquet(table)
+    out = tmp_path / "run"
+    args = _run_args(vllm_teacher_server, vllm_teacher_server, data_dir, out, "GPQA-D", "--passes", "1")
+    args[args.index("openai")] = "all"
+    assert main(args) == 0, capsys.readouterr().err[-2000:]
+    entry = json.loads((out / "results.json").read_text())["settings"]["GPQA-D"]
+    assert entry["n"] == 2 and entry["skipped"] == 1 and entry["complete"] is False
+    details = pd.read_parquet(out / "details" / "GPQA-D.parquet")
+    reason = details["skipped"].dropna()
+    assert len(reason) == 1 and reason.iloc[0].startswith("endpoint rejected: HTTP 400")

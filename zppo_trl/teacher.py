@@ -368,6 +368,7 @@ class TeacherClient:
         top_p: float = 1.0,
         *,
         extra_body: Mapping[str, Any] | None = None,
+        errors: list | None = None,
     ) -> list[list[str]]:
         """``n`` sampled replies per conversation; fewer, possibly none, where the server failed.
 
@@ -375,9 +376,12 @@ class TeacherClient:
         (``transformers serve`` ignores ``n``), the rest come from parallel single
         requests, and once a server has been seen to ignore ``n`` every later sample is
         sent as ``n`` parallel single requests. Conversations are OpenAI message lists
-        (see :func:`to_openai_messages` for images) or prompt strings.
+        (see :func:`to_openai_messages` for images) or prompt strings. A list passed as ``errors``
+        is filled with one entry per conversation: None where all its replies came, else its last
+        error, starting ``"rejected: "`` where the server refused it as a client error (a bad or
+        too long request: retrying cannot help).
         """
-        return self.sample_async(conversations, n, max_tokens, temperature, top_p, extra_body=extra_body).result()
+        return self.sample_async(conversations, n, max_tokens, temperature, top_p, extra_body=extra_body, errors=errors).result()
 
     def sample_async(
         self,
@@ -388,13 +392,14 @@ class TeacherClient:
         top_p: float = 1.0,
         *,
         extra_body: Mapping[str, Any] | None = None,
+        errors: list | None = None,
     ) -> concurrent.futures.Future:
         """:meth:`sample` without blocking: a Future of its result (arguments are checked now)."""
         conversations = _check_list("conversations", conversations)
         messages = [to_openai_messages(c, f"conversations[{i}]") for i, c in enumerate(conversations)]
         params = self._params(max_tokens, temperature, top_p, extra_body)
         _check_int("n", n, 1)
-        return self._submit(self._sample(messages, n, params))
+        return self._submit(self._sample(messages, n, params, errors))
 
     def compress(
         self,
@@ -646,31 +651,43 @@ class TeacherClient:
 
     # ------------------------------------------------------------ internals: the three jobs
 
-    async def _sample(self, conversations: list[list[dict]], n: int, params: dict) -> list[list[str]]:
+    async def _sample(self, conversations: list[list[dict]], n: int, params: dict, errors: list | None = None) -> list[list[str]]:
         failures: list[str] = []
 
-        async def one(messages: list[dict]) -> list[str]:
+        async def replies_for(messages: list[dict], mine: list[str]) -> tuple[list[str], bool]:
+            """(replies, whether the server rejected the conversation as a client error)."""
             replies: list[str] = []
             if n > 1 and self._n_honored is not False:
-                texts, rejected = await self._chat(messages, n, params, failures)
+                texts, rejected = await self._chat(messages, n, params, mine)
                 if texts is None and not rejected:
-                    return replies  # the server is failing: single requests would fail too
-                if texts is not None:
+                    return replies, False  # the server is failing: single requests would fail too
+                if texts is not None:  # (a refused n-request falls through to single requests)
                     replies = texts[:n]
                     if len(texts) < n and self._n_honored is None:
                         logger.info("%s returned %d of n=%d choices; topping up with single requests", self.base_url, len(texts), n)
                     self._n_honored = len(texts) >= n
             missing = n - len(replies)
             if missing == 1 and n == 1:
-                texts, _ = await self._chat(messages, 1, params, failures)
-                return texts[:1] if texts else []
+                texts, rejected = await self._chat(messages, 1, params, mine)
+                return (texts[:1] if texts else []), rejected
             if missing:
                 self._count(top_ups=missing)
-                singles = await asyncio.gather(*(self._chat(messages, 1, params, failures) for _ in range(missing)))
+                singles = await asyncio.gather(*(self._chat(messages, 1, params, mine) for _ in range(missing)))
                 replies += [texts[0] for texts, _ in singles if texts]
+                return replies, any(rejected for _, rejected in singles)
+            return replies, False
+
+        async def one(index: int, messages: list[dict]) -> list[str]:
+            mine: list[str] = []
+            replies, rejected = await replies_for(messages, mine)
+            failures.extend(mine)
+            if errors is not None and len(replies) < n and mine:
+                errors[index] = ("rejected: " if rejected else "") + mine[-1]
             return replies
 
-        return await self._gather("teacher sampling", (one(m) for m in conversations), failures)
+        if errors is not None:
+            errors[:] = [None] * len(conversations)
+        return await self._gather("teacher sampling", (one(i, m) for i, m in enumerate(conversations)), failures)
 
     async def _compress(self, texts: list[str], params: dict) -> list[str | None]:
         failures: list[str] = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import sys
 from pathlib import Path
@@ -31,6 +32,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
 def _run_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zppo-eval run",
@@ -46,6 +57,10 @@ def _run_parser() -> argparse.ArgumentParser:
     endpoint.add_argument("--sampling-fields", choices=("all", "openai"), default="all",
                           help="all: every paper decoding field (vLLM); openai: only OpenAI's, for servers that "
                                "reject the rest (transformers serve); not the paper's decoding")  # fmt: skip
+    endpoint.add_argument("--extra-body", type=_json_object, help="JSON merged into every student request")
+    endpoint.add_argument("--judge-extra-body", type=_json_object,
+                          help='JSON merged into every judge request; a Qwen3.5 judge on vLLM: '
+                               '\'{"chat_template_kwargs": {"enable_thinking": false}}\' so its 512 tokens are the verdict')  # fmt: skip
     endpoint.add_argument("--api-key-env", help="environment variable holding the endpoints' API key")
     endpoint.add_argument("--timeout", type=float, default=3600.0, help="seconds one request may take (default 3600)")
     endpoint.add_argument("--max-retries", type=int, default=3, help="retries of a failed request (default 3)")
@@ -58,7 +73,8 @@ def _run_parser() -> argparse.ArgumentParser:
                           "settings without one load from the Hub")  # fmt: skip
     run.add_argument("--max-samples", type=_positive, help="rows per setting (DynaMath: seeds); default all")
     run.add_argument("--passes", type=_positive, default=PAPER_DECODING.passes, help=f"passes averaged (paper: {PAPER_DECODING.passes})")
-    run.add_argument("--concurrency", type=_positive, default=32, help="requests in flight per endpoint (default 32)")
+    run.add_argument("--concurrency", type=_positive, default=32,
+                     help="items in flight (default 32); each sends its student request, then its judge request")  # fmt: skip
     run.add_argument("--seed", type=int, default=0, help="seeds the per-pass option shuffles (GPQA-D)")
     run.add_argument("--max-frames", type=_positive, default=32, help="frames sampled per video (default 32)")
     run.add_argument("--max-new-tokens", type=_positive, default=PAPER_DECODING.max_new_tokens,
@@ -102,14 +118,14 @@ def run_main(argv: list[str] | None = None) -> int:
             subtitle_dir=subtitles, sampling_fields=args.sampling_fields,
         )  # fmt: skip
         client_args = dict(max_concurrency=args.concurrency, timeout=args.timeout, max_retries=args.max_retries, api_key_env=args.api_key_env)
-        student = TeacherClient(args.base_url, args.model, **client_args)
-        judge = None if args.no_judge else TeacherClient(args.judge_base_url, args.judge_model, **client_args)
+        student = TeacherClient(args.base_url, args.model, extra_body=args.extra_body, **client_args)
+        judge = None if args.no_judge else TeacherClient(args.judge_base_url, args.judge_model, extra_body=args.judge_extra_body, **client_args)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
         results = run_suite(names, student, judge, args.output_dir, options, run_name=args.run_name)
-    except ValueError as err:  # bad data: a missing column, a missing local copy
+    except (ValueError, OSError) as err:  # bad data (a missing column, file or local copy), another run's directory
         print(f"error: {err}", file=sys.stderr)
         return 2
     except EvaluationError as err:
@@ -126,7 +142,8 @@ def run_main(argv: list[str] | None = None) -> int:
 def _print_summary(results: dict, run_dir: Path) -> None:
     print(f"\n{results['run_name']} ({results['model']}), {results['passes']} pass(es):")
     for name, entry in results["settings"].items():
-        score = "n/a" if entry["score"] is None else f"{entry['score']:.2f} ± {entry['stderr']:.2f}"
+        score = "n/a" if entry["score"] is None else f"{entry['score']:.2f}" + (
+            "" if entry["stderr"] is None else f" ± {entry['stderr']:.2f}")  # fmt: skip
         notes = [f"{entry['skipped']} skipped"] if entry["skipped"] else []
         notes += [f"{entry['judge_unparsed']} judge replies unparsed"] if entry["judge_unparsed"] else []
         notes += [] if entry["complete"] else ["partial"]

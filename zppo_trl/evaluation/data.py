@@ -26,7 +26,8 @@ and one unreadable image skips its own item instead of failing the load. Plus ``
 ``"<split>/<index>"`` without a subset; the index is the row's position in that split's file
 before `TaskSpec.row_filter`, so it is stable under filtering and `max_samples`), ``_config``
 and ``_split``. Video settings add ``_video_path`` and VMME-S ``_subtitle_path`` (a ``str`` path,
-or None where the file is not there: the runner skips such items).
+or None where the file is not there: a missing video skips its item; a missing subtitle file is
+sent as "no subtitles", since some Video-MME videos have none).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import datetime
+import hashlib
 import importlib.util
 import json
 import logging
@@ -48,7 +49,7 @@ from .tasks import FAMILIES, JUDGE_DECODING, PAPER_DECODING, SUITE, DecodingConf
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EvalOptions", "EvaluationError", "run_suite", "sampling_extra_body", "summarize_setting", "RecordStore"]
+__all__ = ["EvalOptions", "EvaluationError", "RunDirectoryMismatch", "run_suite", "sampling_extra_body", "summarize_setting", "RecordStore"]
 
 RESULTS_FILE = "results.json"
 SAMPLING_FIELDS = ("all", "openai")
@@ -73,7 +74,8 @@ class EvalOptions:
         max_samples: rows per setting (DynaMath: seeds); None for the full set.
         seed: seeds the option shuffles (GPQA-D) per pass.
         max_frames: frames sampled per video (`zppo_trl.evaluation.media.video_frames`).
-        concurrency: student requests in flight (the judge gets as many).
+        concurrency: items in flight; each worker sends its item's student request, then (where
+            needed) its judge request, so the two endpoints share this bound.
         sources: setting name -> a local dataset directory or Hub id (default: the spec's Hub id).
         video_dir, subtitle_dir: setting name -> where its video files / subtitles are.
         sampling_fields: ``"all"`` sends every field of `decoding` (vLLM reads them all);
@@ -101,23 +103,21 @@ class EvalOptions:
             raise ValueError(f"max_samples must be at least 1, got {self.max_samples}")
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
+        if not self.decoding.max_new_tokens:
+            raise ValueError("decoding.max_new_tokens must be set (the paper: 12,288)")
 
 
 def sampling_extra_body(decoding: DecodingConfig, fields: str = "all") -> dict[str, Any]:
-    """The decoding's fields beyond temperature and top-p, as request-body JSON.
+    """The decoding's per-request fields beyond temperature and top-p, as request-body JSON.
 
-    ``fields="all"``: presence penalty, and what vLLM reads beyond OpenAI's parameters: top-k,
-    min-p, repetition penalty and the pixel bounds (its per-request ``mm_processor_kwargs``).
-    ``fields="openai"``: the presence penalty alone. Fields the decoding leaves None are not sent.
+    ``fields="all"``: the presence penalty, and what vLLM reads beyond OpenAI's parameters: top-k,
+    min-p and the repetition penalty. ``fields="openai"``: the presence penalty alone. Fields the
+    decoding leaves None are not sent. The pixel bounds are not per request: vLLM refuses
+    per-request ``mm_processor_kwargs`` unless started with ``--trust-request-mm-kwargs``, so they
+    belong on the server (``vllm serve --mm-processor-kwargs``, see docs/evaluation.md).
     """
     names = ("presence_penalty",) if fields == "openai" else ("top_k", "min_p", "presence_penalty", "repetition_penalty")
-    body: dict[str, Any] = {name: getattr(decoding, name) for name in names if getattr(decoding, name) is not None}
-    if fields == "openai":
-        return body
-    pixels = {name: getattr(decoding, name) for name in ("min_pixels", "max_pixels") if getattr(decoding, name) is not None}
-    if pixels:
-        body["mm_processor_kwargs"] = pixels
-    return body
+    return {name: getattr(decoding, name) for name in names if getattr(decoding, name) is not None}
 
 
 # ------------------------------------------------------------------ the run's memory
@@ -126,8 +126,11 @@ def sampling_extra_body(decoding: DecodingConfig, fields: str = "all") -> dict[s
 class RecordStore:
     """Append-only JSONL of one setting's finished generations and judgments (thread-safe).
 
-    A line is ``{"kind": "generation" | "judgment" | "skip", "key": ..., ...}``. A torn last line
-    (the process killed mid-write) is ignored on load, so that item is simply requested again.
+    A line is ``{"kind": "generation" | "judgment" | "skip", "key": ..., ...}``; a later line for
+    a key replaces an earlier one. A torn last line (the process killed mid-write) is cut off on
+    load, so that item is simply requested again. Skips are kept in the file as history but not
+    loaded: each run decides them afresh (data may have been fixed, videos added), which costs
+    no request.
     """
 
     def __init__(self, path: Path):
@@ -140,17 +143,19 @@ class RecordStore:
             self._load()
 
     def _load(self) -> None:
-        kinds = {"generation": self.generations, "judgment": self.judgments, "skip": self.skips}
-        torn = 0
-        with self.path.open(encoding="utf-8") as handle:
-            for line in handle:
-                try:
-                    record = json.loads(line)
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):  # killed mid-write: drop the partial line
+            data = data[: data.rfind(b"\n") + 1]
+            self.path.write_bytes(data)
+            logger.warning("%s: cut off a partial last line (a run killed mid-write); that item is redone", self.path)
+        kinds = {"generation": self.generations, "judgment": self.judgments}
+        for number, line in enumerate(data.decode("utf-8").splitlines(), 1):
+            try:
+                record = json.loads(line)
+                if record["kind"] in kinds:
                     kinds[record["kind"]][record["key"]] = record
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    torn += 1
-        if torn:
-            logger.warning("%s: ignored %d unreadable line(s) (a run killed mid-write); they are redone", self.path, torn)
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise EvaluationError(f"{self.path}:{number} is not a record this harness wrote ({err})") from None
 
     def add(self, record: dict) -> None:
         """Append one record and flush it to disk before returning."""
@@ -159,6 +164,11 @@ class RecordStore:
             {"generation": self.generations, "judgment": self.judgments, "skip": self.skips}[record["kind"]][record["key"]] = record
             with self.path.open("a", encoding="utf-8") as handle:
                 handle.write(line)
+
+
+def _digest(*parts: Any) -> str:
+    """A short fingerprint tying a judgment to the exact response and judge prompt it scored."""
+    return hashlib.sha256(json.dumps(parts, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
 def item_key(pass_index: int, row_id: str, part: str | None) -> str:
@@ -218,7 +228,12 @@ class _Counters:
 
 
 class _SettingRun:
-    """One setting's generations and judgments, resumable from its `RecordStore`."""
+    """One setting's generations and judgments, resumable from its `RecordStore`.
+
+    One worker per item in flight (``concurrency`` of them): it builds the item's prompt, checks
+    that the item can be scored (before paying for a generation), generates what is not recorded,
+    scores, and asks the judge where the path says so.
+    """
 
     def __init__(self, spec: TaskSpec, rows: list[dict], store: RecordStore, student: TeacherClient,
                  judge: TeacherClient | None, options: EvalOptions, build_requests: Callable):  # fmt: skip
@@ -232,13 +247,18 @@ class _SettingRun:
     def run(self) -> None:
         units = [(p, row) for p in range(self.options.passes) for row in self.rows]
         bar = tqdm(total=len(units), desc=f"{self.spec.name:>9}", unit="q", dynamic_ncols=True, leave=True)
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.options.concurrency)
         try:
-            with concurrent.futures.ThreadPoolExecutor(max_workers=self.options.concurrency) as pool:
-                futures = [pool.submit(self._unit, p, row) for p, row in units]
-                for future in concurrent.futures.as_completed(futures):
-                    future.result()
-                    bar.update(1)
+            futures = [pool.submit(self._unit, p, row) for p, row in units]
+            for future in concurrent.futures.as_completed(futures):
+                future.result()
+                bar.update(1)
+        except BaseException:  # Ctrl-C or a bug: stop the queued work now, not after it all ran
+            self.abort.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
         finally:
+            pool.shutdown(wait=True)
             bar.close()
         failed = self.counters.failed_generations + self.counters.failed_judgments
         if failed:
@@ -248,72 +268,91 @@ class _SettingRun:
                 f"finished items are saved in {self.store.path}; run the same command again to resume"
             )
 
-    def _skip(self, key: str, reason: str) -> None:
-        if key not in self.store.skips:
-            self.store.add({"kind": "skip", "key": key, "reason": reason})
+    def _skip(self, key: str, reason: str, row: Mapping[str, Any]) -> None:
+        group = None if self.spec.group_field is None else row.get(self.spec.group_field)
+        self.store.add({"kind": "skip", "key": key, "reason": reason, "group": None if group is None else str(group)})
 
     def _unit(self, pass_index: int, row: dict) -> None:
         """Every question of one row in one pass: build, generate, score, judge (what is missing)."""
         if self.abort.is_set():
             return
-        base = item_key(pass_index, row["_id"], None)
-        if base in self.store.skips:
-            return
         try:
             requests = self.build_requests(self.spec, row, pass_index=pass_index, seed=self.options.seed, max_frames=self.options.max_frames)
         except (ValueError, OSError) as err:  # MediaError is a ValueError: unreadable image, missing video
-            self._skip(base, f"prompt: {err}")
+            parts = ("reasoning", *(f"descriptive_{i}" for i in range(1, 5))) if self.spec.name == "CharXiv" else (None,)
+            for part in parts:  # one skip per question the row carries, so counts are in items
+                self._skip(item_key(pass_index, row["_id"], part), f"prompt: {err}", row)
             return
         for request in requests:
             if self.abort.is_set():
                 return
-            self._item(item_key(pass_index, row["_id"], request.part), request, pass_index, row["_id"])
+            key = item_key(pass_index, row["_id"], request.part)
+            unscorable = self._unscorable(request)
+            if unscorable:
+                self._skip(key, f"score: {unscorable}", row)
+                continue
+            self._item(key, request, pass_index, row["_id"])
+
+    def _unscorable(self, request: Any) -> str | None:
+        """Why this item cannot be scored (an OCR task type not built, a row missing a field), else None."""
+        try:
+            if self.spec.scoring == "benchjudge":
+                _judge_prompt(self.spec, request, "", None)
+            else:
+                score_deterministic(self.spec, "", request.row)
+        except (NotImplementedError, ValueError) as err:
+            return str(err)
+        return None
+
+    def _generate(self, request: Any) -> tuple[str | None, str | None]:
+        """(response, None), or (None, why) where the endpoint refused the request or failed."""
+        errors: list = []
+        decoding = self.options.decoding
+        (replies,) = self.student.sample(
+            [request.messages], n=1, max_tokens=decoding.max_new_tokens, temperature=decoding.temperature,
+            top_p=decoding.top_p, extra_body=self._extra_body, errors=errors,
+        )  # fmt: skip
+        return (replies[0], None) if replies else (None, errors[0] or "no reply")
 
     def _item(self, key: str, request: Any, pass_index: int, row_id: str) -> None:
-        if key in self.store.skips:
-            return
+        prompt = _prompt_text(request.messages)
         generation = self.store.generations.get(key)
-        if generation is None:
-            (replies,) = self.student.sample(
-                [request.messages], n=1, max_tokens=self.options.decoding.max_new_tokens or 1,
-                temperature=self.options.decoding.temperature, top_p=self.options.decoding.top_p,
-                extra_body=self._extra_body,
-            )  # fmt: skip
-            if not replies:
-                self._failed("failed_generations")
+        if generation is None or generation["prompt"] != prompt:  # a changed prompt is a new item
+            response, error = self._generate(request)
+            if response is None:
+                if error.startswith("rejected: "):  # a request the server refuses (too long, bad image): retrying cannot help
+                    self._skip(key, f"endpoint {error}", request.row)
+                else:
+                    self._failed("failed_generations")
                 return
-            generation = {
-                "kind": "generation", "key": key, "pass": pass_index, "row_id": row_id, "part": request.part,
-                "prompt": _prompt_text(request.messages), "response": replies[0],
-            }  # fmt: skip
+            generation = {"kind": "generation", "key": key, "pass": pass_index, "row_id": row_id, "part": request.part,
+                          "prompt": prompt, "response": response}  # fmt: skip
             self.store.add(generation)
         self._score(key, request, generation["response"])
 
     def _score(self, key: str, request: Any, response: str) -> None:
         """The deterministic verdict, then the judge where the path asks for it; one judgment record."""
         spec = self.spec
-        if spec.scoring == "benchjudge" and self.judge is None:
-            self._skip(key, "no judge endpoint (BenchJudge setting)")
-            return
-        try:
-            verdict = None if spec.scoring == "benchjudge" else score_deterministic(spec, response, request.row)
-            prompt = _judge_prompt(spec, request, response, verdict) if self.judge is not None else None
-        except (NotImplementedError, ValueError) as err:  # an OCR task type not built; a row missing a field
-            self._skip(key, f"score: {err}")
-            return
+        verdict = None if spec.scoring == "benchjudge" else score_deterministic(spec, response, request.row)
+        prompt = _judge_prompt(spec, request, response, verdict) if self.judge is not None else None
+        digest = _digest(response, prompt, self.judge.model if prompt is not None else None)
         done = self.store.judgments.get(key)
-        if done is not None and done.get("judge_prompt") == prompt:
+        if done is not None and done.get("digest") == digest:
             return
-        judgment = {"kind": "judgment", "key": key, "judge_prompt": prompt, "judge_reply": None,
+        judgment = {"kind": "judgment", "key": key, "digest": digest, "judge_prompt": prompt, "judge_reply": None,
                     "judge_score": None, "judge_parsed": None, "group": None}  # fmt: skip
         if verdict is not None:
             judgment.update(extracted=verdict.extracted, gold=verdict.gold, det_score=verdict.score, rule=verdict.rule,
                             group=verdict.group, score=verdict.score)  # fmt: skip
         if prompt is not None:
-            (replies,) = self.judge.sample([prompt], n=1, max_tokens=JUDGE_DECODING.max_new_tokens,
-                                           temperature=JUDGE_DECODING.temperature, top_p=JUDGE_DECODING.top_p)  # fmt: skip
+            errors: list = []
+            (replies,) = self.judge.sample([prompt], n=1, max_tokens=JUDGE_DECODING.max_new_tokens, temperature=JUDGE_DECODING.temperature,
+                                           top_p=JUDGE_DECODING.top_p, errors=errors)  # fmt: skip
             if not replies:
-                self._failed("failed_judgments")
+                if (errors[0] or "").startswith("rejected: "):
+                    self._skip(key, f"judge endpoint {errors[0]}", request.row)
+                else:
+                    self._failed("failed_judgments")
                 return
             score, parsed = _judge_score(spec, request.row, replies[0])
             # The shared judge runs only where the deterministic step gave 0, so its verdict is the score.
@@ -331,7 +370,11 @@ class _SettingRun:
 
 
 def _pass_score(spec: TaskSpec, items: list[dict]) -> float:
-    """One pass's setting score in [0, 1]; CharXiv: the mean of its Reasoning and Descriptive accuracies."""
+    """One pass's setting score in [0, 1]; CharXiv: the mean of its Reasoning and Descriptive accuracies.
+
+    CharXiv's single cell combining its two halves is this package's choice (the paper prints one
+    CharXiv column and does not say how): each half weighs one, as each setting does in a family.
+    """
     if spec.name == "CharXiv":
         reasoning = [item for item in items if item["part"] == "reasoning"]
         descriptive = [item for item in items if item["part"] != "reasoning"]
@@ -341,8 +384,8 @@ def _pass_score(spec: TaskSpec, items: list[dict]) -> float:
 
 
 _DETAIL_COLUMNS = (
-    "key", "pass", "row_id", "part", "prompt", "response", "extracted", "gold", "det_score",
-    "judge_reply", "judge_score", "judge_parsed", "score", "skipped",
+    "key", "pass", "row_id", "part", "prompt", "response", "extracted", "gold", "rule", "det_score",
+    "judge_prompt", "judge_reply", "judge_score", "judge_parsed", "score", "group", "skipped",
 )  # fmt: skip
 
 
@@ -364,43 +407,64 @@ def _details(store: RecordStore) -> list[dict]:
         row.update({"key": key, "pass": pass_index, "row_id": row_id, "part": part, "prompt": generation.get("prompt"),
                     "response": generation.get("response"), "skipped": store.skips.get(key, {}).get("reason")})  # fmt: skip
         if row["skipped"]:
+            row["group"] = store.skips[key].get("group")
+        if row["skipped"]:
             row["score"] = None
         rows.append(row)
     return rows
 
 
-def _scored_by_pass(store: RecordStore, passes: int) -> dict[int, list[dict]]:
-    """Pass -> the scored items of that pass (skipped items excluded)."""
+def _scored_by_pass(spec: TaskSpec, store: RecordStore, passes: int) -> tuple[dict[int, list[dict]], dict[int, int], int]:
+    """(pass -> its scored items, pass -> its skipped items, groups left out of worst-case scoring).
+
+    Skipped items are never scored. Under ``worst_case_variants`` (DynaMath) a seed with a skipped
+    variant is left out of that pass entirely: its worst case is unknown.
+    """
+    skipped = {p: 0 for p in range(passes)}
+    broken: dict[int, set] = {p: set() for p in range(passes)}
+    for key, skip in store.skips.items():
+        pass_index = _parse_key(key)[0]
+        if pass_index < passes:
+            skipped[pass_index] += 1
+            broken[pass_index].add(skip.get("group"))
     by_pass: dict[int, list[dict]] = {p: [] for p in range(passes)}
+    left_out = 0
     for key, judgment in store.judgments.items():
         pass_index, _, part = _parse_key(key)
-        if key not in store.skips and pass_index < passes:
-            by_pass[pass_index].append({"score": judgment["score"], "group": judgment.get("group"), "part": part})
-    return by_pass
+        if key in store.skips or pass_index >= passes:
+            continue
+        if spec.aggregation == "worst_case_variants" and judgment.get("group") in broken[pass_index]:
+            left_out += 1
+            continue
+        by_pass[pass_index].append({"score": judgment["score"], "group": judgment.get("group"), "part": part})
+    return by_pass, skipped, left_out
 
 
 def summarize_setting(spec: TaskSpec, store: RecordStore, passes: int, complete_rows: bool) -> tuple[dict, list[dict]]:
     """The setting's results entry (scores in percent) and its per-sample detail rows.
 
     ``score`` is the mean over passes of each pass's official aggregate, ``stderr`` its standard
-    error, ``n`` the scored items of one pass; ``complete`` is False on a subset (max_samples), with
-    skipped items, or with a pass missing.
+    error (None with one pass), ``n`` the scored items of one pass, ``skipped`` the most items
+    any pass skipped; ``complete`` is False on a subset (max_samples), with skipped items, or with
+    a pass missing.
     """
-    by_pass = _scored_by_pass(store, passes)
+    by_pass, skipped, left_out = _scored_by_pass(spec, store, passes)
     scored = [p for p in range(passes) if by_pass[p]]
     entry: dict[str, Any] = {
         "family": spec.family,
-        "skipped": len(store.skips),
-        "judge_unparsed": sum(1 for judgment in store.judgments.values() if judgment.get("judge_parsed") is False),
+        "skipped": max(skipped.values()),
+        "judge_unparsed": sum(1 for key, judgment in store.judgments.items()
+                              if judgment.get("judge_parsed") is False and key not in store.skips),  # fmt: skip
     }
+    if left_out:
+        entry["left_out_with_skipped_variants"] = left_out
     if not scored:
         entry.update(score=None, stderr=None, n=0, passes=[], complete=False)
         return entry, _details(store)
     pass_scores = [100.0 * _pass_score(spec, by_pass[p]) for p in scored]
     mean, stderr = mean_and_stderr(pass_scores)
-    stderr = 0.0 if len(pass_scores) == 1 else stderr  # one pass: no spread to report (JSON has no NaN)
     entry.update(
-        score=round(mean, 4), stderr=round(stderr, 4), n=len(by_pass[scored[0]]),
+        score=round(mean, 4), stderr=None if len(pass_scores) == 1 else round(stderr, 4), n=len(by_pass[scored[0]]),
         passes=[round(score, 4) for score in pass_scores],
         complete=complete_rows and not store.skips and len(scored) == passes,
     )  # fmt: skip
@@ -428,14 +492,24 @@ def family_summary(settings: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]
 # ------------------------------------------------------------------ the run
 
 
+class RunDirectoryMismatch(ValueError):
+    """The output directory holds records of a run with another configuration."""
+
+
 def _check_resume(run_dir: Path, manifest: dict) -> None:
+    """Refuse a directory whose recorded items came from another configuration.
+
+    A directory without records yet (say a first attempt that stopped at a mistyped model name)
+    takes the new configuration.
+    """
     path = run_dir / RUN_FILE
-    if not path.exists():
+    records = run_dir / "records"
+    if not path.exists() or not any(f.stat().st_size for f in records.glob("*.jsonl")):
         return
     previous = json.loads(path.read_text())
     for name in _RESUME_KEYS:
         if previous.get(name) != manifest.get(name):
-            raise EvaluationError(
+            raise RunDirectoryMismatch(
                 f"{run_dir} holds a run with {name}={previous.get(name)!r}, not {manifest.get(name)!r}; "
                 "use a new output directory (a run directory never mixes configurations)"
             )
@@ -479,18 +553,19 @@ def run_suite(
         "passes": options.passes, "decoding": dataclasses.asdict(options.decoding), "sampling_fields": options.sampling_fields,
         "max_samples": options.max_samples,
         "seed": options.seed, "max_frames": options.max_frames, "settings": names,
+        "sources": {name: options.sources.get(name) or SUITE[name].dataset for name in names},
     }  # fmt: skip
     _check_resume(run_dir, manifest)
     if options.sampling_fields != "all":
         logger.warning("sending only OpenAI's sampling fields: top-k, min-p, repetition penalty and the pixel "
                        "bounds are the server's defaults, so this is not the paper's decoding")  # fmt: skip
-    (run_dir / "records").mkdir(parents=True, exist_ok=True)
-    (run_dir / "details").mkdir(exist_ok=True)
-    (run_dir / RUN_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     if not student.health(timeout=30):
         raise EvaluationError(f"the student endpoint {student.base_url} (model {student.model!r}) does not answer; see the warning above")
     if judge is not None and not judge.health(timeout=30):
         raise EvaluationError(f"the judge endpoint {judge.base_url} (model {judge.model!r}) does not answer; see the warning above")
+    (run_dir / "records").mkdir(parents=True, exist_ok=True)
+    (run_dir / "details").mkdir(exist_ok=True)
+    _write_json(run_dir / RUN_FILE, manifest)
 
     previous = _read_results(run_dir)
     results_settings: dict[str, Any] = dict(previous.get("settings", {}))
@@ -503,6 +578,8 @@ def run_suite(
             spec, options.sources.get(name), max_samples=options.max_samples,
             video_dir=options.video_dir.get(name), subtitle_dir=options.subtitle_dir.get(name),
         )  # fmt: skip
+        if not rows:
+            raise ValueError(f"{name}: no rows to evaluate in {options.sources.get(name) or spec.dataset} (after its row filter)")
         store = RecordStore(run_dir / "records" / f"{name}.jsonl")
         _SettingRun(spec, rows, store, student, judge, options, build_requests).run()
         entry, details = summarize_setting(spec, store, options.passes, complete_rows=options.max_samples is None)
@@ -531,10 +608,15 @@ def _write_results(run_dir: Path, manifest: dict, settings: Mapping[str, Any], j
         "paper_decoding": manifest["decoding"] == dataclasses.asdict(PAPER_DECODING) and manifest["sampling_fields"] == "all",
         "settings": ordered, "families": family_summary(ordered),
     }  # fmt: skip
-    tmp = run_dir / (RESULTS_FILE + ".tmp")
-    tmp.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n")
-    tmp.replace(run_dir / RESULTS_FILE)
+    _write_json(run_dir / RESULTS_FILE, results)
     return results
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    """Write through a temporary file and rename: a killed run never leaves half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")
+    tmp.replace(path)
 
 
 def _write_details(path: Path, details: list[dict]) -> None:
@@ -544,4 +626,6 @@ def _write_details(path: Path, details: list[dict]) -> None:
     frame = frame.sort_values(["pass", "key"], kind="stable")
     for column in ("det_score", "judge_score", "score"):
         frame[column] = frame[column].astype("float64")
-    frame.to_parquet(path, index=False)
+    tmp = path.with_name(path.name + ".tmp")
+    frame.to_parquet(tmp, index=False)
+    tmp.replace(path)
