@@ -29,6 +29,7 @@ EXTERNAL_FLAGS = {
     "--max-model-len", "--port", "--host", "--data-parallel-size", "--tensor-parallel-size", "--reasoning-parser",
     "--language-model-only", "--api-key", "--model", "--config_file", "--num_processes", "--num_machines",
     "--machine_rank", "--no-deps", "--device", "--continuous-batching", "--bogus", "--dtype", "--enforce-eager",
+    "--mm-processor-kwargs", "--trust-request-mm-kwargs",
 }  # fmt: skip
 # Our commands that take flags, and how to ask each for its options.
 SCRIPTS = {
@@ -38,6 +39,10 @@ SCRIPTS = {
     **{f"recipes/launch/{p.name}": ["bash", f"recipes/launch/{p.name}", "--help"] for p in (REPO / "recipes/launch").glob("*.sh") if p.name != "common.sh"},
     "recipes/launch/slurm_zppo.sbatch": ["bash", "recipes/launch/slurm_zppo.sbatch", "--help"],
     **{f"benchmarks/{p.name}": [sys.executable, f"benchmarks/{p.name}", "--help"] for p in (REPO / "benchmarks").glob("*.py")},
+    "evaluation/run.py": [sys.executable, "evaluation/run.py", "--help"],
+    "evaluation/compare.py": [sys.executable, "evaluation/compare.py", "--help"],
+    "zppo-eval run": [sys.executable, "-m", "zppo_trl.evaluation.cli", "run", "--help"],
+    "zppo-eval compare": [sys.executable, "-m", "zppo_trl.evaluation.cli", "compare", "--help"],
 }
 
 

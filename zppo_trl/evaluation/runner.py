@@ -557,8 +557,8 @@ def run_suite(
     }  # fmt: skip
     _check_resume(run_dir, manifest)
     if options.sampling_fields != "all":
-        logger.warning("sending only OpenAI's sampling fields: top-k, min-p, repetition penalty and the pixel "
-                       "bounds are the server's defaults, so this is not the paper's decoding")  # fmt: skip
+        logger.warning("sending only OpenAI's sampling fields: top-k, min-p and the repetition penalty are the "
+                       "server's defaults, so this is not the paper's decoding")  # fmt: skip
     if not student.health(timeout=30):
         raise EvaluationError(f"the student endpoint {student.base_url} (model {student.model!r}) does not answer; see the warning above")
     if judge is not None and not judge.health(timeout=30):
