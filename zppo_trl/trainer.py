@@ -7,10 +7,13 @@ One rollout step (every ``num_partitions * gradient_accumulation_steps`` micro-s
 2. Teacher sampling for every question of ``X`` starts (a Future) ...
 3. ... while the student's plain rollouts are generated and scored by TRL.
    Pre-cap (:func:`select_hard`) on the gathered plain accuracies.
-4. The teacher's replies are collected and graded; BCQ/NCQ instances are planned and
-   post-capped (:func:`plan_reformulations`); only their candidates are compressed.
-5. The student samples a group on every BCQ/NCQ prompt (question + image(s) + block +
-   closer); TRL scores them like any group. Teacher text is only ever prompt.
+4. The teacher's replies are collected and graded, with the wrong plain rollouts of the
+   hard questions (:class:`~zppo_trl.augmentation.Evidence`).
+5. The trainer's :class:`~zppo_trl.augmentation.Augmentation` plans and post-caps its
+   instances and builds them (ZPPO's :class:`~zppo_trl.augmentation.CandidateReformulation`:
+   BCQ/NCQ, only their candidates compressed); the student samples a group on every built
+   prompt (question + image(s) + block + closer), and TRL scores them like any group.
+   Teacher text is only ever prompt.
 6. All groups are split, intact, into ``num_partitions`` optimizer mini-batches;
    advantages are two-step per partition; a partition without a non-trivial group
    makes no update at all (no forward, no backward, no optimizer state change).
@@ -35,7 +38,7 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from accelerate.utils import gather_object
@@ -49,10 +52,11 @@ from .batches import concat_batches, select_rows
 from .callbacks import QuietProgressCallback, RolloutSummaryCallback
 from .config import ZPPOConfig
 from .model_card import PAPER_CITATION, PAPER_TITLE, CardFacts, render_model_card
-from .prompts import bcq_block, compose_prompt, ncq_block
-from .reformulate import Reformulation, attach_compressions, augment_limit, plan_reformulations, select_hard
+from .augmentation import Augmentation, BuiltGroups, CandidateReformulation, Evidence
+from .prompts import compose_prompt
+from .reformulate import augment_limit, select_hard
 from .replay import PromptReplayBuffer, replay_count
-from .rewards import boxed_accuracy_reward, completion_text, extract_boxed, grade_batch
+from .rewards import boxed_accuracy_reward, completion_text, grade_batch
 from .teacher import TeacherClient
 
 __all__ = ["ZPPOTrainer", "ZPPO_STATE_NAME"]
@@ -63,6 +67,22 @@ ZPPO_STATE_NAME = "zppo_state.json"
 _SKIP = "zppo_skip"  # marks the micro-batches of an empty-signal partition
 _FILLER = "filler"  # a group generated only to keep ranks' row counts equal
 _CORRECT = 0.5  # rewards are binary accuracies; a rollout is correct above this
+# Step metrics that also keep a running total (`<name>_total`).
+_TOTALS = (
+    "bcq", "ncq", "bcq_trained", "ncq_trained", "bcq_correct", "ncq_correct", "bcq_rollouts", "ncq_rollouts",
+    "bcq_signal", "ncq_signal", "compression_failures", "dropped", "prompts_over_context", "skipped_partitions",
+    "admitted", "graduated", "evicted",
+)  # fmt: skip
+
+
+class _Round(NamedTuple):
+    """One generation round: TRL's scored batch (None for no round), every rank's rewards
+    (rank-major), this rank's completion texts, every rank's (kind, key) group list."""
+
+    out: dict | None
+    rewards: torch.Tensor | None
+    texts: list[str]
+    meta: list
 
 
 class ZPPOTrainer(GRPOTrainer):
@@ -129,6 +149,8 @@ class ZPPOTrainer(GRPOTrainer):
         self.teacher = teacher
         if self.teacher is None and args.reformulations:
             self.teacher = TeacherClient.from_config(args)
+        # Step 5's augmentation: ZPPO's BCQ/NCQ prompts; None for GRPO† (no reformulation).
+        self.augmentation: Augmentation | None = CandidateReformulation(args.reformulations) if args.reformulations else None
         self._set_up_console()
 
     def _set_up_console(self) -> None:
@@ -306,154 +328,140 @@ class ZPPOTrainer(GRPOTrainer):
             )
 
     def _rollout_step(self, inputs: list[dict]) -> list[dict]:
-        args, G = self.args, self.num_generations
-        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        """One rollout step of Algorithm 1; returns this rank's optimizer micro-batches."""
         start = time.perf_counter()
         metrics: dict[str, float] = {}
-        kinds = list(args.reformulations) if self.teacher is not None else []
+        augmenting = self.augmentation is not None and bool(self.augmentation.kinds)
 
         # 1. X_new from the dataloader (each row repeated G times), X_replay from the buffer.
+        new_keys, replay_keys, plain, fillers = self._draw_questions(inputs)
+        # 2. Teacher sampling for every question of X starts now, overlapping the student's rollouts.
+        teacher_future = self._start_teacher_sampling(plain) if augmenting else None
+        # 3. Plain rollouts, scored; plain accuracy r_x per question over all ranks; the pre-cap.
+        plain_round = self._generate_round(plain, "plain", metrics)
+        accuracy = _plain_accuracy(plain_round.meta, plain_round.rewards, self.num_generations, order=new_keys + replay_keys)
+        limit = augment_limit(len(new_keys), self.args.augment_fraction)
+        hard = select_hard(accuracy, limit, self.args.hard_threshold, rng=self._rng) if augmenting else []
+        # 4. Teacher replies collected and graded; wrong student rollouts of the pre-capped questions.
+        evidence = self._gather_evidence(teacher_future, plain, fillers, plain_round, hard, metrics) if augmenting else None
+        # 5. Augmented instances planned (post-cap) and built; the student's group on each.
+        plan = self.augmentation.plan(evidence, limit, self._rng, metrics) if augmenting else []
+        built, most = self._build_augmented(plan, metrics)
+        reform_round = self._augmented_round(built, most, plain[0][1], metrics)
+        # 6. Partitions, two-step advantages per partition, padded micro-batches.
+        batch = concat_batches([plain_round.out, reform_round.out], self._tokenizer.pad_token_id)
+        micro_batches = self._partition(batch, plain_round.meta, plain_round.rewards, reform_round.meta, reform_round.rewards, metrics)
+        # 7. Buffer refresh from the plain groups only.
+        self._refresh_buffer(accuracy, metrics)
+
+        metrics.update(self._reformulation_metrics(plan, built.instances, reform_round.rewards, reform_round.texts, reform_round.meta))
+        metrics["new"], metrics["replayed"] = len(new_keys), len(replay_keys)
+        metrics["plain_accuracy"] = sum(accuracy.values()) / max(len(accuracy), 1)
+        self._record_step(metrics, start, augmenting)
+        return micro_batches
+
+    def _draw_questions(self, inputs: list[dict]) -> tuple[list, list, list[tuple[str, Mapping, None]], int]:
+        """Step 1: (new keys, replay keys over all ranks, this rank's plain groups, its filler count).
+
+        Replay draws are dealt round-robin over ranks; a rank short of one generates a filler group
+        (never trained, never counted) so every rank scores equal row counts.
+        """
+        G, world, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
         local_new = [inputs[i] for i in range(0, len(inputs), G)]
         for i, row in enumerate(local_new):
             if any(r[data.ID] != row[data.ID] for r in inputs[i * G : (i + 1) * G]):
                 raise RuntimeError("the dataloader must repeat each question num_generations times in a row")
         new_keys = [key for part in gather_object([[r[data.ID] for r in local_new]]) for key in part]
-        replay_keys = self.replay_buffer.sample(replay_count(len(new_keys), args.replay_fraction, len(self.replay_buffer)), rng=self._rng)
+        replay_keys = self.replay_buffer.sample(replay_count(len(new_keys), self.args.replay_fraction, len(self.replay_buffer)), rng=self._rng)
         mine = replay_keys[rank::world]
         fillers = math.ceil(len(replay_keys) / world) - len(mine)
         plain = [("new", row, None) for row in local_new]
         plain += [("replay", self.train_dataset[self._row_of[key]], None) for key in mine]
         plain += [(_FILLER, local_new[0], None)] * fillers
+        return new_keys, replay_keys, plain, fillers
 
-        # 2. Teacher sampling for every question of X starts now, overlapping the student's rollouts.
-        teacher_future = None
-        if kinds:
-            teacher_future = self.teacher.sample_async(
-                [self._teacher_conversation(row) for kind, row, _ in plain if kind != _FILLER],
-                n=args.teacher_num_generations,
-                max_tokens=args.teacher_max_tokens,
-                temperature=args.teacher_temperature,
-                top_p=args.teacher_top_p,
-            )
+    def _start_teacher_sampling(self, plain: Sequence[tuple]) -> Any:
+        """Step 2: a Future of the teacher's G_T replies to every real question of this rank."""
+        args = self.args
+        return self.teacher.sample_async(
+            [self._teacher_conversation(row) for kind, row, _ in plain if kind != _FILLER],
+            n=args.teacher_num_generations,
+            max_tokens=args.teacher_max_tokens,
+            temperature=args.teacher_temperature,
+            top_p=args.teacher_top_p,
+        )
 
-        # 3. Plain rollouts, scored; plain accuracy r_x per question over all ranks.
+    def _generate_round(self, groups: Sequence[tuple], round_name: str, metrics: dict) -> _Round:
+        """One generation round (`_score_round`), timed, its prompt lengths checked."""
         t0 = time.perf_counter()
-        plain_out, plain_rewards, plain_texts, plain_meta = self._score_round(plain)
-        metrics["time/plain_generation_s"] = time.perf_counter() - t0
-        self._check_context(plain_out, plain, "plain", metrics)
-        accuracy = _plain_accuracy(plain_meta, plain_rewards, G, order=new_keys + replay_keys)
-        limit = augment_limit(len(new_keys), args.augment_fraction)
-        hard = select_hard(accuracy, limit, args.hard_threshold, rng=self._rng) if kinds else []
+        out, rewards, texts, meta = self._score_round(groups)
+        metrics[f"time/{round_name}_generation_s"] = time.perf_counter() - t0
+        self._check_context(out, groups, round_name, metrics)
+        return _Round(out, rewards, texts, meta)
 
-        # 4. Teacher replies collected and graded; wrong student rollouts of the pre-capped questions.
-        plan: list[Reformulation] = []
-        teacher_wait = 0.0
-        if kinds:
-            t0 = time.perf_counter()
-            replies = _result_or_empty(teacher_future, len(plain) - fillers)
-            metrics["time/teacher_sample_wait_s"] = time.perf_counter() - t0
-            teacher_wait += metrics["time/teacher_sample_wait_s"]
-            wanted = set(hard)
-            local_wrong: dict[Any, list[str]] = defaultdict(list)
-            local_teacher: dict[Any, list[str]] = defaultdict(list)
-            for g, (kind, row, _) in enumerate(plain):
-                key = row[data.ID]
-                if kind == _FILLER or key not in wanted:
-                    continue
-                for i in range(g * G, (g + 1) * G):
-                    if plain_rewards.view(world, -1)[rank, i] <= _CORRECT:
-                        local_wrong[key].append(plain_texts[i])
-                for text, ok in zip(replies[g], self._grade(row, replies[g])):
-                    if ok:
-                        local_teacher[key].append(text)
-            student_wrong, teacher_correct = _merge(gather_object([dict(local_wrong)])), _merge(gather_object([dict(local_teacher)]))
-            parsed = {key for key in hard if any(extract_boxed(t) is not None for t in student_wrong.get(key, ()))}
-            metrics["hard"] = len(hard)
-            metrics["hard_bcq_possible"] = sum(1 for key in parsed if teacher_correct.get(key))
-            metrics["hard_ncq_only"] = len(parsed) - metrics["hard_bcq_possible"]
-            plan = plan_reformulations(hard, teacher_correct, student_wrong, limit, kinds, rng=self._rng)
+    def _gather_evidence(self, teacher_future: Any, plain: Sequence[tuple], fillers: int, plain_round: _Round,
+                         hard: Sequence, metrics: dict) -> Evidence:  # fmt: skip
+        """Step 4: the teacher's replies graded, and the wrong plain rollouts, of the hard questions (all ranks)."""
+        G, world, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
+        t0 = time.perf_counter()
+        replies = _result_or_empty(teacher_future, len(plain) - fillers)
+        metrics["time/teacher_sample_wait_s"] = time.perf_counter() - t0
+        wanted = set(hard)
+        local_wrong: dict[Any, list[str]] = defaultdict(list)
+        local_teacher: dict[Any, list[str]] = defaultdict(list)
+        rank_rewards = plain_round.rewards.view(world, -1)[rank]
+        for g, (kind, row, _) in enumerate(plain):
+            key = row[data.ID]
+            if kind == _FILLER or key not in wanted:
+                continue
+            local_wrong[key] += [plain_round.texts[i] for i in range(g * G, (g + 1) * G) if rank_rewards[i] <= _CORRECT]
+            local_teacher[key] += [text for text, ok in zip(replies[g], self._grade(row, replies[g])) if ok]
+        return Evidence(hard, _merge(gather_object([dict(local_teacher)])), _merge(gather_object([dict(local_wrong)])))
 
-        # 5. Compression of the surviving candidates (each rank compresses its own instances),
-        #    then the student's group on every BCQ/NCQ prompt.
-        # Deal the instances round-robin, BCQ first then NCQ, so every rank gets a mix of both kinds.
-        local_plan = sorted(plan, key=lambda inst: inst.kind != "bcq")[rank::world]
-        reform, kept, failed = self._compressed_blocks(local_plan, metrics)
-        teacher_wait += metrics.get("time/compression_s", 0.0)
-        kept_per_rank = gather_object([len(reform)])
-        metrics["compression_failures"] = sum(gather_object([failed]))
-        metrics["dropped"] = len(plan) - sum(kept_per_rank)
-        most = max(kept_per_rank)
-        reform_out = reform_rewards = None
-        reform_texts: list[str] = []
-        reform_meta: list = [[] for _ in range(world)]
-        reform += [(_FILLER, local_new[0], None)] * (most - len(reform))
-        if most:
-            t0 = time.perf_counter()
-            reform_out, reform_rewards, reform_texts, reform_meta = self._score_round(reform)
-            metrics["time/reformulated_generation_s"] = time.perf_counter() - t0
-            self._check_context(reform_out, reform, "reformulated", metrics)
+    def _build_augmented(self, plan: Sequence, metrics: dict) -> tuple[BuiltGroups, int]:
+        """Step 5, first half: this rank's share of the instances (dealt round-robin), built; and the
+        most groups any rank built (the plan is the same on every rank, so all take the same path)."""
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        local = self.augmentation.order(plan)[rank::world] if plan else []
+        built = self.augmentation.build(local, self.teacher, self.args, metrics) if local else BuiltGroups()
+        built_per_rank = gather_object([len(built.groups)])
+        metrics["compression_failures"] = sum(gather_object([built.failures]))
+        metrics["dropped"] = len(plan) - sum(built_per_rank)
+        return built, max(built_per_rank)
 
-        # 6. Partitions, two-step advantages per partition, padded micro-batches.
-        batch = concat_batches([plain_out, reform_out], self._tokenizer.pad_token_id)
-        micro_batches = self._partition(batch, plain_meta, plain_rewards, reform_meta, reform_rewards, metrics)
+    def _augmented_round(self, built: BuiltGroups, most: int, filler_row: Mapping, metrics: dict) -> _Round:
+        """Step 5, second half: one student group per built instance, ranks padded with fillers."""
+        if not most:
+            return _Round(None, None, [], [[] for _ in range(self.accelerator.num_processes)])
+        groups = [(kind, self.train_dataset[self._row_of[key]], block) for kind, key, block in built.groups]
+        groups += [(_FILLER, filler_row, None)] * (most - len(groups))
+        return self._generate_round(groups, "reformulated", metrics)
 
-        # 7. Buffer refresh from the plain groups only.
-        self._refresh_buffer(accuracy, metrics)
-
-        # Metrics of the step.
-        metrics.update(self._reformulation_metrics(plan, kept, reform_rewards, reform_texts, reform_meta))
-        metrics["new"], metrics["replayed"] = len(new_keys), len(replay_keys)
-        metrics["plain_accuracy"] = sum(accuracy.values()) / max(len(accuracy), 1)
-        # Time and teacher counters over all ranks: the slowest rank's times, summed requests.
+    def _record_step(self, metrics: dict, start: float, augmenting: bool) -> None:
+        """Times and teacher counters over all ranks (the slowest rank's times, summed requests), the
+        running totals, and every metric into TRL's log."""
+        world = self.accelerator.num_processes
+        teacher_wait = metrics.get("time/teacher_sample_wait_s", 0.0) + metrics.get("time/compression_s", 0.0)
         step_time = time.perf_counter() - start
-        stats = self.teacher.stats(reset=True) if kinds else {"requests": 0, "failed": 0, "latency_mean_s": 0.0}
+        stats = self.teacher.stats(reset=True) if augmenting else {"requests": 0, "failed": 0, "latency_mean_s": 0.0}
         local = torch.tensor([step_time, teacher_wait, stats["requests"], stats["failed"], stats["latency_mean_s"]], dtype=torch.float64)
         every = torch.stack([torch.as_tensor(x) for x in gather_object([local])]) if world > 1 else local[None]
         step_time, teacher_wait = float(every[:, 0].max()), float(every[:, 1].max())
         metrics["time/rollout_step_s"] = step_time
         metrics["time/teacher_wait_s"] = teacher_wait
         metrics["teacher_wait_fraction"] = teacher_wait / step_time if step_time else 0.0
-        if kinds:
+        if augmenting:
             requests, failed = int(every[:, 2].sum()), int(every[:, 3].sum())
             metrics["teacher/requests"], metrics["teacher/failures"] = requests, failed
             metrics["teacher/latency_s"] = float(every[:, 4].max())
             if failed:
                 logger.warning("teacher: %d of %d requests failed this step; the step continues with what came back", failed, requests)
         self.counters["rollout_steps"] += 1
-        for name in ("bcq", "ncq", "bcq_trained", "ncq_trained", "bcq_correct", "ncq_correct", "bcq_rollouts", "ncq_rollouts", "bcq_signal", "ncq_signal", "compression_failures", "dropped", "prompts_over_context", "skipped_partitions", "admitted", "graduated", "evicted"):
+        for name in _TOTALS:
             self.counters[f"{name}_total"] += metrics.get(name, 0)
         metrics.update({name: value for name, value in self.counters.items()})
         for name, value in metrics.items():
             self._metrics["train"][f"zppo/{name}"].append(float(value))
-        return micro_batches
-
-    def _compressed_blocks(self, local_plan: Sequence[Reformulation], metrics: dict) -> tuple[list, list[Reformulation], int]:
-        """Compress this rank's instances' candidates and render each kept instance's block.
-
-        Returns the (kind, row, block) groups to sample, the instances kept
-        (:func:`attach_compressions`: BCQ needs both candidates, NCQ keeps the ones that
-        compressed) and how many compressions failed.
-        """
-        if not local_plan:
-            return [], [], 0
-        args = self.args
-        t0 = time.perf_counter()
-        sources = [text for inst in local_plan for text in inst.candidates]
-        future = self.teacher.compress_async(
-            sources,
-            max_tokens=args.compression_max_tokens,
-            temperature=args.teacher_temperature,
-            top_p=args.teacher_top_p,
-            extra_body=args.compression_extra_body,
-        )
-        compressed = _result_or_empty(future, len(sources), single=True)
-        metrics["time/compression_s"] = time.perf_counter() - t0
-        kept, failed = attach_compressions(local_plan, compressed)
-        groups = []
-        for inst, texts in kept:
-            block = bcq_block(texts) if inst.kind == "bcq" else ncq_block(inst.wrong_answers, texts)
-            groups.append((inst.kind, self.train_dataset[self._row_of[inst.key]], block))
-        return groups, [inst for inst, _ in kept], failed
 
     def _grade(self, row: Mapping, texts: Sequence[str]) -> list[bool]:
         """Grade teacher rollouts with the trainer's own reward functions (sync or async, as TRL allows)."""
