@@ -55,12 +55,15 @@ OCR_TYPES: dict[str, tuple[tuple[str, str | None, list[str]], ...]] = {
         ("text grounding en", None, ["10", "20", "300", "400"]),
         ("math QA en", "multiple choice", ["B"]),
         ("APP agent en", None, ["settings"]),
+        ("document parsing en", None, ["# Title\nfirst line"]),
+        ("key information extraction en", None, ['{"name": "Ann"}']),
     ),
     "cn": (
         ("cognition VQA cn", None, ["你好"]),
         ("handwritten answer extraction cn", None, ["AC"]),
         ("formula recognition cn", None, ["x^{2}"]),
         ("reasoning VQA cn", None, ["北京"]),
+        ("document parsing cn", None, ["# 标题\n正文"]),
     ),
 }
 """The OCRBench v2 rows cycle through these per language."""

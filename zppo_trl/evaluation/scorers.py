@@ -9,8 +9,8 @@ the "Prompt and judge templates" paragraph. Every setting has one scoring path
 * ``rule+judge``: **Rule** is the benchmark's own matching rule (MathVista, MVBench, Video-MME,
   Video-MMMU), each re-implemented below from its upstream evaluator, cited where it is defined.
 * ``det``: **Det.** is deterministic scoring only: ANLS for InfographicVQA, OCRBench v2's official
-  per-task metrics for OCR-EN / OCR-ZH (the tractable task types; the others raise
-  NotImplementedError naming the type).
+  per-task metrics for OCR-EN / OCR-ZH (the structured types' metrics are in
+  `zppo_trl.evaluation.ocrbench`).
 * ``benchjudge``: no deterministic step (the benchmark's own judge prompt); not scored here.
 
 What the deterministic step sees. The paper: "The shared judge scores free-form answers when the
@@ -509,30 +509,17 @@ def videommmu_rule(extraction: str, row: Mapping[str, Any], spec: TaskSpec | Non
 
 # Yuliang-Liu/MultimodalOCR `OCRBench_v2/eval_scripts/eval.py` (task dispatch), `vqa_metric.py`
 # and `IoUscore_metric.py` (HEAD 794c36d); lmms-eval ports them to
-# `lmms_eval/tasks/ocrbench_v2/`. The types below need TEDS, BLEU/METEOR or the spotting
-# protocol and are not implemented.
+# `lmms_eval/tasks/ocrbench_v2/`. The structured types (TEDS, key-value F1, the page-OCR text
+# metrics, VQA with position, text spotting) are scored by `zppo_trl.evaluation.ocrbench`.
 _OCR_VQA_EN = {
     "APP agent en", "ASCII art classification en", "math QA en", "reasoning VQA en", "science QA en",
     "text recognition en", "document classification en", "cognition VQA en", "diagram QA en",
 }  # fmt: skip
 _OCR_VQA_CN = {"cognition VQA cn", "reasoning VQA cn"}
-OCR_UNIMPLEMENTED = {
-    "table parsing en": "TEDS",
-    "table parsing cn": "TEDS",
-    "chart parsing en": "TEDS over the chart dict",
-    "document parsing en": "TEDS / edit-distance document parsing",
-    "document parsing cn": "TEDS / edit-distance document parsing",
-    "key information extraction en": "key-value F1 over parsed dicts",
-    "key information mapping en": "key-value F1 over parsed dicts",
-    "key information extraction cn": "key-value F1 over parsed dicts",
-    "VQA with position en": "answer + box position scoring",
-    "text translation cn": "BLEU/METEOR/F-measure/edit distance",
-    "fine-grained text recognition en": "BLEU/METEOR/F-measure/edit distance",
-    "full-page OCR en": "BLEU/METEOR/F-measure/edit distance",
-    "full-page OCR cn": "BLEU/METEOR/F-measure/edit distance",
-    "text spotting en": "the ICDAR spotting protocol",
-}
-"""OCRBench v2 task types `ocrbench_v2_score` raises NotImplementedError on, with the metric they need."""
+_OCR_TEXT = {"text translation cn", "fine-grained text recognition en", "full-page OCR en", "full-page OCR cn"}
+OCR_UNIMPLEMENTED: dict[str, str] = {}
+"""OCRBench v2 task types `ocrbench_v2_score` raises NotImplementedError on, with the metric they need:
+none now (every type of the official `eval.py` is scored)."""
 
 
 def _ocr_vqa(predict: str, answers: Sequence[str], *, lower: bool, chinese: bool) -> float:
@@ -586,12 +573,27 @@ def _iou(a: Sequence[int], b: Sequence[int]) -> float:
     return inter / union if union else 0.0
 
 
+def _ocrbench():
+    """`zppo_trl.evaluation.ocrbench`, imported on first use (its packages are the ``eval`` extra)."""
+    try:
+        import apted, jieba, lxml, nltk, zss  # noqa: F401, E401  (ocrbench imports them on use)
+
+        from . import ocrbench
+    except ImportError as err:
+        raise ImportError(f"OCRBench v2's structured task types need the zppo-trl[eval] extra ({err})") from err
+    return ocrbench
+
+
 def ocrbench_v2_score(predict: str, row: Mapping[str, Any], spec: TaskSpec | None = None) -> tuple[float, str]:
     """OCRBench v2's official per-task metric for one prediction; returns (score, branch).
 
-    Dispatches on ``row["type"]`` (and ``row["eval"]``) as the official `eval.py` does.
-    NotImplementedError names the task type for `OCR_UNIMPLEMENTED` (and the BLEU/METEOR branch
-    of "handwritten answer extraction cn"); ValueError for an unknown type or eval method.
+    Dispatches on ``row["type"]`` (and ``row["eval"]``, ``row["question"]``) as the official
+    `eval.py` does; the structured types call `zppo_trl.evaluation.ocrbench` (the ``eval`` extra's
+    packages: ImportError naming the extra where they are missing). Scores below 0 that upstream's
+    TEDS/STEDS can give a far-off prediction are clamped to 0. NotImplementedError names a task
+    type in `OCR_UNIMPLEMENTED` (none at present); ValueError for an unknown type or eval method, a
+    malformed row, and the rows upstream marks ``ignore`` (excluded from its averages): a "text
+    translation cn" row with an empty answer, a "table parsing en" row without a string question.
     """
     spec = spec or SUITE["OCR-EN"]
     task = str(_require(spec, row, "type"))
@@ -610,8 +612,10 @@ def ocrbench_v2_score(predict: str, row: Mapping[str, Any], spec: TaskSpec | Non
             raise ValueError(f"{spec.name}: row 'eval' {method!r} is not an OCRBench v2 method for {task!r}")
         return _ocr_vqa(predict, answers, lower=True, chinese=task in _OCR_VQA_CN), f"ocrbench:{task}"
     if task == "handwritten answer extraction cn":
-        if "简答" in str(row.get("question", "")):  # short-answer questions: BLEU/METEOR/F/edit
-            raise NotImplementedError(f"OCRBench v2 task type {task!r} (简答 questions: BLEU/METEOR) is not implemented")
+        if "简答" in str(row.get("question", "")):  # short-answer questions: the page-OCR text score
+            if not answers[0]:
+                raise ValueError(f"{spec.name}: {task!r} 简答 row has an empty answer")
+            return _ocrbench().ocr_text_score(predict, answers[0]), f"ocrbench:{task}:简答"
         gold = answers[0]
         if len(gold) > 1:  # the characters joined by any of the listed separators
             joins = ("", ".", ". ", ",", ", ", "、", ";", "; ", " ", "和")
@@ -656,6 +660,70 @@ def ocrbench_v2_score(predict: str, row: Mapping[str, Any], spec: TaskSpec | Non
             raise ValueError(f"{spec.name}: grounding row 'answers' must be 4 integer coordinates, got {raw!r}")
         box = _ocr_box(predict)
         return (_iou(box, gold_box) if box else 0.0), f"ocrbench:{task}"
+    if task in ("table parsing en", "table parsing cn"):
+        if len(answers) != 1:  # upstream: raise ValueError
+            raise ValueError(f"{spec.name}: {task!r} row needs exactly one answer, got {len(answers)}")
+        ob = _ocrbench()
+        if task.endswith("cn"):
+            return max(0.0, ob.table_html_score(predict, answers[0])), f"ocrbench:{task}"
+        question = row.get("question")
+        if not isinstance(question, str):
+            raise ValueError(f"{spec.name}: {task!r} row has no string 'question' (upstream ignores the item)")
+        if "html" in question.lower():
+            return max(0.0, ob.table_html_score(predict, answers[0])), f"ocrbench:{task}:html"
+        if "markdown" in question.lower():
+            return max(0.0, ob.table_markdown_score(predict, answers[0])), f"ocrbench:{task}:markdown"
+        raise ValueError(f"{spec.name}: {task!r} question names neither html nor markdown (upstream scores nothing)")
+    if task == "chart parsing en":
+        gold = raw[0] if isinstance(raw, (list, tuple)) and raw and isinstance(raw[0], Mapping) else answers[0]
+        return max(0.0, _ocrbench().chart_score(predict, gold)), f"ocrbench:{task}"
+    if task in ("document parsing en", "document parsing cn"):
+        if len(answers) != 1:  # upstream: assert
+            raise ValueError(f"{spec.name}: {task!r} row needs exactly one answer, got {len(answers)}")
+        return max(0.0, _ocrbench().document_steds(predict, answers[0])), f"ocrbench:{task}"
+    if task in ("key information extraction en", "key information mapping en", "key information extraction cn"):
+        if len(answers) != 1:  # upstream: assert
+            raise ValueError(f"{spec.name}: {task!r} row needs exactly one answer, got {len(answers)}")
+        ob = _ocrbench()
+        if task.endswith("cn"):  # upstream: literal_eval, every value a list, then the combinations
+            try:
+                gold = ast.literal_eval(answers[0])
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                gold = None
+            if not isinstance(gold, dict):
+                raise ValueError(f"{spec.name}: {task!r} answer is not a dict literal: {answers[0][:80]!r}")
+            golds = ob.kie_combinations({k: v if isinstance(v, list) else [v] for k, v in gold.items()})
+        else:
+            golds = ob.kie_combinations(answers[0])
+        return ob.kie_score(predict, golds), f"ocrbench:{task}"
+    if task == "VQA with position en":
+        box = _require(spec, row, "bbox")
+        try:
+            gold_box = [int(v) for v in box]
+        except (TypeError, ValueError):
+            gold_box = []
+        if len(gold_box) != 4:
+            raise ValueError(f"{spec.name}: {task!r} row 'bbox' must be 4 integer coordinates, got {box!r}")
+        return _ocrbench().vqa_with_position(predict, answers, gold_box), f"ocrbench:{task}"
+    if task in _OCR_TEXT:
+        gold = answers[0]
+        if task == "text translation cn" and not gold:
+            raise ValueError(f"{spec.name}: {task!r} row has an empty answer (upstream ignores the item)")
+        if task == "full-page OCR cn" and not gold:  # upstream adds F-measure None and fails
+            raise ValueError(f"{spec.name}: {task!r} row has an empty answer")
+        if not predict:  # every one of these branches scores an empty prediction 0 first
+            return 0.0, f"ocrbench:{task}"
+        return _ocrbench().ocr_text_score(predict, gold), f"ocrbench:{task}"
+    if task == "text spotting en":
+        boxes = row.get("bbox_list")  # the Hugging Face copy moves spotting boxes to bbox_list
+        if boxes is None or len(boxes) == 0:
+            boxes = row.get("bbox")
+        texts = row.get("content")
+        if boxes is None or texts is None:
+            raise ValueError(f"{spec.name}: {task!r} row needs gold boxes ('bbox_list' or 'bbox') and texts ('content')")
+        ob = _ocrbench()  # no gold box or text: the protocol scores 0, as upstream
+        predicted = ob.spotting_boxes(predict)
+        return (ob.spotting(predicted, boxes, [str(t) for t in texts]) if predicted else 0.0), f"ocrbench:{task}"
     if task in OCR_UNIMPLEMENTED:
         raise NotImplementedError(f"OCRBench v2 task type {task!r} ({OCR_UNIMPLEMENTED[task]}) is not implemented")
     raise ValueError(f"{spec.name}: row 'type' {task!r} is not an OCRBench v2 task type")

@@ -1,0 +1,288 @@
+"""OCRBench v2's structured metrics (zppo_trl.evaluation.ocrbench) and their dispatch in
+scorers.ocrbench_v2_score. Expected values are computed by hand in the comments, following
+Yuliang-Liu/MultimodalOCR OCRBench_v2/eval_scripts (HEAD 794c36d)."""
+
+import json
+
+import pytest
+
+from zppo_trl.evaluation import ocrbench as O
+from zppo_trl.evaluation import scorers as S
+
+pytest.importorskip("apted")
+pytest.importorskip("zss")
+pytest.importorskip("lxml")
+pytest.importorskip("nltk")
+pytest.importorskip("jieba")
+
+GOLD_TABLE = "<table><tr><td>a</td><td>b</td></tr><tr><td>c</td><td>dd</td></tr></table>"
+
+
+def ocr(task, answers, question="q", **extra):
+    return {"type": task, "answers": answers, "eval": None, "question": question, **extra}
+
+
+# ------------------------------------------------------------------ TEDS
+
+
+def test_teds_identical_tables_score_one():
+    html = O.wrap_html_table(GOLD_TABLE)
+    assert O.teds(html, html) == 1.0
+    assert O.teds(html, html, structure_only=True) == 1.0
+
+
+def test_teds_edited_table_matches_hand_computation():
+    # 6 nodes under <table> (2 tr + 4 td). One cell "dd" -> "dx": rename cost lev/len = 1/2.
+    pred = GOLD_TABLE.replace("dd", "dx")
+    assert O.teds(O.wrap_html_table(pred), O.wrap_html_table(GOLD_TABLE)) == pytest.approx(1 - 0.5 / 6)
+    # The whole second row missing: delete 1 tr + 2 td = 3 over max(6, 3) nodes.
+    pred = "<table><tr><td>a</td><td>b</td></tr></table>"
+    assert O.teds(O.wrap_html_table(pred), O.wrap_html_table(GOLD_TABLE)) == pytest.approx(1 - 3 / 6)
+    # A colspan differs: rename cost 1 (the texts no longer matter).
+    pred = GOLD_TABLE.replace("<td>a</td>", '<td colspan="2">a</td>')
+    assert O.teds(O.wrap_html_table(pred), O.wrap_html_table(GOLD_TABLE)) == pytest.approx(1 - 1 / 6)
+    # Structure only: the text edit costs nothing.
+    assert O.teds(O.wrap_html_table(GOLD_TABLE.replace("dd", "zz")), O.wrap_html_table(GOLD_TABLE), structure_only=True) == 1.0
+
+
+def test_teds_without_a_table_or_input_scores_zero():
+    assert O.teds("", O.wrap_html_table(GOLD_TABLE)) == 0.0
+    assert O.teds("<html><body><p>no table</p></body></html>", O.wrap_html_table(GOLD_TABLE)) == 0.0
+
+
+def test_wrap_and_markdown_conversion():
+    assert O.wrap_html_table("<tr><td>x</td></tr>") == "<html><body><table><tr><td>x</td></tr></table></body></html>"
+    assert O.wrap_html_table("<table><tr><td>x</td></tr>") == "<html><body><table><tr><td>x</td></tr></table></body></html>"
+    md = "| h1 | h2 |\n| --- | --- |\n| 1 |  |"
+    assert O.markdown_table_to_html(md) == (
+        "<html><body><table><tr><td>h1</td><td>h2</td></tr><tr><td>1</td><td> </td></tr></table></body></html>"
+    )
+    # upstream's strip('```markdown') strips those characters off the ends: "known" goes.
+    assert "known" not in O.markdown_table_to_html("| a |\n| - |\n| b | known")
+
+
+def test_table_parsing_dispatch():
+    html_q = "Parse the table into HTML."
+    row = ocr("table parsing en", [GOLD_TABLE], question=html_q)
+    assert S.ocrbench_v2_score("Here it is:\n" + GOLD_TABLE, row) == (1.0, "ocrbench:table parsing en:html")
+    assert S.ocrbench_v2_score("no table at all", row)[0] == 0.0  # neither <body nor <table: 0
+    md_gold = "| a | b |\n| --- | --- |\n| c | dd |"
+    row = ocr("table parsing en", [md_gold], question="Give the table in Markdown.")
+    assert S.ocrbench_v2_score(md_gold, row) == (1.0, "ocrbench:table parsing en:markdown")
+    assert S.ocrbench_v2_score(md_gold.replace("dd", "dx"), row)[0] == pytest.approx(1 - 0.5 / 6)
+    row = ocr("table parsing cn", [GOLD_TABLE], question="请把表格转成HTML")
+    assert S.ocrbench_v2_score(GOLD_TABLE.replace("dd", "dx"), row)[0] == pytest.approx(1 - 0.5 / 6)
+    with pytest.raises(ValueError, match="neither html nor markdown"):
+        S.ocrbench_v2_score(GOLD_TABLE, ocr("table parsing en", [GOLD_TABLE], question="Parse it."))
+    with pytest.raises(ValueError, match="exactly one"):
+        S.ocrbench_v2_score(GOLD_TABLE, ocr("table parsing en", [GOLD_TABLE, GOLD_TABLE], question=html_q))
+
+
+def test_far_off_html_is_clamped_at_zero():
+    # A chain of 3 nested divs against 3 sibling rows: TED 5 over 3 nodes, upstream 1 - 5/3 < 0.
+    pred = "<table><div><div><div></div></div></div></table>"
+    gold = "<table><tr></tr><tr></tr><tr></tr></table>"
+    assert O.teds(O.wrap_html_table(pred), O.wrap_html_table(gold)) == pytest.approx(1 - 5 / 3)
+    assert S.ocrbench_v2_score(pred, ocr("table parsing cn", [gold]))[0] == 0.0
+
+
+# ------------------------------------------------------------------ chart and document parsing
+
+
+def test_chart_parsing_dispatch():
+    chart = {"title": "Sales", "2020": 5}
+    row = ocr("chart parsing en", [json.dumps(chart)])  # the Hugging Face copy stores it as JSON
+    assert S.ocrbench_v2_score("```python\nchart = {'title': 'Sales', '2020': 5}\n```", row)[0] == 1.0
+    # 2 rows of (tr, td, td): 6 nodes. Values become space-separated characters: "5" -> "6" is
+    # one token of one: rename cost 1.
+    assert S.ocrbench_v2_score("{'title': 'Sales', '2020': 6}", row)[0] == pytest.approx(1 - 1 / 6)
+    assert O.chart_to_html({"k": 12}) == "<html><body><table>\n  <tr><td>k</td><td>1 2</td></tr>\n</table></body></html>"
+    assert S.ocrbench_v2_score("", row)[0] == 0.0
+    assert S.ocrbench_v2_score("not a dict", row)[0] == 0.0
+
+
+def test_document_parsing_steds():
+    doc = "# Title\nfirst paragraph\n# Part\nsecond"
+    assert O.document_steds(doc, doc) == 1.0
+    # Renames between non-blank lines are free: only the structure counts.
+    assert O.document_steds("# Other\nwords\n# Heading\nhere", doc) == 1.0
+    # Empty prediction: ROOT-TITLE-'' (3 nodes) vs ROOT, TITLE, 2 headings, 2 lines (6 nodes):
+    # map TITLE->"Title" (free), ''->"first paragraph" (1), insert TITLE, "Part", "second" (3).
+    assert O.document_steds("", doc) == pytest.approx(1 - 4 / 6)
+    row = ocr("document parsing cn", [doc])
+    assert S.ocrbench_v2_score("", row) == (pytest.approx(1 - 4 / 6), "ocrbench:document parsing cn")
+
+
+# ------------------------------------------------------------------ key information
+
+
+def test_parse_dict_follows_upstream():
+    assert O.parse_dict('```json\n{"a": " x ", "b": 2}\n```') == {"a": "x", "b": "2"}
+    assert O.parse_dict("{'a': 'x'}") == {"a": "x"}  # literal_eval
+    assert O.parse_dict("name: John Smith, age = 3") == {"name": "John Smith", "age": "3"}  # regex
+    assert O.parse_dict("[1, 2]") == {}
+    assert O.parse_dict("5") == {}
+    assert O.parse_dict("") == {}
+
+
+def test_kie_f1_on_hand_made_dicts():
+    gold = {"company": "OLD TOWN", "date": "2024/9/27", "total": "30"}
+    assert O.kie_f1({"company": "old town", "date": "2024/9/27", "total": "30"}, gold) == 1.0  # case, spaces
+    assert O.kie_f1({"company": "OLD TOWN", "date": "2024", "total": "30"}, gold) == pytest.approx(2 / 3)
+    # an extra key counts against: 3 right of 4 keys
+    assert O.kie_f1({**gold, "extra": "x"}, gold) == pytest.approx(3 / 4)
+    assert O.kie_f1({}, gold) == 0.0
+    assert O.kie_f1({}, {}) == 0.0
+
+
+def test_kie_combinations_and_dispatch():
+    assert O.kie_combinations('{"a": ["x", "y"], "b": "z"}') == [{"a": "x", "b": "z"}, {"a": "y", "b": "z"}]
+    assert O.kie_combinations("not a dict at all {") == []  # upstream: unparseable gold scores 0
+    gold = json.dumps({"name": ["Ann", "Anne"], "city": "Paris"})
+    row = ocr("key information extraction en", [gold])
+    assert S.ocrbench_v2_score('{"name": "Anne", "city": "paris"}', row)[0] == 1.0  # best combination
+    assert S.ocrbench_v2_score('{"name": "Bob", "city": "Paris"}', row)[0] == 0.5
+    row = ocr("key information mapping en", [gold])
+    assert S.ocrbench_v2_score("name: Ann, city: Rome", row)[0] == 0.5
+    row = ocr("key information extraction cn", [str({"姓名": "张三", "城市": ["北京", "北京市"]})])
+    assert S.ocrbench_v2_score('{"姓名": "张三", "城市": "北京市"}', row)[0] == 1.0
+    assert S.ocrbench_v2_score('{"姓名": "李四"}', row)[0] == 0.0
+    with pytest.raises(ValueError, match="not a dict"):
+        S.ocrbench_v2_score("{}", ocr("key information extraction cn", ["[1, 2]"]))
+
+
+# ------------------------------------------------------------------ page-OCR text metrics
+
+
+def test_ocr_text_metrics_on_hand_made_strings():
+    same = O.ocr_text_metrics("the cat sat on the mat", "the cat sat on the mat")
+    assert same["bleu"] == 1.0 and same["f_measure"] == 1.0 and same["edit_dist"] == 0.0
+    assert same["meteor"] == pytest.approx(0.9977, abs=1e-4)  # nltk's METEOR of an exact match (fragmentation penalty)
+    m = O.ocr_text_metrics("a b c d", "a b c e")
+    # no shared 4-gram and no smoothing: nltk puts the smallest float for the zero precision (~1e-78)
+    assert m["bleu"] == pytest.approx(0.0, abs=1e-70)
+    assert m["f_measure"] == pytest.approx(0.75)  # sets {a,b,c,d} vs {a,b,c,e}: p = r = 3/4
+    assert m["edit_dist"] == pytest.approx(1 / 7)  # one character of 7
+    # METEOR (alpha 0.9, beta 3, gamma 0.5): "auto" is a WordNet 3.0 synonym of "car", so all 4
+    # words match in 1 chunk: Fmean 1, penalty 0.5 * (1/4)^3.
+    assert O.ocr_text_metrics("my auto is red", "my car is red")["meteor"] == pytest.approx(1 - 0.5 / 64)
+    # "pear" is not: 3 of 4 match (P = R = 3/4) in 2 chunks: 0.75 * (1 - 0.5 * (2/3)^3).
+    assert O.ocr_text_metrics("my pear is red", "my car is red")["meteor"] == pytest.approx(0.75 * (1 - 0.5 * (2 / 3) ** 3))
+    zh = O.ocr_text_metrics("我爱北京天安门", "我爱北京")  # jieba: 我/爱/北京/天安门 vs 我/爱/北京
+    assert zh["precision"] == pytest.approx(3 / 4) and zh["recall"] == 1.0
+    assert zh["edit_dist"] == pytest.approx(3 / 7)
+
+
+def test_wordnet_is_version_3_0():
+    reader = O.wordnet()
+    assert reader.get_version() == "3.0"
+    assert reader.synsets("dog")[0].name() == "dog.n.01"
+    assert reader.synset("entity.n.01").offset() == 1740  # WordNet 3.0's offset
+
+
+def test_ocr_text_types_dispatch():
+    text = "the quick brown fox"
+    for task in ("fine-grained text recognition en", "full-page OCR en"):
+        row = ocr(task, [text])
+        metrics = O.ocr_text_metrics("the quick brown cat", text)
+        expected = (metrics["bleu"] + metrics["meteor"] + metrics["f_measure"] + 1 - metrics["edit_dist"]) / 4
+        assert S.ocrbench_v2_score("the quick brown cat", row) == (pytest.approx(expected), f"ocrbench:{task}")
+        assert S.ocrbench_v2_score("", row)[0] == 0.0
+    row = ocr("full-page OCR cn", ["我爱北京"])
+    # jieba: 我/爱/北京, 3 tokens, no 4-gram: BLEU ~0 even for an exact copy (upstream's quirk)
+    exact = O.ocr_text_metrics("我爱北京", "我爱北京")
+    assert exact["bleu"] == pytest.approx(0.0, abs=1e-70)
+    assert S.ocrbench_v2_score("我爱北京", row)[0] == pytest.approx((0 + exact["meteor"] + 1 + 1) / 4)
+    with pytest.raises(ValueError, match="ignores"):
+        S.ocrbench_v2_score("x", ocr("text translation cn", [""]))
+    row = ocr("text translation cn", ["I love Beijing"])
+    assert 0 < S.ocrbench_v2_score("I love Beijing very much", row)[0] < 1
+    row = ocr("handwritten answer extraction cn", ["光合作用"], question="简答：植物如何制造养分？")
+    score, branch = S.ocrbench_v2_score("光合作用", row)
+    assert branch.endswith("简答") and score == pytest.approx(S.ocrbench_v2_score("光合作用", ocr("full-page OCR cn", ["光合作用"]))[0])
+
+
+# ------------------------------------------------------------------ VQA with position
+
+
+def test_vqa_with_position():
+    row = ocr("VQA with position en", ["STOP"], bbox=[0, 0, 100, 100])
+    # the answer by containment (1) and the box IoU 50*100/100*100 = 0.5: 0.5 + 0.25
+    assert S.ocrbench_v2_score('{"answer": "stop", "bbox": [0, 0, 50, 100]}', row) == (0.75, "ocrbench:VQA with position en")
+    assert S.ocrbench_v2_score('{"answer": "go"}', row)[0] == 0.0
+    assert S.ocrbench_v2_score('{"answer": "STOP", "bbox": "nonsense"}', row)[0] == 0.5
+    assert O.box_iou([0, 0, 10, 10], [5, 0, 15, 10]) == pytest.approx(50 / 150)
+    with pytest.raises(ValueError, match="bbox"):
+        S.ocrbench_v2_score("{}", ocr("VQA with position en", ["STOP"], bbox=[1, 2]))
+
+
+# ------------------------------------------------------------------ text spotting
+
+
+def test_spotting_boxes_parsing():
+    assert O.spotting_boxes("[(10, 10, 50, 50, 'HELLO'), [10, 10, 50, 50, 'HELLO']]") == [[10, 10, 50, 50, "HELLO"]]
+    assert O.spotting_boxes("found [10, 10, 50, 50, HELLO] and (1, 2, 3000, 4, x)") == [[10, 10, 50, 50, "HELLO"]]
+    assert O.spotting_boxes("nothing here") is None
+    assert O.spotting_boxes("[1, 2, 3]") is None  # a literal: only its 5-item entries count
+
+
+def test_spotting_protocol_hand_computed():
+    boxes = [[0, 0, 100, 0, 100, 50, 0, 50], [200, 0, 300, 0, 300, 50, 200, 50], [400, 0, 500, 0, 500, 50, 400, 50]]
+    texts = ["Hello,", "WORLD", "###"]
+    # det 1 matches gold 1 ("HELLO," minus a final special char), det 2 overlaps gold 2 with the wrong text,
+    # det 3 sits on the don't-care gold: precision 1/2, recall 1/2, h-mean 1/2.
+    preds = [[0, 0, 100, 50, "hello"], [200, 0, 300, 50, "WORD"], [400, 0, 500, 50, "x"]]
+    assert O.spotting(preds, boxes, texts) == pytest.approx(0.5)
+    # IoU exactly 0.5 is not a match (strictly greater): gold 1 vs [0, 0, 50, 50].
+    assert O.spotting([[0, 0, 50, 50, "Hello,"]], boxes[:1], texts[:1]) == 0.0
+    assert O.spotting([[50, 50, 10, 10, "x"]], boxes, texts) == 0.0  # inverted boxes are dropped
+    row = ocr("text spotting en", [""], bbox_list=boxes, content=texts, bbox=None)
+    pred = "[[0, 0, 100, 50, 'Hello,'], [200, 0, 300, 50, 'world']]"
+    assert S.ocrbench_v2_score(pred, row) == (1.0, "ocrbench:text spotting en")
+    assert S.ocrbench_v2_score("no boxes", row)[0] == 0.0
+
+
+# ------------------------------------------------------------------ dispatch-wide behaviour
+
+_ROWS = [
+    ocr("table parsing en", [GOLD_TABLE], question="html please"),
+    ocr("table parsing en", ["| a |\n| - |\n| b |"], question="markdown please"),
+    ocr("table parsing cn", [GOLD_TABLE]),
+    ocr("chart parsing en", [json.dumps({"a": 1})]),
+    ocr("document parsing en", ["# T\nx"]),
+    ocr("document parsing cn", ["# T\nx"]),
+    ocr("key information extraction en", [json.dumps({"a": "b"})]),
+    ocr("key information mapping en", [json.dumps({"a": "b"})]),
+    ocr("key information extraction cn", [str({"a": "b"})]),
+    ocr("VQA with position en", ["x"], bbox=[0, 0, 10, 10]),
+    ocr("text translation cn", ["我爱北京"]),
+    ocr("fine-grained text recognition en", ["hello world"]),
+    ocr("full-page OCR en", ["hello world"]),
+    ocr("full-page OCR cn", ["我爱北京"]),
+    ocr("text spotting en", [""], bbox_list=[[0, 0, 10, 10]], content=["x"]),
+    ocr("handwritten answer extraction cn", ["光合作用"], question="简答"),
+]
+_GARBAGE = ["", "   ", "}{][", "<table><td colspan='x'>", "```json\n{1: [\n```", "[[" * 300, "1" * 5000,
+            "<html><body><table><tr><td rowspan=zz>a</td></tr></table></body></html>", "| a |\n| - |\n| <td colspan=q> |",
+            "[(1, 2, 3, 4, 5, 6)] {'answer': ['x'], 'bbox': '(1,'}", "\x00\ud800"]  # fmt: skip
+
+
+@pytest.mark.parametrize("row", _ROWS, ids=lambda r: r["type"])
+def test_garbage_predictions_never_raise(row):
+    for garbage in _GARBAGE:
+        score, branch = S.ocrbench_v2_score(garbage, row)
+        assert 0.0 <= score <= 1.0, (garbage, score)
+        assert branch.startswith("ocrbench:")
+        assert S.score_deterministic("OCR-EN", "\\boxed{" + garbage + "}", row).score >= 0.0
+
+
+def test_every_upstream_type_is_scored():
+    assert S.OCR_UNIMPLEMENTED == {}
+    for row in _ROWS:
+        assert S.ocrbench_v2_score("", row)[0] >= 0.0  # the harness's scorability check
+
+
+def test_unimplemented_types_would_still_raise_naming_the_type(monkeypatch):
+    monkeypatch.setitem(S.OCR_UNIMPLEMENTED, "future task en", "a metric not built")
+    with pytest.raises(NotImplementedError, match="future task en"):
+        S.ocrbench_v2_score("x", ocr("future task en", ["x"]))
