@@ -338,26 +338,22 @@ def load_setting(
 def _attach_media(spec: TaskSpec, rows: list[dict], video_dir, subtitle_dir) -> None:
     """Add ``_video_path`` (and ``_subtitle_path`` on subtitle settings); warn once per kind with the count missing."""
     video_root = Path(video_dir).expanduser() if video_dir is not None else None
-    missing = 0
     for row in rows:
         row["_video_path"] = _find_video(row.get(spec.video_field), video_root, row["_config"])
-        missing += row["_video_path"] is None
-    if missing:
-        logger.warning(
-            "%s: %d of %d rows have no video file%s; they will be skipped",
-            spec.name, missing, len(rows), f" under {video_root}" if video_root else " (no video_dir given)",
-        )  # fmt: skip
+    _warn_missing(spec, rows, "_video_path", "video file", video_root, "; they will be skipped")
     if not spec.subtitles:
         return
     subtitle_root = Path(subtitle_dir).expanduser() if subtitle_dir is not None else None
-    missing = 0
     for row in rows:
         stem = row.get(spec.video_field)
         path = subtitle_root / f"{stem}.srt" if subtitle_root is not None and stem else None
         row["_subtitle_path"] = str(path) if path is not None and path.is_file() else None
-        missing += row["_subtitle_path"] is None
+    _warn_missing(spec, rows, "_subtitle_path", "subtitle file", subtitle_root, "")
+
+
+def _warn_missing(spec: TaskSpec, rows: list[dict], key: str, what: str, root: Path | None, consequence: str) -> None:
+    """One warning with how many rows have no ``what`` (their ``key`` is None)."""
+    missing = sum(row[key] is None for row in rows)
     if missing:
-        logger.warning(
-            "%s: %d of %d rows have no subtitle file%s",
-            spec.name, missing, len(rows), f" under {subtitle_root}" if subtitle_root else " (no subtitle_dir given)",
-        )  # fmt: skip
+        where = f" under {root}" if root else f" (no {key[1:].replace('_path', '_dir')} given)"
+        logger.warning("%s: %d of %d rows have no %s%s%s", spec.name, missing, len(rows), what, where, consequence)

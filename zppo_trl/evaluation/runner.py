@@ -33,7 +33,7 @@ import importlib.util
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,9 @@ from tqdm.auto import tqdm
 
 from ..prompts import render_judge
 from ..teacher import TeacherClient, parse_verdict
+from .data import load_setting
 from .judges import render_bench_judge, score_bench_judge
+from .prompting import build_requests
 from .scorers import ItemRecord, aggregate, score_deterministic
 from .stats import family_macro_averages, mean_and_stderr
 from .tasks import FAMILIES, JUDGE_DECODING, PAPER_DECODING, SUITE, DecodingConfig, TaskSpec
@@ -236,10 +238,9 @@ class _SettingRun:
     """
 
     def __init__(self, spec: TaskSpec, rows: list[dict], store: RecordStore, student: TeacherClient,
-                 judge: TeacherClient | None, options: EvalOptions, build_requests: Callable):  # fmt: skip
+                 judge: TeacherClient | None, options: EvalOptions):  # fmt: skip
         self.spec, self.rows, self.store = spec, rows, store
         self.student, self.judge, self.options = student, judge, options
-        self.build_requests = build_requests
         self.counters = _Counters()
         self.abort = threading.Event()
         self._extra_body = sampling_extra_body(options.decoding, options.sampling_fields)
@@ -277,7 +278,7 @@ class _SettingRun:
         if self.abort.is_set():
             return
         try:
-            requests = self.build_requests(self.spec, row, pass_index=pass_index, seed=self.options.seed, max_frames=self.options.max_frames)
+            requests = build_requests(self.spec, row, pass_index=pass_index, seed=self.options.seed, max_frames=self.options.max_frames)
         except (ValueError, OSError) as err:  # MediaError is a ValueError: unreadable image, missing video
             parts = ("reasoning", *(f"descriptive_{i}" for i in range(1, 5))) if self.spec.name == "CharXiv" else (None,)
             for part in parts:  # one skip per question the row carries, so counts are in items
@@ -523,23 +524,14 @@ def run_suite(
     options: EvalOptions = EvalOptions(),
     *,
     run_name: str | None = None,
-    load_rows: Callable[..., list[dict]] | None = None,
-    build_requests: Callable[..., list] | None = None,
 ) -> dict:
     """Evaluate `student` on `settings` into `run_dir` (resuming what is there); returns results.json's dict.
 
-    `load_rows` and `build_requests` default to `zppo_trl.evaluation.data.load_setting` and
-    `zppo_trl.evaluation.prompting.build_requests` (parameters for the benchmarks' timing only).
     A None `judge` scores the deterministic step alone and skips the BenchJudge settings (not the
     paper's numbers; results.json says ``"judged": false``).
     Raises `EvaluationError` where the endpoint is unreachable or requests failed after retries
     (finished items stay recorded), ValueError for bad settings or data.
     """
-    from .data import load_setting
-    from .prompting import build_requests as default_build
-
-    load_rows = load_rows or load_setting
-    build_requests = build_requests or default_build
     names = list(settings)
     unknown = [name for name in names if name not in SUITE]
     if unknown:
@@ -574,7 +566,7 @@ def run_suite(
         if spec.scoring == "benchjudge" and judge is None:
             logger.warning("%s: skipped, its BenchJudge scoring needs a judge endpoint", name)
             continue
-        rows = load_rows(
+        rows = load_setting(
             spec, options.sources.get(name), max_samples=options.max_samples,
             video_dir=options.video_dir.get(name), subtitle_dir=options.subtitle_dir.get(name),
         )  # fmt: skip
