@@ -573,7 +573,7 @@ def run_suite(
         if not rows:
             raise ValueError(f"{name}: no rows to evaluate in {options.sources.get(name) or spec.dataset} (after its row filter)")
         store = RecordStore(run_dir / "records" / f"{name}.jsonl")
-        _SettingRun(spec, rows, store, student, judge, options, build_requests).run()
+        _SettingRun(spec, rows, store, student, judge, options).run()
         entry, details = summarize_setting(spec, store, options.passes, complete_rows=options.max_samples is None)
         if store.skips:
             first = next(iter(store.skips.values()))["reason"]
