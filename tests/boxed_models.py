@@ -27,7 +27,7 @@ import math
 import time
 from pathlib import Path
 
-from zppo_trl.prompts import compose_prompt, render_compression
+from zppo_trl.prompts import compose_prompt, render_compression, render_hint
 
 try:  # tests/ on sys.path (pytest's default import mode) or imported as a package
     from tiny_models import tiny_processor, tiny_text_model, tiny_tokenizer, tiny_vlm
@@ -231,13 +231,15 @@ def _save_and_reload_processing(directory: Path, config):
 
 
 COMPRESSION_REPLY = f"<think> </think> <summary> The attempt works it out step by step. </summary>{EOS}"
+HINT_REPLY = f"<think> </think> Work out the arithmetic one operation at a time.{EOS}"
 
 
 def _training_batches(processing, rows: list[dict], role: str, kind: str) -> list[tuple[dict, "torch.Tensor"]]:
     """The (batch, weights) pairs to fit: the answers, and for a teacher also the compressions.
 
     A teacher also serves BCQ/NCQ compression, so it learns to answer the paper's compression
-    prompt with a non-empty ``<summary>`` (an empty one would drop the instance). Copying
+    prompt with a non-empty ``<summary>`` (an empty one would drop the instance), and the Hint
+    control's hint prompt with one fixed answer-free sentence. Copying
     the answer into the summary is beyond a model this size, so the summary is one fixed
     sentence, learnt from a few responses in the two forms the trainer sends: a student's
     decoded completion and a teacher's reply as `transformers serve` returns it (the think
@@ -255,12 +257,13 @@ def _training_batches(processing, rows: list[dict], role: str, kind: str) -> lis
             for answer in (row["answer"], distractors(row)[0]):
                 ids = tokenizer(completion(answer), add_special_tokens=False)["input_ids"]
                 responses += [tokenizer.decode(ids, skip_special_tokens=True), f"\\boxed{{{answer}}}"]
-        compressions = []
-        for response in responses:
-            conversation = [{"role": "user", "content": render_compression(response)}]
-            prompt = processing.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
-            compressions.append((prompt + COMPRESSION_REPLY, [], COMPRESSION_REPLY, len(rows) / len(responses) / 4))
-        batches.append(_training_batch(processing, compressions, with_images=False))
+        for render, reply in ((render_compression, COMPRESSION_REPLY), (render_hint, HINT_REPLY)):
+            rewrites = []
+            for response in responses:
+                conversation = [{"role": "user", "content": render(response)}]
+                prompt = processing.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+                rewrites.append((prompt + reply, [], reply, len(rows) / len(responses) / 4))
+            batches.append(_training_batch(processing, rewrites, with_images=False))
     return batches
 
 

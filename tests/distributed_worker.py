@@ -106,7 +106,7 @@ def instrument(trainer: ZPPOTrainer) -> dict:
         return micro_batches
 
     def _score_round(groups):
-        current["rounds"].append([[kind, row["id"], block is not None] for kind, row, block in groups])
+        current["rounds"].append([[g.kind, g.row["id"], g.block is not None] for g in groups])
         return score_round(groups)
 
     def _prepare_inputs(generation_batch):

@@ -25,7 +25,7 @@ def test_the_plan_is_plan_reformulations_with_the_same_rng_and_counts_the_hard_q
     assert planned == plan_reformulations(e.hard, e.teacher_correct, e.student_wrong, 3, ("bcq", "ncq"), rng=random.Random(0))
     assert [(inst.kind, inst.key) for inst in planned] == [("bcq", "q1"), ("ncq", "q1"), ("ncq", "q2")]
     # q3 has a teacher answer but no parsed wrong student answer: neither kind is possible.
-    assert metrics == {"hard": 4, "hard_bcq_possible": 1, "hard_ncq_only": 1}
+    assert metrics == {"hard": 4, "hard_bcq_possible": 1, "hard_ncq_only": 1, "teacher_success_rate": 0.5}  # 1 BCQ over 2 questions
 
 
 def test_one_kind_alone_and_the_dealing_order():

@@ -18,6 +18,8 @@ import math
 import os
 
 from transformers import TrainerCallback
+
+from .augmentation import AUGMENTATION_KINDS
 from transformers.trainer_callback import ProgressCallback
 
 __all__ = ["JsonlMetricsCallback", "read_metrics", "RolloutSummaryCallback", "QuietProgressCallback", "rollout_summary"]
@@ -80,8 +82,7 @@ def rollout_summary(logs: dict, total_rollout_steps: int | None = None, updates_
         f"plain acc {logs.get('zppo/plain_accuracy', 0.0):.2f} on {questions} questions",
         f"buffer {int(logs.get('zppo/buffer_size', 0))} (+{int(logs.get('zppo/admitted', 0))} admitted, "
         f"{int(logs.get('zppo/graduated', 0))} graduated)",
-        _kind(logs, "bcq"),
-        _kind(logs, "ncq"),
+        *(_kind(logs, kind) for kind in AUGMENTATION_KINDS if f"zppo/{kind}_trained" in logs),
     ]
     if logs.get("zppo/skipped_partitions"):
         of = f"/{updates_per_step}" if updates_per_step else ""

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .advantages import NORMALIZATIONS
+from .augmentation import check_kinds
 from .context import PAPER_MAX_PROMPT_LENGTH, ContextLengths, context_lengths
 from .prompts import RL_CLOSER
 from .reformulate import KINDS, augment_limit
@@ -114,7 +115,14 @@ class ZPPOConfig(GRPOConfig):
     )
     reformulations: list[str] = field(
         default_factory=lambda: list(KINDS),
-        metadata={"help": "Reformulations to build: a subset of ['bcq', 'ncq']; [] turns BCQ and NCQ off."},
+        metadata={
+            "help": "Extra groups on hard questions: a subset of ['bcq', 'ncq'] (ZPPO); [] turns them off (GRPO†); "
+            "['hint'] or ['prefix'] alone is the paper's Hint or Prefix control (alg:hint, alg:prefix)."
+        },
+    )
+    prefix_fraction: float = field(
+        default=0.4,
+        metadata={"help": "alpha of the Prefix control: the first floor(alpha * L) tokens of a correct teacher rollout open the response."},
     )
     num_partitions: int = field(
         default=4,
@@ -267,9 +275,9 @@ class ZPPOConfig(GRPOConfig):
         # The command line gives "bcq,ncq", ["bcq", "ncq"] or [""] (for none): flatten, drop empties.
         parts = [self.reformulations] if isinstance(self.reformulations, str) else list(self.reformulations or [])
         self.reformulations = [k.strip() for part in parts for k in str(part).split(",") if k.strip()]
-        unknown = [k for k in self.reformulations if k not in KINDS]
-        if unknown or len(set(self.reformulations)) != len(self.reformulations):
-            raise ValueError(f"reformulations must be a subset of {list(KINDS)} without repeats, got {self.reformulations}")
+        check_kinds(self.reformulations)
+        if not isinstance(self.prefix_fraction, (int, float)) or not 0.0 < self.prefix_fraction < 1.0:
+            raise ValueError(f"prefix_fraction must be a number in (0, 1), got {self.prefix_fraction!r}")
         if self.advantage_normalization not in NORMALIZATIONS:
             raise ValueError(f"advantage_normalization must be one of {list(NORMALIZATIONS)}, got {self.advantage_normalization!r}")
         for name in ("replay_capacity", "num_partitions", "teacher_num_generations", "teacher_max_tokens", "compression_max_tokens", "teacher_max_concurrency", "max_prompt_length"):
@@ -297,15 +305,17 @@ class ZPPOConfig(GRPOConfig):
 
     @property
     def variant(self) -> str:
-        """The paper's name for this configuration (ZPPO, GRPO, GRPO†, GRPO†+BCQ, GRPO†+NCQ, GRPO+Both)."""
+        """The paper's name for this configuration (ZPPO, GRPO, GRPO†, GRPO†+BCQ, GRPO†+NCQ, GRPO+Both,
+        GRPO†+Hint, GRPO†+Prefix)."""
         kinds = set(self.reformulations)
         replay = self.replay_fraction > 0
         if kinds == set(KINDS):
             return "ZPPO" if replay else "GRPO+Both"
         if not kinds:
             return "GRPO\u2020" if replay else "GRPO"
-        kind = next(iter(kinds)).upper()
-        return f"GRPO\u2020+{kind}" if replay else f"GRPO+{kind}"
+        kind = next(iter(kinds))
+        name = kind.upper() if kind in KINDS else kind.capitalize()
+        return f"GRPO\u2020+{name}" if replay else f"GRPO+{name}"
 
     def composition(self, world_size: int) -> StepComposition:
         """The rollout step this configuration makes on ``world_size`` ranks (see :class:`StepComposition`)."""

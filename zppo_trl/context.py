@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .prompts import BCQ_INSTRUCTION, COMPRESSION_TEMPLATE, JUDGE_TEMPLATE, NCQ_INSTRUCTION, candidate_blocks, fill
+from .prompts import BCQ_INSTRUCTION, COMPRESSION_TEMPLATE, HINT_TEMPLATE, JUDGE_TEMPLATE, NCQ_INSTRUCTION, candidate_blocks, fill, hint_block
 
 __all__ = ["ContextLengths", "context_lengths", "PAPER_MAX_PROMPT_LENGTH", "JUDGE_REPLY_TOKENS"]
 
@@ -96,6 +96,9 @@ def context_lengths(
     if "ncq" in reformulations:  # every rollout of the group wrong, each a distinct answer
         listed = num_generations * (ANSWER_TOKENS + _bytes(", \\boxed{}"))
         blocks.append(_bytes(fill(NCQ_INSTRUCTION, answers="")) + listed + 1 + num_generations * candidate)
+    if "hint" in reformulations:
+        blocks.append(_bytes(hint_block("h")) - 1 + compression_max_tokens)
+    # A Prefix group adds nothing: its prefix and continuation share max_completion_length.
     separators = 2 * _bytes("\n\n")  # question | block | closer
     block = max(blocks) + (separators if max(blocks) else 0)
     longest_rollout = max(max_completion_length, teacher_max_tokens)
@@ -105,6 +108,6 @@ def context_lengths(
         block=block,
         completion=max_completion_length,
         teacher_sampling=max_prompt_length + teacher_max_tokens,
-        compression=CHAT_TOKENS + _bytes(fill(COMPRESSION_TEMPLATE, response="")) + longest_rollout + compression_max_tokens,
+        compression=CHAT_TOKENS + max(_bytes(fill(t, response="")) for t in (COMPRESSION_TEMPLATE, HINT_TEMPLATE)) + longest_rollout + compression_max_tokens,
         judge=CHAT_TOKENS + judge_template + max_prompt_length + longest_rollout + ANSWER_TOKENS + OPTIONS_TOKENS + JUDGE_REPLY_TOKENS,
     )

@@ -41,7 +41,7 @@ _SETTINGS = (
     ("replay_fraction", "rho_replay"),
     ("replay_capacity", "|B|_max"),
     ("augment_fraction", "rho_aug"),
-    ("reformulations", "BCQ / NCQ"),
+    ("reformulations", "BCQ / NCQ (or Hint / Prefix)"),
     ("num_partitions", "I"),
     ("advantage_normalization", "advantage normalization"),
     ("epsilon", "clip-lower"),
@@ -68,9 +68,11 @@ _FINAL = (
     ("evicted_total", "evicted"),
     ("bcq_total", "BCQ instances"),
     ("ncq_total", "NCQ instances"),
+    ("hint_total", "Hint instances"),
+    ("prefix_total", "Prefix instances"),
     ("skipped_partitions_total", "skipped (empty-signal) partitions"),
     ("compression_failures_total", "failed candidate compressions"),
-    ("dropped_total", "BCQ/NCQ instances dropped for them"),
+    ("dropped_total", "augmented instances dropped for them"),
 )
 
 _PACKAGES = (("zppo-trl", "zppo-trl"), ("TRL", "trl"), ("Transformers", "transformers"), ("PyTorch", "torch"), ("Datasets", "datasets"))
@@ -187,12 +189,20 @@ def _quick_start(facts: CardFacts, closer: str, max_new_tokens: int) -> list[str
     return [*lines, 'print(output["generated_text"])', "```"]
 
 
+# What the teacher does with its G_T answers, per augmentation (the card's Teacher line).
+_TEACHER_ROLE = {
+    "hint": "writes an answer-free hint from one of its graded-correct answers, shown in a `<hint>` block before the closer",
+    "prefix": "opens the student's response with the first {alpha:.0%} of the tokens of one of its graded-correct answers, which the student continues",
+}
+
+
 def _procedure(args, facts: CardFacts) -> list[str]:
-    kinds = " and ".join(k.upper() for k in args.reformulations) or "no reformulations"
+    kinds = " and ".join(k.upper() if len(k) == 3 else k.capitalize() for k in args.reformulations) or "no reformulations"
+    role = _TEACHER_ROLE.get(args.reformulations[0] if args.reformulations else "", "compresses each candidate to at most {cap} tokens")
     teacher = (
         f"`{args.teacher_model}`, a frozen teacher served behind an OpenAI-compatible endpoint: it samples G_T = "
-        f"{args.teacher_num_generations} answers per question and compresses each candidate to at most "
-        f"{args.compression_max_tokens} tokens; its text enters prompts only, never the loss."
+        f"{args.teacher_num_generations} answers per question and {role.format(alpha=args.prefix_fraction, cap=args.compression_max_tokens)}; "
+        "its text is only ever context (prompt or response prefix), never a loss token."
         if args.reformulations
         else "none (no BCQ/NCQ reformulations)."
     )

@@ -28,6 +28,7 @@ __all__ = [
     "candidate_blocks",
     "bcq_block",
     "ncq_block",
+    "hint_block",
     "compose_prompt",
     "render_compression",
     "render_judge",
@@ -194,6 +195,13 @@ def ncq_block(wrong_answers: Iterable[str], candidates: Sequence[str]) -> str:
         raise ValueError("an NCQ block needs at least one parsed wrong answer")
     listed = ", ".join(f"\\boxed{{{a}}}" for a in answers)
     return f"{fill(NCQ_INSTRUCTION, answers=listed)}\n{candidate_blocks(candidates)}"
+
+
+def hint_block(hint: str) -> str:
+    """The Hint baseline's block (``alg:hint``): ``<hint>`` h ``</hint>``, placed before the closer."""
+    if not hint.strip():
+        raise ValueError("a hint block needs a non-empty hint")
+    return f"<hint>\n{hint.strip()}\n</hint>"
 
 
 def compose_prompt(question: str, block: str | None = None, closer: str | None = RL_CLOSER) -> str:

@@ -34,7 +34,7 @@ from typing import Any
 
 import openai
 
-from zppo_trl.prompts import render_compression, render_judge
+from zppo_trl.prompts import render_compression, render_hint, render_judge
 from zppo_trl.rewards import extract_boxed
 
 logger = logging.getLogger(__name__)
@@ -439,6 +439,28 @@ class TeacherClient:
         params = self._params(max_tokens, temperature, top_p, extra_body)
         return self._submit(self._compress(texts, params))
 
+    def hint_async(
+        self,
+        responses: Sequence[str],
+        max_tokens: int = COMPRESSION_MAX_TOKENS,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        *,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> concurrent.futures.Future:
+        """A Future of one hint per solved response (the Hint baseline, ``fig:prompt-hint``).
+
+        Each result is the reply with its thinking removed, stripped; None where the request
+        failed or nothing is left (counted as ``unusable``). Whether a hint is answer-free is
+        the caller's check (:class:`zppo_trl.augmentation.TeacherHint`).
+        """
+        responses = _check_list("responses", responses)
+        for i, text in enumerate(responses):
+            if not isinstance(text, str):
+                raise ValueError(f"responses[{i}] must be a string, got {type(text).__name__}")
+        params = self._params(max_tokens, temperature, top_p, extra_body)
+        return self._submit(self._hint(responses, params))
+
     def judge(
         self,
         items: Sequence[Mapping[str, Any]],
@@ -499,7 +521,7 @@ class TeacherClient:
         for ``n``); ``prompt_tokens``/``completion_tokens`` as the server reports them;
         ``latency_mean_s``/``latency_max_s`` of succeeded requests (retries included);
         ``compressed``/``untagged`` and ``unusable`` (compression replies with nothing
-        left after their thinking); ``judged``/``judged_correct``/``verdict_unparsed``.
+        left after their thinking); ``hinted`` (usable hints); ``judged``/``judged_correct``/``verdict_unparsed``.
         """
         with self._lock:
             stats = dict(self._stats)
@@ -542,7 +564,7 @@ class TeacherClient:
     def _zero_stats() -> dict[str, float]:
         names = (
             "requests succeeded failed retries in_flight replies top_ups prompt_tokens completion_tokens "
-            "latency_total_s latency_max_s compressed untagged unusable judged judged_correct verdict_unparsed"
+            "latency_total_s latency_max_s compressed untagged unusable hinted judged judged_correct verdict_unparsed"
         )
         return {name: 0 for name in names.split()}
 
@@ -704,6 +726,19 @@ class TeacherClient:
             return summary
 
         return await self._gather("compression", (one(t) for t in texts), failures)
+
+    async def _hint(self, responses: list[str], params: dict) -> list[str | None]:
+        failures: list[str] = []
+
+        async def one(response: str) -> str | None:
+            replies, _ = await self._chat([{"role": "user", "content": render_hint(response)}], 1, params, failures)
+            if replies is None:
+                return None
+            hint = strip_thinking(replies[0]).strip()
+            self._count(hinted=int(bool(hint)), unusable=int(not hint))
+            return hint or None
+
+        return await self._gather("hint generation", (one(r) for r in responses), failures)
 
     async def _judge(self, prompts: list[str], params: dict) -> list[bool]:
         failures: list[str] = []

@@ -52,11 +52,11 @@ from .batches import concat_batches, select_rows
 from .callbacks import QuietProgressCallback, RolloutSummaryCallback
 from .config import ZPPOConfig
 from .model_card import PAPER_CITATION, PAPER_TITLE, CardFacts, render_model_card
-from .augmentation import Augmentation, BuiltGroups, CandidateReformulation, Evidence
+from .augmentation import Augmentation, BuiltGroups, Evidence, make_augmentation
 from .prompts import compose_prompt
 from .reformulate import augment_limit, select_hard
 from .replay import PromptReplayBuffer, replay_count
-from .rewards import boxed_accuracy_reward, completion_text, grade_batch
+from .rewards import boxed_accuracy_reward, completion_text
 from .teacher import TeacherClient
 
 __all__ = ["ZPPOTrainer", "ZPPO_STATE_NAME"]
@@ -67,12 +67,20 @@ ZPPO_STATE_NAME = "zppo_state.json"
 _SKIP = "zppo_skip"  # marks the micro-batches of an empty-signal partition
 _FILLER = "filler"  # a group generated only to keep ranks' row counts equal
 _CORRECT = 0.5  # rewards are binary accuracies; a rollout is correct above this
-# Step metrics that also keep a running total (`<name>_total`).
-_TOTALS = (
-    "bcq", "ncq", "bcq_trained", "ncq_trained", "bcq_correct", "ncq_correct", "bcq_rollouts", "ncq_rollouts",
-    "bcq_signal", "ncq_signal", "compression_failures", "dropped", "prompts_over_context", "skipped_partitions",
-    "admitted", "graduated", "evicted",
-)  # fmt: skip
+# Step metrics that also keep a running total (`<name>_total`), besides each augmentation kind's
+# own (`<kind>`, `<kind>_trained`, `_correct`, `_rollouts`, `_signal`).
+_TOTALS = ("compression_failures", "dropped", "prompts_over_context", "skipped_partitions", "admitted", "graduated", "evicted")
+_KIND_TOTALS = ("", "_trained", "_correct", "_rollouts", "_signal")
+
+
+class _Group(NamedTuple):
+    """One group to sample on this rank: its kind, dataset row, prompt block (None: plain) and the
+    response prefix its rollouts continue (token ids; the Prefix control only)."""
+
+    kind: str
+    row: Mapping
+    block: str | None = None
+    response_prefix: tuple[int, ...] | None = None
 
 
 class _Round(NamedTuple):
@@ -149,8 +157,9 @@ class ZPPOTrainer(GRPOTrainer):
         self.teacher = teacher
         if self.teacher is None and args.reformulations:
             self.teacher = TeacherClient.from_config(args)
-        # Step 5's augmentation: ZPPO's BCQ/NCQ prompts; None for GRPO† (no reformulation).
-        self.augmentation: Augmentation | None = CandidateReformulation(args.reformulations) if args.reformulations else None
+        # Step 5's augmentation: ZPPO's BCQ/NCQ prompts, or the Hint/Prefix control; None for GRPO†.
+        self.augmentation: Augmentation | None = make_augmentation(args.reformulations, prefix_fraction=args.prefix_fraction, tokenizer=self._tokenizer)
+        self._round_prefixes: list | None = None  # the response prefixes of the round being generated
         self._set_up_console()
 
     def _set_up_console(self) -> None:
@@ -201,7 +210,37 @@ class ZPPOTrainer(GRPOTrainer):
             self._buffered_inputs = self._rollout_step(generation_batch)
         return self._buffered_inputs[self._step % spg]
 
+    def _tokenize_prompts(self, prompts: list):
+        # The Prefix control: a group's response prefix ends its generation prompt, so the student
+        # continues it and no prefix token is ever sampled or trained (alg:prefix masks them all).
+        prompt_ids, images, multimodal_fields = super()._tokenize_prompts(prompts)
+        prefixes = self._round_prefixes
+        if prefixes and any(prefixes):
+            per_token = [k for k, v in multimodal_fields.items() if k.endswith("token_type_ids")]
+            if per_token:
+                raise NotImplementedError(f"the Prefix control cannot extend the per-token field(s) {per_token} of this processor")
+            prompt_ids = [[*ids, *(prefix or ())] for ids, prefix in zip(prompt_ids, prefixes, strict=True)]
+        return prompt_ids, images, multimodal_fields
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        # Prefix and continuation share max_completion_length (alg:prefix): a continuation is cut at
+        # what its prefix leaves, which samples exactly as a shorter generation limit would.
+        completion_ids, logprobs = super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        prefixes = self._round_prefixes
+        if prefixes and any(prefixes):
+            budget = [self.max_completion_length - len(prefix or ()) for prefix in prefixes]
+            completion_ids = [list(ids)[:n] for ids, n in zip(completion_ids, budget, strict=True)]
+            if logprobs is not None:
+                logprobs = [list(lp)[:n] for lp, n in zip(logprobs, budget, strict=True)]
+        return completion_ids, logprobs
+
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        # A Prefix group's response is prefix || continuation: that is what gets graded.
+        if self._round_prefixes and any(self._round_prefixes):
+            completions = [
+                _with_text(c, self._tokenizer.decode([*prefix, *ids], skip_special_tokens=True)) if prefix else c
+                for c, ids, prefix in zip(completions, completion_ids_list, self._round_prefixes, strict=True)
+            ]
         # Keep what the rollout step needs from each scoring round: the gathered rewards and
         # this rank's completion texts.
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -292,16 +331,20 @@ class ZPPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ the rollout step
 
-    def _score_round(self, groups: Sequence[tuple[str, Mapping, str | None]]) -> tuple[dict, torch.Tensor, list[str], list]:
-        """Generate and score ``num_generations`` rollouts per (kind, row, block) group on this rank.
+    def _score_round(self, groups: Sequence[_Group]) -> tuple[dict, torch.Tensor, list[str], list]:
+        """Generate and score ``num_generations`` rollouts per group on this rank.
 
         Returns TRL's scored batch, the rewards of every rank's rollouts (gathered, rank-major),
         this rank's completion texts, and every rank's (kind, key) group list.
         """
         G = self.num_generations
-        rows = [self._with_prompt(row, block) for _, row, block in groups for _ in range(G)]
-        out = super()._generate_and_score_completions(rows)
-        meta = _gather_groups([(kind, row[data.ID]) for kind, row, _ in groups])
+        rows = [self._with_prompt(g.row, g.block) for g in groups for _ in range(G)]
+        self._round_prefixes = [g.response_prefix for g in groups for _ in range(G)]
+        try:
+            out = super()._generate_and_score_completions(rows)
+        finally:
+            self._round_prefixes = None
+        meta = _gather_groups([(g.kind, g.row[data.ID]) for g in groups])
         unscorable = torch.isnan(self._round_rewards)
         real = torch.tensor([kind != _FILLER for groups_of_rank in meta for kind, _ in groups_of_rank]).repeat_interleave(G)
         self.counters["unscorable_total"] += int((unscorable & real).sum())
@@ -354,7 +397,8 @@ class ZPPOTrainer(GRPOTrainer):
         # 7. Buffer refresh from the plain groups only.
         self._refresh_buffer(accuracy, metrics)
 
-        metrics.update(self._reformulation_metrics(plan, built.instances, reform_round.rewards, reform_round.texts, reform_round.meta))
+        if augmenting:
+            metrics.update(self._augmentation_metrics(plan, built, reform_round))
         metrics["new"], metrics["replayed"] = len(new_keys), len(replay_keys)
         metrics["plain_accuracy"] = sum(accuracy.values()) / max(len(accuracy), 1)
         self._record_step(metrics, start, augmenting)
@@ -375,16 +419,16 @@ class ZPPOTrainer(GRPOTrainer):
         replay_keys = self.replay_buffer.sample(replay_count(len(new_keys), self.args.replay_fraction, len(self.replay_buffer)), rng=self._rng)
         mine = replay_keys[rank::world]
         fillers = math.ceil(len(replay_keys) / world) - len(mine)
-        plain = [("new", row, None) for row in local_new]
-        plain += [("replay", self.train_dataset[self._row_of[key]], None) for key in mine]
-        plain += [(_FILLER, local_new[0], None)] * fillers
+        plain = [_Group("new", row) for row in local_new]
+        plain += [_Group("replay", self.train_dataset[self._row_of[key]]) for key in mine]
+        plain += [_Group(_FILLER, local_new[0])] * fillers
         return new_keys, replay_keys, plain, fillers
 
     def _start_teacher_sampling(self, plain: Sequence[tuple]) -> Any:
         """Step 2: a Future of the teacher's G_T replies to every real question of this rank."""
         args = self.args
         return self.teacher.sample_async(
-            [self._teacher_conversation(row) for kind, row, _ in plain if kind != _FILLER],
+            [self._teacher_conversation(g.row) for g in plain if g.kind != _FILLER],
             n=args.teacher_num_generations,
             max_tokens=args.teacher_max_tokens,
             temperature=args.teacher_temperature,
@@ -410,7 +454,7 @@ class ZPPOTrainer(GRPOTrainer):
         local_wrong: dict[Any, list[str]] = defaultdict(list)
         local_teacher: dict[Any, list[str]] = defaultdict(list)
         rank_rewards = plain_round.rewards.view(world, -1)[rank]
-        for g, (kind, row, _) in enumerate(plain):
+        for g, (kind, row, *_) in enumerate(plain):
             key = row[data.ID]
             if kind == _FILLER or key not in wanted:
                 continue
@@ -433,8 +477,8 @@ class ZPPOTrainer(GRPOTrainer):
         """Step 5, second half: one student group per built instance, ranks padded with fillers."""
         if not most:
             return _Round(None, None, [], [[] for _ in range(self.accelerator.num_processes)])
-        groups = [(kind, self.train_dataset[self._row_of[key]], block) for kind, key, block in built.groups]
-        groups += [(_FILLER, filler_row, None)] * (most - len(groups))
+        groups = [_Group(g.kind, self.train_dataset[self._row_of[g.key]], g.block, g.response_prefix) for g in built.groups]
+        groups += [_Group(_FILLER, filler_row)] * (most - len(groups))
         return self._generate_round(groups, "reformulated", metrics)
 
     def _record_step(self, metrics: dict, start: float, augmenting: bool) -> None:
@@ -457,7 +501,8 @@ class ZPPOTrainer(GRPOTrainer):
             if failed:
                 logger.warning("teacher: %d of %d requests failed this step; the step continues with what came back", failed, requests)
         self.counters["rollout_steps"] += 1
-        for name in _TOTALS:
+        kinds = self.augmentation.kinds if self.augmentation is not None else ()
+        for name in (*_TOTALS, *(kind + suffix for kind in kinds for suffix in _KIND_TOTALS)):
             self.counters[f"{name}_total"] += metrics.get(name, 0)
         metrics.update({name: value for name, value in self.counters.items()})
         for name, value in metrics.items():
@@ -592,53 +637,27 @@ class ZPPOTrainer(GRPOTrainer):
             self._admitted_at.pop(key, None)
         metrics["buffer_size"] = len(self.replay_buffer)
 
-    def _reformulation_metrics(self, plan, kept, reform_rewards, reform_texts, reform_meta) -> dict:
-        """BCQ/NCQ counts, in-prompt accuracies, the BCQ candidate-match audit and the NCQ repeat rate."""
+    def _augmentation_metrics(self, plan, built: BuiltGroups, reform_round: _Round) -> dict:
+        """Per kind: instances planned and trained, in-prompt accuracy and groups with signal (all
+        ranks); then the augmentation's own audit (e.g. BCQ's candidate match), summed over ranks."""
         G, world = self.num_generations, self.accelerator.num_processes
         out: dict[str, float] = {}
-        out["bcq"] = sum(1 for inst in plan if inst.kind == "bcq")
-        out["ncq"] = sum(1 for inst in plan if inst.kind == "ncq")
-        questions = len({inst.key for inst in plan})
-        out["teacher_success_rate"] = out["bcq"] / questions if questions else 0.0
-        # In-prompt accuracy over all ranks' BCQ/NCQ rollouts, and the groups that carry a learning
-        # signal (non-trivial: not all right, not all wrong).
-        for kind in ("bcq", "ncq"):
+        for kind in self.augmentation.kinds:
             hits = total = signal = 0
             for r in range(world):
-                for g, (k, _key) in enumerate(reform_meta[r]):
+                for g, (k, _key) in enumerate(reform_round.meta[r]):
                     if k == kind:
-                        correct = reform_rewards.view(world, -1)[r, g * G : (g + 1) * G] > _CORRECT
-                        hits += int(correct.sum())
-                        total += G
-                        signal += int(0 < int(correct.sum()) < G)
+                        correct = int((reform_round.rewards.view(world, -1)[r, g * G : (g + 1) * G] > _CORRECT).sum())
+                        hits, total, signal = hits + correct, total + G, signal + int(0 < correct < G)
+            out[kind] = sum(1 for inst in plan if inst.kind == kind)
             out[f"{kind}_trained"] = total // G
             out[f"{kind}_accuracy"] = hits / total if total else 0.0
-            out[f"{kind}_correct"], out[f"{kind}_rollouts"] = hits, total
-            out[f"{kind}_signal"] = signal
-        # Audit on this rank's groups, summed over ranks.
-        counts = torch.zeros(5, dtype=torch.float64)  # bcq teacher / student / neither, ncq repeats / ncq rollouts
-        for g, inst in enumerate(kept):
-            texts = reform_texts[g * G : (g + 1) * G]
-            answers = inst.candidate_answers()
-            if inst.kind == "bcq":
-                teacher_answer = answers[inst.teacher_position]
-                student_answer = answers[1 - inst.teacher_position]
-                match_teacher = grade_batch(texts, [teacher_answer] * len(texts))
-                match_student = grade_batch(texts, [student_answer] * len(texts))
-                for t, s in zip(match_teacher, match_student):
-                    counts[0 if t else 1 if s else 2] += 1
-            else:
-                repeats = [False] * len(texts)
-                for wrong in inst.wrong_answers:
-                    repeats = [a or b for a, b in zip(repeats, grade_batch(texts, [wrong] * len(texts)))]
-                counts[3] += sum(repeats)
-                counts[4] += len(texts)
-        if world > 1:
-            counts = self.accelerator.reduce(counts.to(self.accelerator.device), reduction="sum").cpu()
-        bcq_rollouts = float(counts[:3].sum())
-        for i, name in enumerate(("teacher", "student", "neither")):
-            out[f"bcq_match_{name}"] = float(counts[i]) / bcq_rollouts if bcq_rollouts else 0.0
-        out["ncq_repeat_rate"] = float(counts[3] / counts[4]) if counts[4] else 0.0
+            out[f"{kind}_correct"], out[f"{kind}_rollouts"], out[f"{kind}_signal"] = hits, total, signal
+        counts = self.augmentation.audit_counts(built.instances, reform_round.texts, G)
+        if counts and world > 1:
+            summed = self.accelerator.reduce(torch.tensor(list(counts.values()), dtype=torch.float64, device=self.accelerator.device), reduction="sum")
+            counts = dict(zip(counts, summed.cpu().tolist()))
+        out.update(self.augmentation.audit_metrics(counts))
         return out
 
 
@@ -660,6 +679,13 @@ def _row_index(dataset: Any) -> dict[Any, int]:
             raise ValueError(f"train_dataset rows {seen[key]} and {i}: duplicate id {key!r}; ids key the replay buffer and must be unique")
         seen[key] = i
     return seen
+
+
+def _with_text(completion: Any, text: str) -> Any:
+    """``completion`` (a string, or TRL's conversational ``[{"role": "assistant", ...}]``) with ``text``."""
+    if isinstance(completion, str):
+        return text
+    return [{**completion[0], "content": text}, *completion[1:]]
 
 
 def _gather_groups(local: list[tuple[str, Any]]) -> list[list[tuple[str, Any]]]:
