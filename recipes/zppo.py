@@ -5,7 +5,9 @@
 
 The YAML sets fields of three dataclasses: `ScriptArguments` below (the dataset and what
 this script does), `zppo_trl.ZPPOConfig` (training and the ZPPO method) and
-`trl.ModelConfig` (the student). Any field can be overridden on the command line.
+`trl.ModelConfig` (the student). Any field can be overridden on the command line. A YAML with
+a `base:` key (the paper's comparison rows, `recipes/rows/`) is that base recipe with the
+YAML's own fields on top.
 
 A run validates its dataset up front, loads the student (a VLM when its config has a vision
 tower, else a causal LM) with its processor, grades with the boxed grader (plus the judge
@@ -19,9 +21,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
+
+import yaml
 
 import torch
 import transformers
@@ -181,7 +186,9 @@ def dry_run(script_args: ScriptArguments, args: ZPPOConfig, model_args: ModelCon
     )
     out(f"  student rollouts: {generation_backend(args)}")
     if args.reformulations:
-        out(f"  teacher: {args.teacher_model} at {args.teacher_base_url} (G_T={args.teacher_num_generations}, compression <= {args.compression_max_tokens} tokens)")
+        cap = args.compression_max_tokens
+        use = {"hint": f"hints <= {cap} tokens", "prefix": f"response prefix alpha={args.prefix_fraction:g}"}.get(args.reformulations[0], f"compression <= {cap} tokens")
+        out(f"  teacher: {args.teacher_model} at {args.teacher_base_url} (G_T={args.teacher_num_generations}, {use})")
     judging = script_args.use_judge and args.judge_base_url and args.judge_model
     out(f"  judge: {f'{args.judge_model} at {args.judge_base_url}' if judging else 'off (boxed grader only)'}")
     if composition.rollout_steps is not None:
@@ -315,8 +322,44 @@ def build_parser() -> TrlParser:
     return parser
 
 
+def load_recipe(path: str, _seen: tuple[str, ...] = ()) -> dict:
+    """The fields of a recipe YAML; a ``base:`` (relative to the YAML) is loaded first and overridden."""
+    path = os.path.abspath(path)
+    if path in _seen:
+        raise ValueError(f"{path}: base recipes form a cycle ({' -> '.join(_seen + (path,))})")
+    if not os.path.isfile(path):
+        raise ValueError(f"config {path} does not exist" + (f" (the base of {_seen[-1]})" if _seen else ""))
+    with open(path) as f:
+        fields = yaml.safe_load(f) or {}
+    if not isinstance(fields, dict):
+        raise ValueError(f"{path}: a recipe is a mapping of field: value")
+    base = fields.pop("base", None)
+    if base is None:
+        return fields
+    return {**load_recipe(os.path.join(os.path.dirname(path), base), (*_seen, path)), **fields}
+
+
+def _resolve_base(argv: list[str]) -> list[str]:
+    """``argv`` with a ``--config`` that has a ``base:`` replaced by the merged recipe (a temporary file)."""
+    if "--config" not in argv or argv.index("--config") + 1 >= len(argv):
+        return argv
+    at = argv.index("--config") + 1
+    with open(argv[at]) as f:
+        if "base" not in (yaml.safe_load(f) or {}):
+            return argv
+    merged = tempfile.NamedTemporaryFile("w", prefix="zppo-recipe-", suffix=".yaml", delete=False)
+    with merged:
+        yaml.safe_dump(load_recipe(argv[at]), merged)
+    return [*argv[:at], merged.name, *argv[at + 1 :]]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        argv = _resolve_base(argv)
+    except (OSError, ValueError, yaml.YAMLError) as err:
+        print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
     if any(flag in argv for flag in ("--dry_run", "--print_server_lengths")) and "--use_cpu" not in argv:
         if not torch.cuda.is_available():  # validate a GPU recipe here: bf16 on CPU needs use_cpu
             argv += ["--use_cpu", "true"]

@@ -182,6 +182,14 @@ def test_train_sh_plans_servers_then_training():
         assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr)
 
 
+def test_slurm_launches_a_comparison_row_through_its_base_recipe():
+    run = _run(LAUNCH / "slurm_zppo.sbatch", "recipes/rows/grpo_dagger_hint.yaml", env={"DRY_RUN": "1", "NODES": NODES})
+    assert run.returncode == 0, run.stderr
+    assert "bash recipes/launch/serve_student.sh --model Qwen/Qwen3.5-0.8B" in run.stdout  # read from the base recipe
+    train = next(line for line in run.stdout.splitlines() if line.startswith("+ srun --nodes=6"))
+    assert "recipes/zppo.py --config recipes/rows/grpo_dagger_hint.yaml" in train
+
+
 def test_slurm_layouts():
     server = _run(LAUNCH / "slurm_zppo.sbatch", "recipes/qwen35_4b.yaml", "--max_steps", "8", env={"DRY_RUN": "1", "NODES": NODES})
     assert server.returncode == 0, server.stderr

@@ -95,6 +95,61 @@ def test_dry_run_prints_the_papers_composition(scale):
     assert "dry run ok; nothing was trained." in out
 
 
+# recipes/rows/: the paper's name of each comparison row at 0.8B, and the fields that make it that row.
+ROWS = {
+    "grpo": ("GRPO", dict(reformulations=[], replay_fraction=0.0)),
+    "grpo_dagger": ("GRPO\u2020", dict(reformulations=[], replay_fraction=0.25)),
+    "grpo_dagger_bcq": ("GRPO\u2020+BCQ", dict(reformulations=["bcq"])),
+    "grpo_dagger_ncq": ("GRPO\u2020+NCQ", dict(reformulations=["ncq"])),
+    "grpo_both": ("GRPO+Both", dict(reformulations=["bcq", "ncq"], replay_fraction=0.0)),
+    "grpo_dagger_hint": ("GRPO\u2020+Hint", dict(reformulations=["hint"])),
+    "grpo_dagger_prefix": ("GRPO\u2020+Prefix", dict(reformulations=["prefix"], prefix_fraction=0.4)),
+    "zppo_gspo": ("ZPPO (GSPO)", dict(policy_objective="gspo", importance_sampling_level="sequence")),
+    "zppo_cispo": ("ZPPO (CISPO)", dict(policy_objective="cispo", loss_type="cispo")),
+    "zppo_dispo": ("ZPPO (DISPO)", dict(policy_objective="dispo")),
+    "gspo_dagger": ("GSPO\u2020", dict(policy_objective="gspo", reformulations=[])),
+    "cispo_dagger": ("CISPO\u2020", dict(policy_objective="cispo", reformulations=[])),
+    "dispo_dagger": ("DISPO\u2020", dict(policy_objective="dispo", reformulations=[])),
+}  # fmt: skip
+
+
+def test_every_row_recipe_is_the_0_8b_recipe_changed_only_where_the_row_differs(tmp_path):
+    from trl import TrlParser
+
+    from zppo_trl import ZPPOConfig
+
+    assert sorted(p.stem for p in (REPO / "recipes/rows").glob("*.yaml")) == sorted(ROWS)
+    recipe = _recipe_module()
+    base = yaml.safe_load((REPO / "recipes/qwen35_0.8b.yaml").read_text())
+    derived = ("importance_sampling_level", "loss_type")  # set by policy_objective, never by a YAML
+    for name, (variant, fields) in ROWS.items():
+        merged = recipe.load_recipe(str(REPO / f"recipes/rows/{name}.yaml"))
+        differs = {k: v for k, v in merged.items() if v != base.get(k) and k not in ("output_dir", "hub_model_id")}
+        assert differs == {k: v for k, v in fields.items() if k not in derived and v != base.get(k)}, name
+        assert merged["output_dir"] != base["output_dir"] and merged["hub_model_id"] != base["hub_model_id"], name
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(merged))
+        parser = TrlParser((recipe.ScriptArguments, ZPPOConfig, recipe.ModelConfig))
+        _, args, _ = parser.parse_args_and_config(["--config", str(tmp_path / f"{name}.yaml"), "--use_cpu", "true"])
+        assert args.variant == variant, name
+        for field_name, value in fields.items():
+            assert getattr(args, field_name) == value, (name, field_name)
+
+
+def test_a_row_recipe_dry_runs_through_its_base(tmp_path):
+    run = _recipe("--config", "recipes/rows/grpo_dagger_prefix.yaml", "--dry_run")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "ZPPO dry run: GRPO\u2020+Prefix" in run.stdout and "response prefix alpha=0.4" in run.stdout
+    assert "output_dir outputs/grpo-dagger-prefix-qwen35-0.8b" in run.stdout
+    cycle = tmp_path / "a.yaml"
+    cycle.write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    run = _recipe("--config", cycle, "--dry_run")
+    assert run.returncode == 2 and "form a cycle" in run.stderr, run.stderr[-2000:]
+    (tmp_path / "c.yaml").write_text("base: missing.yaml\n")
+    run = _recipe("--config", tmp_path / "c.yaml", "--dry_run")
+    assert run.returncode == 2 and "missing.yaml does not exist" in run.stderr, run.stderr[-2000:]
+
+
 def test_command_line_overrides_the_yaml():
     run = _recipe("--config", "recipes/qwen35_0.8b.yaml", "--dry_run", "--num_training_ranks", "24", "--reformulations", "", "--replay_fraction", "0.5")
     assert run.returncode == 0, run.stderr[-3000:]

@@ -1,6 +1,6 @@
 """zppo_trl: Zone of Proximal Policy Optimization (ZPPO) for TRL.
 
-The pure modules (`prompts`, `rewards`, `replay`, `advantages`, `reformulate`) import no
+The pure modules (`prompts`, `rewards`, `replay`, `advantages`, `reformulate`, `objectives`) import no
 TRL; `ZPPOConfig` (and the trainer) are imported lazily so `import zppo_trl` stays light.
 """
 

@@ -8,6 +8,10 @@ clamps the unclipped ratio at ``delta`` inside the min; for A < 0 that is exactl
 dual clip ``max(q, c_dual * A)`` of eq. dualclip, and for A >= 0 it never binds because
 ``1 + epsilon_high < delta``.
 
+``policy_objective`` swaps Step 6's objective for one of sec:appendix:backbones (GSPO,
+CISPO, DISPO; see :mod:`zppo_trl.objectives`); it alone may move TRL's objective settings
+off the paper's (``importance_sampling_level`` for GSPO, ``loss_type`` for CISPO).
+
 The I optimizer partitions of one rollout step map onto TRL's batching as
 ``steps_per_generation = num_partitions * gradient_accumulation_steps``: one generation
 feeds ``num_partitions`` optimizer updates.
@@ -24,11 +28,12 @@ from trl import GRPOConfig
 from .advantages import NORMALIZATIONS
 from .augmentation import check_kinds
 from .context import PAPER_MAX_PROMPT_LENGTH, ContextLengths, context_lengths
+from .objectives import DUAL_CLIP_OBJECTIVES, OBJECTIVE_NAMES, OBJECTIVES, DispoBounds
 from .prompts import RL_CLOSER
 from .reformulate import KINDS, augment_limit
 from .replay import replay_count
 
-__all__ = ["ZPPOConfig", "StepComposition", "PAPER_OBJECTIVE"]
+__all__ = ["ZPPOConfig", "StepComposition", "PAPER_OBJECTIVE", "OBJECTIVE_SETTINGS"]
 
 # TRL settings that would change the paper's objective, with the value it needs and why.
 # The objective (eq:ppo-token-ratio, eq:dualclip, "What on-policy means"): a per-token PPO
@@ -49,6 +54,18 @@ PAPER_OBJECTIVE: dict[str, tuple[object, str]] = {
     "beta": (0.0, "the objective has no KL penalty"),
     "entropy_coef": (0.0, "the objective has no entropy bonus"),
     "use_adaptive_entropy": (False, "the objective has no entropy bonus"),
+}
+
+# What each Step-6 objective (policy_objective) sets among PAPER_OBJECTIVE's TRL settings; the rest
+# stay the paper's ("every other setting follows tab:appendix:hyperparameters"). GSPO is TRL's
+# sequence-level ratio under DAPO's token aggregation (TRL warns about the pair; ZPPO keeps it on
+# purpose). CISPO is TRL's loss, given the weight bound 1 + epsilon_high by the trainer. DISPO is
+# ZPPO's own loss (ZPPOTrainer._compute_loss) and changes no TRL setting.
+OBJECTIVE_SETTINGS: dict[str, dict[str, object]] = {
+    "grpo": {},
+    "gspo": {"importance_sampling_level": "sequence"},
+    "cispo": {"loss_type": "cispo"},
+    "dispo": {},
 }
 
 
@@ -149,6 +166,35 @@ class ZPPOConfig(GRPOConfig):
         metadata={"help": "Appended last to every student prompt (plain, BCQ and NCQ); datasets hold raw questions."},
     )
 
+    # --- Step 6's policy objective (sec:appendix:backbones, tab:appendix:backbones)
+    policy_objective: str = field(
+        default="grpo",
+        metadata={
+            "help": "Step 6's objective: 'grpo' (the paper's: DAPO token-level clipped surrogate with the dual clip), "
+            "'gspo' (one sequence-level ratio per rollout), 'cispo' (clipped stop-gradient importance weight, bound "
+            "1 + epsilon_high) or 'dispo' (four-way clip, zero gradient outside it). Every other setting stays the paper's."
+        },
+    )
+    # DISPO's defaults: the values of a public DISPO training script (slime-based), NOT checked against the DISPO
+    # paper's own table, which could not be read here. Correct responses keep a gradient for 0.8 <= r <= 11;
+    # incorrect ones for 0 <= r <= 101 (the paper finds tight bounds on incorrect responses collapse training).
+    dispo_epsilon_low_pos: float = field(
+        default=0.2,
+        metadata={"help": "DISPO, correct responses (A > 0): tokens with weight below 1 - this get no gradient."},
+    )
+    dispo_epsilon_high_pos: float = field(
+        default=10.0,
+        metadata={"help": "DISPO, correct responses (A > 0): tokens with weight above 1 + this get no gradient."},
+    )
+    dispo_epsilon_low_neg: float = field(
+        default=1.0,
+        metadata={"help": "DISPO, incorrect responses (A < 0): tokens with weight below 1 - this get no gradient (1: no lower bound)."},
+    )
+    dispo_epsilon_high_neg: float = field(
+        default=100.0,
+        metadata={"help": "DISPO, incorrect responses (A < 0): tokens with weight above 1 + this get no gradient."},
+    )
+
     # --- the frozen teacher (an OpenAI-compatible server; vLLM in production)
     teacher_base_url: str | None = field(
         default=None,
@@ -240,6 +286,8 @@ class ZPPOConfig(GRPOConfig):
             self.steps_per_generation = self.num_partitions * self.gradient_accumulation_steps
         super().__post_init__()
         self._validate_objective()
+        for name, value in OBJECTIVE_SETTINGS[self.policy_objective].items():  # after the check: the user may not set them
+            setattr(self, name, value)
         expected = self.num_partitions * self.gradient_accumulation_steps
         if self.steps_per_generation != expected:
             raise ValueError(
@@ -290,6 +338,14 @@ class ZPPOConfig(GRPOConfig):
                 f"reformulations {self.reformulations} need a teacher: set teacher_base_url and teacher_model "
                 "(or reformulations: [] for GRPO\u2020)"
             )
+        if self.policy_objective not in OBJECTIVES:
+            raise ValueError(f"policy_objective must be one of {list(OBJECTIVES)}, got {self.policy_objective!r}")
+        for name in ("dispo_epsilon_low_pos", "dispo_epsilon_high_pos", "dispo_epsilon_low_neg", "dispo_epsilon_high_neg"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.policy_objective not in DUAL_CLIP_OBJECTIVES:
+            return  # CISPO and DISPO bound the importance weight themselves: delta plays no part in them
         if self.delta is None:
             raise ValueError("delta=None turns off the dual clip of eq:dualclip, which ZPPO's objective has; set delta (paper: 10.0)")
         if self.delta <= 1 + (self.epsilon_high if self.epsilon_high is not None else self.epsilon):
@@ -297,25 +353,47 @@ class ZPPOConfig(GRPOConfig):
 
     def _validate_objective(self) -> None:
         """Refuse TRL settings that would train a different objective than the paper's (after TRL's
-        own normalisation of them, e.g. ``scale_rewards: false`` -> ``"none"``)."""
+        own normalisation of them, e.g. ``scale_rewards: false`` -> ``"none"``). The one exception is
+        the value ``policy_objective`` itself sets (so a saved config of, say, CISPO loads again)."""
+        own = OBJECTIVE_SETTINGS[self.policy_objective]
         for name, (required, why) in PAPER_OBJECTIVE.items():
             value = getattr(self, name)
-            if value != required:
-                raise ValueError(f"{name}={value!r} changes ZPPO's objective: {why}. Set {name}={required!r}")
+            if value == required or (name in own and value == own[name]):
+                continue
+            hint = ""
+            for objective, settings in OBJECTIVE_SETTINGS.items():
+                if name in settings and settings[name] == value:  # e.g. loss_type="cispo": that objective sets it
+                    hint = f" (to train with {OBJECTIVE_NAMES[objective]} as Step 6's objective, set policy_objective={objective!r})"
+            raise ValueError(f"{name}={value!r} changes ZPPO's objective: {why}. Set {name}={required!r}{hint}")
 
     @property
     def variant(self) -> str:
         """The paper's name for this configuration (ZPPO, GRPO, GRPO†, GRPO†+BCQ, GRPO†+NCQ, GRPO+Both,
-        GRPO†+Hint, GRPO†+Prefix)."""
+        GRPO†+Hint, GRPO†+Prefix).
+
+        With another Step-6 objective, tab:appendix:backbones' names: ``ZPPO (GSPO)`` for the full
+        method, ``GSPO†`` for the replay pipeline without reformulations; any other ablation is
+        ``<variant> (<OBJECTIVE>)``, e.g. ``GRPO†+BCQ (DISPO)``.
+        """
         kinds = set(self.reformulations)
         replay = self.replay_fraction > 0
         if kinds == set(KINDS):
-            return "ZPPO" if replay else "GRPO+Both"
-        if not kinds:
-            return "GRPO\u2020" if replay else "GRPO"
-        kind = next(iter(kinds))
-        name = kind.upper() if kind in KINDS else kind.capitalize()
-        return f"GRPO\u2020+{name}" if replay else f"GRPO+{name}"
+            name = "ZPPO" if replay else "GRPO+Both"
+        elif not kinds:
+            name = "GRPO\u2020" if replay else "GRPO"
+        else:
+            kind = next(iter(kinds))
+            kind = kind.upper() if kind in KINDS else kind.capitalize()
+            name = f"GRPO\u2020+{kind}" if replay else f"GRPO+{kind}"
+        if self.policy_objective == "grpo":
+            return name
+        objective = OBJECTIVE_NAMES[self.policy_objective]
+        return f"{objective}\u2020" if name == "GRPO\u2020" else f"{name} ({objective})"
+
+    @property
+    def dispo_bounds(self) -> DispoBounds:
+        """DISPO's four clip epsilons (see :func:`zppo_trl.objectives.dispo_per_token_loss`)."""
+        return DispoBounds(self.dispo_epsilon_low_pos, self.dispo_epsilon_high_pos, self.dispo_epsilon_low_neg, self.dispo_epsilon_high_neg)
 
     def composition(self, world_size: int) -> StepComposition:
         """The rollout step this configuration makes on ``world_size`` ranks (see :class:`StepComposition`)."""

@@ -16,7 +16,8 @@ One rollout step (every ``num_partitions * gradient_accumulation_steps`` micro-s
    Teacher text is only ever prompt.
 6. All groups are split, intact, into ``num_partitions`` optimizer mini-batches;
    advantages are two-step per partition; a partition without a non-trivial group
-   makes no update at all (no forward, no backward, no optimizer state change).
+   makes no update at all (no forward, no backward, no optimizer state change). The
+   policy objective is ``policy_objective``'s (:meth:`ZPPOTrainer._compute_loss`).
 7. The buffer is refreshed from the plain groups only.
 
 Distributed runs: every decision (replay draw, ranking, caps, planning, partitioning,
@@ -30,6 +31,7 @@ zero-weight rows to equal sizes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -53,6 +55,7 @@ from .callbacks import QuietProgressCallback, RolloutSummaryCallback
 from .config import ZPPOConfig
 from .model_card import PAPER_CITATION, PAPER_TITLE, CardFacts, render_model_card
 from .augmentation import Augmentation, BuiltGroups, Evidence, make_augmentation
+from .objectives import cispo_weight_bound, dispo_outside, dispo_per_token_loss
 from .prompts import compose_prompt
 from .reformulate import augment_limit, select_hard
 from .replay import PromptReplayBuffer, replay_count
@@ -144,7 +147,10 @@ class ZPPOTrainer(GRPOTrainer):
             if not callable(func) or isinstance(func, (str, torch.nn.Module)):
                 raise ValueError(f"ZPPO needs verifiable rewards: reward_funcs must be plain callables, got {func!r}")
         row_of = _row_index(train_dataset)
-        super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, **kwargs)
+        with _gspo_warning_expected(args):
+            super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, **kwargs)
+        if args.policy_objective == "cispo":  # TRL's cispo clamps the weight at epsilon_high itself; MiniMax-M1's bound is 1 + eps_high
+            self.epsilon_high = cispo_weight_bound(self.epsilon_high)  # args.epsilon_high keeps its meaning
 
         args.composition(self.accelerator.num_processes)  # raises unless every rank holds whole groups
         self._row_of = row_of  # id -> dataset row, for replayed questions and BCQ/NCQ prompts
@@ -292,6 +298,69 @@ class ZPPOTrainer(GRPOTrainer):
         os.makedirs(args.output_dir, exist_ok=True)
         with open(os.path.join(args.output_dir, "README.md"), "w") as f:
             f.write(render_model_card(args, facts, self.state.log_history))
+
+    # ------------------------------------------------------------------ Step 6: the policy objective
+
+    def _compute_loss(self, model, inputs):
+        """Step 6's loss on one micro-batch, for ``args.policy_objective``.
+
+        GRPO (the paper's), GSPO and CISPO are TRL's own loss: ``ZPPOConfig`` sets TRL's fields and
+        ``__init__`` CISPO's weight bound. DISPO is ZPPO's
+        (:func:`zppo_trl.objectives.dispo_per_token_loss`), aggregated as TRL's ``"dapo"``: a sum
+        over the completion tokens divided by the partition's token count.
+        """
+        if self.args.policy_objective != "dispo":
+            return super()._compute_loss(model, inputs)
+        mode = "train" if self.model.training else "eval"
+        mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        logps, entropies, aux_loss = self._completion_logps(model, inputs)
+        old = inputs.get("old_per_token_logps")
+        old = logps.detach() if old is None else old  # as TRL: no stored old log-probs means the sampling policy is this one
+        advantages = inputs["advantages"]
+        advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+        per_token_loss = dispo_per_token_loss(logps, old, advantages, self.args.dispo_bounds)
+        loss = (per_token_loss * mask).sum() / self._dapo_normalizer(inputs, mode)
+        if self.aux_loss_enabled:  # as TRL: the MoE router's balancing loss, scaled for gradient accumulation
+            loss = loss + self.router_aux_loss_coef * aux_loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)
+        self._log_dispo(mode, mask.detach(), torch.exp(logps.detach() - old.detach()), advantages, entropies)
+        return loss
+
+    def _completion_logps(self, model, inputs):
+        """Per-token log-probs, entropies and router aux loss of the completions, as TRL computes them."""
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        multimodal = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")  # fmt: skip
+        return self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, inputs["completion_ids"].size(1), compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled, **{key: inputs.get(key) for key in multimodal},
+        )  # fmt: skip
+
+    def _dapo_normalizer(self, inputs, mode: str) -> torch.Tensor:
+        """TRL's ``"dapo"`` divisor: ``num_items_in_batch`` rescaled to one accumulation window (ZPPO's
+        micro-batches carry their partition's token count x ``num_partitions``, so it is that count)."""
+        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+        if mode == "train":  # in eval the batch is neither split across steps nor accumulated
+            normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        return normalizer
+
+    def _log_dispo(self, mode: str, mask, ratio, advantages, entropies) -> None:
+        """Over every rank's completion tokens: TRL's ``entropy``, and the fraction DISPO's clip stopped per
+        regime, ``clip_ratio/{pos,neg}_{low,high}_mean`` (A > 0 or A < 0; weight below 1 - low or above
+        1 + high), and ``clip_ratio/region_mean`` (any of the four)."""
+        below, above = dispo_outside(ratio, advantages, self.args.dispo_bounds)
+        pos, neg = (advantages > 0).expand_as(below), (advantages < 0).expand_as(below)
+        values = {
+            "entropy": entropies,
+            "clip_ratio/pos_low_mean": below & pos,
+            "clip_ratio/pos_high_mean": above & pos,
+            "clip_ratio/neg_low_mean": below & neg,
+            "clip_ratio/neg_high_mean": above & neg,
+            "clip_ratio/region_mean": below | above,
+        }
+        sums = torch.stack([(value.detach().double() * mask).sum() for value in values.values()] + [mask.sum().double()])
+        sums = self.accelerator.reduce(sums, reduction="sum")
+        for name, total in zip(values, sums[:-1]):
+            self._metrics[mode][name].append((total / sums[-1].clamp(min=1.0)).item())
 
     # ------------------------------------------------------------------ state
 
@@ -686,6 +755,25 @@ def _with_text(completion: Any, text: str) -> Any:
     if isinstance(completion, str):
         return text
     return [{**completion[0], "content": text}, *completion[1:]]
+
+
+@contextlib.contextmanager
+def _gspo_warning_expected(args: ZPPOConfig):
+    """Drop TRL's construction-time warning that a sequence-level ratio under ``loss_type="dapo"``
+    weights each rollout by its length (it points to ``loss_type="grpo"``): ZPPO's GSPO keeps DAPO's
+    token aggregation on purpose, as tab:appendix:backbones does ("every other setting follows
+    tab:appendix:hyperparameters"). Any other warning, and every other objective's, passes."""
+    trl_logger = logging.getLogger(GRPOTrainer.__module__)
+
+    def expected(record: logging.LogRecord) -> bool:
+        # accelerate's logger prefixes the rank ("[RANK 0] "), hence `in`
+        return not (args.policy_objective == "gspo" and "When using `importance_sampling_level='sequence'`" in record.getMessage())
+
+    trl_logger.addFilter(expected)
+    try:
+        yield
+    finally:
+        trl_logger.removeFilter(expected)
 
 
 def _gather_groups(local: list[tuple[str, Any]]) -> list[list[tuple[str, Any]]]:

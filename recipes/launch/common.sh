@@ -103,6 +103,20 @@ start_server() {
     wait_for_http "$health" "${timeout:-1800}" "$name" "$pid"
 }
 
+# recipe_field CONFIG NAME: NAME's value in a recipe YAML, else in the base: recipe it builds on
+# (recipes/rows/ name the scale recipe as their base).
+recipe_field() {
+    local config=$1 name=$2 value base
+    while [[ -f "$config" ]]; do
+        value=$(sed -n "s/^$name: *\([^ #]*\).*/\1/p" "$config")
+        [[ -n "$value" ]] && { echo "$value"; return 0; }
+        base=$(sed -n 's/^base: *\([^ #]*\).*/\1/p' "$config")
+        [[ -n "$base" ]] || return 1
+        config="$(dirname "$config")/$base"
+    done
+    return 1
+}
+
 # server_lengths CONFIG [RECIPE OVERRIDES...]: "STUDENT TEACHER", the --max-model-len of the
 # student's and the teacher's servers for that recipe (its own prompt, block and completion
 # lengths). A recipe or override that does not parse stops the launch here, before any server.

@@ -58,7 +58,7 @@ done
 [[ -f "$config" ]] || die "--config $config: no such file" 2
 [[ -f "$accel" ]] || die "--accelerate-config $accel: no such file" 2
 if [[ "$teacher_gpus" == none && -z "$teacher_url" ]]; then die "--teacher-gpus none needs --teacher-url" 2; fi
-student_model=$(sed -n 's/^model_name_or_path: *\([^ #]*\).*/\1/p' "$config")
+student_model=$(recipe_field "$config" model_name_or_path)
 [[ -n "$student_model" ]] || die "$config has no model_name_or_path" 2
 
 # Both servers' contexts from the recipe's own lengths (a BCQ/NCQ prompt is longer than a plain one).
