@@ -18,6 +18,7 @@ import math
 from collections import defaultdict
 
 import pytest
+import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -50,8 +51,8 @@ class Spy:
         return rewards
 
 
-def _config(tmp_path, server, reformulations) -> ZPPOConfig:
-    return ZPPOConfig(
+def _config(tmp_path, server, reformulations, **overrides) -> ZPPOConfig:
+    settings = dict(
         output_dir=str(tmp_path / "out"),
         use_cpu=True,
         bf16=False,
@@ -75,6 +76,7 @@ def _config(tmp_path, server, reformulations) -> ZPPOConfig:
         seed=0,
         disable_tqdm=True,
     )
+    return ZPPOConfig(**{**settings, **overrides})
 
 
 def _trainer(student_dir, server, tmp_path, reformulations, spy) -> ZPPOTrainer:
@@ -180,3 +182,38 @@ def test_prefix_row_continues_a_correct_teacher_prefix_that_carries_no_loss(boxe
     assert checked == G * trainer.counters["prefix_trained_total"]
     plain = [c for (groups, _), c in zip(rounds, spy.calls) if groups[0].kind in ("new", "replay")]
     assert trainer.replay_buffer.residents() == _expected_buffer(plain).residents()
+
+
+@pytest.mark.parametrize(
+    "objective, variant, logged",
+    [("gspo", "ZPPO (GSPO)", "clip_ratio/region_mean"), ("cispo", "ZPPO (CISPO)", "cispo_clip_ratio"), ("dispo", "ZPPO (DISPO)", "clip_ratio/neg_high_mean")],
+)
+def test_zppo_trains_under_each_step_6_objective(boxed_text_student_dir, boxed_teacher_server, tmp_path, objective, variant, logged):
+    spy = Spy()
+    args = _config(tmp_path, boxed_teacher_server, ["bcq", "ncq"], policy_objective=objective, max_steps=2)
+    trainer = ZPPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(boxed_text_student_dir),
+        reward_funcs=spy,
+        args=args,
+        train_dataset=Dataset.from_list(toy_rows("text")),
+        processing_class=AutoTokenizer.from_pretrained(boxed_text_student_dir),
+    )
+    assert args.variant == variant
+    # what makes it that objective in TRL's loss (the loss formulas themselves: tests/test_objectives.py)
+    assert (trainer.importance_sampling_level, trainer.loss_type) == {"gspo": ("sequence", "dapo"), "cispo": ("token", "cispo"), "dispo": ("token", "dapo")}[objective]
+    if objective == "cispo":
+        assert trainer.epsilon_high == pytest.approx(1.28)  # MiniMax-M1's bound 1 + eps_high
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    calls = []
+    loss = trainer._compute_loss
+
+    def compute_loss(model, inputs):
+        calls.append(objective)
+        return loss(model, inputs)
+
+    trainer._compute_loss = compute_loss
+    trainer.train()
+    assert calls, "no optimizer update ran a loss"
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    assert any(logged in h for h in trainer.state.log_history), logged  # the objective's own metric
+    assert trainer.counters["bcq_trained_total"] + trainer.counters["ncq_trained_total"] > 0

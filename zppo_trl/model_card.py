@@ -48,6 +48,7 @@ _SETTINGS = (
     ("epsilon_high", "clip-higher"),
     ("delta", "dual clip"),
     ("loss_type", "loss aggregation"),
+    ("policy_objective", "Step 6 objective"),
     ("beta", "KL weight"),
     ("learning_rate", "learning rate"),
     ("weight_decay", "weight decay"),
