@@ -187,7 +187,12 @@ def dry_run(script_args: ScriptArguments, args: ZPPOConfig, model_args: ModelCon
     out(f"  student rollouts: {generation_backend(args)}")
     if args.reformulations:
         cap = args.compression_max_tokens
-        use = {"hint": f"hints <= {cap} tokens", "prefix": f"response prefix alpha={args.prefix_fraction:g}"}.get(args.reformulations[0], f"compression <= {cap} tokens")
+        use = {
+            "hint": f"hints <= {cap} tokens",
+            "prefix": f"response prefix alpha={args.prefix_fraction:g}",
+            "correction": "corrects one wrong rollout per hard question; graded SFT targets",
+            "reflection": "revises a correct draft with the wrong rollouts; graded SFT targets",
+        }.get(args.reformulations[0], f"compression <= {cap} tokens")
         out(f"  teacher: {args.teacher_model} at {args.teacher_base_url} (G_T={args.teacher_num_generations}, {use})")
     judging = script_args.use_judge and args.judge_base_url and args.judge_model
     out(f"  judge: {f'{args.judge_model} at {args.judge_base_url}' if judging else 'off (boxed grader only)'}")

@@ -27,7 +27,7 @@ import math
 import time
 from pathlib import Path
 
-from zppo_trl.prompts import compose_prompt, render_compression, render_hint
+from zppo_trl.prompts import compose_prompt, render_compression, render_correction, render_hint, render_reflection
 
 try:  # tests/ on sys.path (pytest's default import mode) or imported as a package
     from tiny_models import tiny_processor, tiny_text_model, tiny_tokenizer, tiny_vlm
@@ -238,8 +238,9 @@ def _training_batches(processing, rows: list[dict], role: str, kind: str) -> lis
     """The (batch, weights) pairs to fit: the answers, and for a teacher also the compressions.
 
     A teacher also serves BCQ/NCQ compression, so it learns to answer the paper's compression
-    prompt with a non-empty ``<summary>`` (an empty one would drop the instance), and the Hint
-    control's hint prompt with one fixed answer-free sentence. Copying
+    prompt with a non-empty ``<summary>`` (an empty one would drop the instance), the Hint
+    control's hint prompt with one fixed answer-free sentence, and the supervised controls'
+    correction and refinement prompts with the right answer. Copying
     the answer into the summary is beyond a model this size, so the summary is one fixed
     sentence, learnt from a few responses in the two forms the trainer sends: a student's
     decoded completion and a teacher's reply as `transformers serve` returns it (the think
@@ -252,11 +253,13 @@ def _training_batches(processing, rows: list[dict], role: str, kind: str) -> lis
     batches = [_training_batch(processing, pairs, with_images=kind == "vlm")]
     if role == "teacher":
         tokenizer = getattr(processing, "tokenizer", processing)
+        def decode(text: str) -> str:  # a completion as the trainer reads it back
+            return tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"], skip_special_tokens=True)
+
         responses = []
         for row in rows[:4]:
             for answer in (row["answer"], distractors(row)[0]):
-                ids = tokenizer(completion(answer), add_special_tokens=False)["input_ids"]
-                responses += [tokenizer.decode(ids, skip_special_tokens=True), f"\\boxed{{{answer}}}"]
+                responses += [decode(completion(answer)), f"\\boxed{{{answer}}}"]
         for render, reply in ((render_compression, COMPRESSION_REPLY), (render_hint, HINT_REPLY)):
             rewrites = []
             for response in responses:
@@ -264,6 +267,14 @@ def _training_batches(processing, rows: list[dict], role: str, kind: str) -> lis
                 prompt = processing.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
                 rewrites.append((prompt + reply, [], reply, len(rows) / len(responses) / 4))
             batches.append(_training_batch(processing, rewrites, with_images=False))
+        fixes = []
+        for row in rows:
+            right, wrong = (decode(completion(a)) for a in (row["answer"], distractors(row)[0]))
+            for request in (render_correction(row["question"], wrong), render_reflection(row["question"], right, [wrong, wrong])):
+                conversation = [{"role": "user", "content": request}]
+                prompt = processing.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+                fixes.append((prompt + completion(row["answer"]), [], completion(row["answer"]), 1 / 8))
+        batches.append(_training_batch(processing, fixes, with_images=False))
     return batches
 
 

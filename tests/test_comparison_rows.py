@@ -217,3 +217,140 @@ def test_zppo_trains_under_each_step_6_objective(boxed_text_student_dir, boxed_t
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
     assert any(logged in h for h in trainer.state.log_history), logged  # the objective's own metric
     assert trainer.counters["bcq_trained_total"] + trainer.counters["ncq_trained_total"] > 0
+
+
+def _supervised_run(student_dir, server, tmp_path, kind):
+    """Train the supervised ``kind`` row for two rollout steps; record its plain rounds, gradings,
+    teacher requests and every trained micro-batch."""
+    spy = Spy()
+    trainer = _trainer(student_dir, server, tmp_path, [kind], spy)
+    record = dict(plain=[], graded=[], requests=[], micro=[])
+    generate_round, grade, sample = trainer._generate_round, trainer._grade, trainer.teacher.sample_async
+    prepare = trainer._prepare_inputs
+
+    def generate(groups, name, metrics):
+        out = generate_round(groups, name, metrics)
+        record["plain"].append(out)
+        return out
+
+    def graded(row, texts):
+        verdicts = grade(row, texts)
+        record["graded"] += [(row["id"], t, v) for t, v in zip(texts, verdicts)]
+        return verdicts
+
+    def sample_async(conversations, *args, **kwargs):
+        record["requests"] += [(c[-1]["content"], kwargs.get("n", args[0] if args else None)) for c in conversations]
+        return sample(conversations, *args, **kwargs)
+
+    def prepare_inputs(batch):
+        out = prepare(batch)
+        if not isinstance(batch, dict) and not out.get("zppo_skip"):  # a micro-batch is prepared once more inside training_step
+            record["micro"].append(out)
+        return out
+
+    trainer._generate_round, trainer._grade, trainer.teacher.sample_async, trainer._prepare_inputs = generate, graded, sample_async, prepare_inputs
+    trainer.train()
+    return trainer, record
+
+
+def _trained_rows(trainer, micro_batches):
+    """(prompt text, target text) of every row with loss tokens."""
+    tokenizer = trainer.processing_class
+    rows = []
+    for micro in micro_batches:
+        for i in range(micro["prompt_ids"].size(0)):
+            if micro["completion_mask"][i].any():
+                prompt = tokenizer.decode(micro["prompt_ids"][i][micro["prompt_mask"][i].bool()])
+                target = tokenizer.decode(micro["completion_ids"][i][micro["completion_mask"][i].bool()], skip_special_tokens=True)
+                rows.append((prompt, target))
+    return rows
+
+
+def _plain_scores(record):
+    """The plain rounds as `_expected_buffer` reads them: question id and reward per rollout (fillers left out)."""
+    for plain in record["plain"]:
+        G = len(plain.texts) // len(plain.meta[0])
+        kept = [(key, plain.rewards[g * G : (g + 1) * G].tolist()) for g, (kind, key) in enumerate(plain.meta[0]) if kind != "filler"]
+        yield {"ids": [key for key, rewards in kept for _ in rewards], "rewards": [r for _, rewards in kept for r in rewards]}
+
+
+def _check_cross_entropy(trainer, micro):
+    """The trainer's loss on a supervised micro-batch is the summed NLL of its target tokens over the partition's count."""
+    model = trainer.model
+    ids = torch.cat([micro["prompt_ids"], micro["completion_ids"]], dim=1)
+    attention = torch.cat([micro["prompt_mask"], micro["completion_mask"]], dim=1)
+    with torch.no_grad():
+        loss = trainer._compute_loss(model, micro)
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, micro["prompt_ids"].size(1) - 1 : -1]
+    logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, micro["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    args = trainer.args
+    tokens = micro["num_items_in_batch"] * args.gradient_accumulation_steps / args.steps_per_generation
+    expected = -(logps * micro["completion_mask"]).sum() / tokens
+    assert float(loss) == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
+
+
+def test_correction_sft_trains_verified_corrections_and_the_wrong_attempt_under_their_tags(boxed_text_student_dir, boxed_teacher_server, tmp_path):
+    trainer, record = _supervised_run(boxed_text_student_dir, boxed_teacher_server, tmp_path, "correction")
+    assert trainer.args.variant == "Correction-SFT\u2020"
+    questions = {row["id"]: row["question"] for row in toy_rows("text")}
+    assert trainer.counters["correction_trained_total"] > 0, _rollout_logs(trainer)
+    assert all(n == 1 for _, n in record["requests"])  # one corrector call per question, no G_T sampling
+    assert all("<incorrect_attempt>" in text for text, _ in record["requests"])
+    verified = {(key, text.strip()) for key, text, ok in record["graded"] if ok}
+    wrong = defaultdict(set)
+    G = trainer.num_generations
+    for plain in record["plain"]:
+        for i, text in enumerate(plain.texts):
+            if plain.rewards.view(trainer.accelerator.num_processes, -1)[0][i] <= 0.5:
+                wrong[plain.meta[0][i // G][1]].add(text.strip())
+    rows = _trained_rows(trainer, record["micro"])
+    tags = defaultdict(int)
+    for prompt, target in rows:
+        key = next(k for k, q in questions.items() if compose_prompt(q, "<correct>", RL_CLOSER) in prompt or compose_prompt(q, "<incorrect>", RL_CLOSER) in prompt)
+        tag = "<correct>" if compose_prompt(questions[key], "<correct>", RL_CLOSER) in prompt else "<incorrect>"
+        tags[tag] += 1
+        if tag == "<correct>":
+            assert (key, target.strip()) in verified  # graded before it became a target
+        else:
+            assert target.strip() in wrong[key]  # the student's own wrong attempt
+    assert tags["<correct>"] == tags["<incorrect>"] == trainer.counters["correction_trained_total"]
+    _check_cross_entropy(trainer, record["micro"][0])
+    assert trainer.replay_buffer.residents() == _expected_buffer(_plain_scores(record)).residents()
+
+
+def test_error_reflection_sft_trains_verified_revisions_under_the_bare_question(boxed_text_student_dir, boxed_teacher_server, tmp_path):
+    trainer, record = _supervised_run(boxed_text_student_dir, boxed_teacher_server, tmp_path, "reflection")
+    assert trainer.args.variant == "Error-reflection-SFT\u2020"
+    questions = {row["id"]: row["question"] for row in toy_rows("text")}
+    assert trainer.counters["reflection_trained_total"] > 0, _rollout_logs(trainer)
+    revisions = [text for text, n in record["requests"] if n == 1]
+    assert revisions and all("<student_attempts>" in text and "<your_draft>" in text for text in revisions)
+    verified = {(key, text.strip()) for key, text, ok in record["graded"] if ok}
+    rows = _trained_rows(trainer, record["micro"])
+    assert len(rows) == trainer.counters["reflection_trained_total"]
+    for prompt, target in rows:
+        key = next(k for k, q in questions.items() if compose_prompt(q, None, RL_CLOSER) in prompt)
+        assert "<correct>" not in prompt and "<student_attempts>" not in prompt  # mistakes shape only the target
+        assert (key, target.strip()) in verified
+    _check_cross_entropy(trainer, record["micro"][0])
+
+
+def test_a_correction_that_fails_grading_never_becomes_a_target(boxed_teacher_server, tmp_path):
+    from zppo_trl.supervised import CorrectionTargets, SupervisedInstance
+    from zppo_trl.teacher import TeacherClient
+
+    row = toy_rows("text")[0]
+    graded = []
+
+    def grade(key, texts):
+        graded.append((key, list(texts)))
+        return [False] * len(texts)  # a grader that finds every correction wrong
+
+    targets = CorrectionTargets(lambda key: row["question"], lambda key, text: [{"role": "user", "content": text}], grade)
+    args = _config(tmp_path, boxed_teacher_server, ["correction"])
+    metrics: dict = {}
+    instances = [SupervisedInstance("correction", row["id"], "<think> guess </think> \\boxed{1}")] * 2
+    with TeacherClient(boxed_teacher_server.base_url, boxed_teacher_server.model) as teacher:
+        built = targets.build(instances, teacher, args, metrics)
+    assert len(graded) == 2 and all(texts and texts[0] for _, texts in graded)  # the teacher answered and was graded
+    assert built.groups == [] and built.instances == [] and metrics["correction_rejected"] == 2

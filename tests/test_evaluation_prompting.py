@@ -542,3 +542,13 @@ def test_multichallenge_history_with_the_closer_on_the_final_user_turn():
         build_requests("MultiCh", bad)
     with pytest.raises(ValueError, match=r"'conversation'\[0\].*role"):
         build_requests("MultiCh", {**bad, "conversation": [{"role": "robot", "content": "x"}]})
+
+
+@pytest.mark.parametrize("name", ["GPQA-D", "MultiCh"])
+def test_a_condition_tag_sits_right_before_the_closer(name):
+    """Correction-SFT is evaluated under <correct> (alg:correctionsft): the tag, then the closer, last."""
+    (plain,) = build_requests(name, _row(name))
+    (tagged,) = build_requests(name, _row(name), condition="<correct>")
+    last = lambda request: (lambda c: c if isinstance(c, str) else c[-1]["text"])(request.messages[-1]["content"])  # noqa: E731
+    assert "<correct>" not in last(plain)
+    assert last(tagged) == last(plain).replace(f"\n\n{RL_CLOSER}", f"\n\n<correct>\n\n{RL_CLOSER}")

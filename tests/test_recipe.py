@@ -110,6 +110,8 @@ ROWS = {
     "gspo_dagger": ("GSPO\u2020", dict(policy_objective="gspo", reformulations=[])),
     "cispo_dagger": ("CISPO\u2020", dict(policy_objective="cispo", reformulations=[])),
     "dispo_dagger": ("DISPO\u2020", dict(policy_objective="dispo", reformulations=[])),
+    "correction_sft_dagger": ("Correction-SFT\u2020", dict(reformulations=["correction"])),
+    "reflection_sft_dagger": ("Error-reflection-SFT\u2020", dict(reformulations=["reflection"])),
 }  # fmt: skip
 
 

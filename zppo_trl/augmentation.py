@@ -46,10 +46,11 @@ __all__ = [
     "BuiltGroups",
 ]
 
-# Every kind of extra group, and the combinations a run may use: a subset of BCQ/NCQ (ZPPO and its
-# ablations), or one of the paper's controls alone (they are compared on GRPO†, never combined).
-AUGMENTATION_KINDS = (*KINDS, "hint", "prefix")
-_ALONE = ("hint", "prefix")
+# Every kind of extra group or target, and the combinations a run may use: a subset of BCQ/NCQ (ZPPO
+# and its ablations), or one of the paper's controls alone (each is its own row, never combined):
+# Hint, Prefix, and the supervised Correction-SFT and Error-reflection-SFT (zppo_trl.supervised).
+AUGMENTATION_KINDS = (*KINDS, "hint", "prefix", "correction", "reflection")
+_ALONE = ("hint", "prefix", "correction", "reflection")
 
 
 @dataclass(frozen=True)
@@ -69,12 +70,16 @@ class Evidence:
 
 class BuiltGroup(NamedTuple):
     """One group to sample: its kind and question key, the prompt block (None: the plain
-    prompt) and the response prefix the student continues (token ids; None: no prefix)."""
+    prompt) and the response prefix the student continues (token ids; None: no prefix).
+
+    With ``target`` set it is instead one supervised instance (the SFT controls): the prompt is
+    trained on that given response (cross-entropy on its tokens), nothing is sampled."""
 
     kind: str
     key: Hashable
     block: str | None = None
     response_prefix: tuple[int, ...] | None = None
+    target: str | None = None
 
 
 @dataclass
@@ -99,11 +104,24 @@ def check_kinds(kinds: Sequence[str]) -> tuple[str, ...]:
     return kinds
 
 
-def make_augmentation(kinds: Sequence[str], *, prefix_fraction: float = 0.4, tokenizer: Any = None) -> Augmentation | None:
-    """The step-5 augmentation of a configuration's ``reformulations`` (None for none: GRPO†/GRPO)."""
+def make_augmentation(
+    kinds: Sequence[str], *, prefix_fraction: float = 0.4, tokenizer: Any = None, question_of: Any = None, teacher_chat: Any = None, grade: Any = None
+) -> Augmentation | None:
+    """The step-5 augmentation of a configuration's ``reformulations`` (None for none: GRPO†/GRPO).
+
+    The supervised controls need the trainer's ``question_of(key)``, ``teacher_chat(key, text)``
+    and ``grade(key, responses)`` (see :mod:`zppo_trl.supervised`); Prefix the student's tokenizer.
+    """
     kinds = check_kinds(kinds)
     if not kinds:
         return None
+    if kinds[0] in ("correction", "reflection"):
+        from .supervised import CorrectionTargets, ReflectionTargets  # imports this module
+
+        if None in (question_of, teacher_chat, grade):
+            raise ValueError(f"the {kinds[0]} control needs question_of, teacher_chat and grade")
+        cls = CorrectionTargets if kinds[0] == "correction" else ReflectionTargets
+        return cls(question_of, teacher_chat, grade)
     if kinds == ("hint",):
         return TeacherHint()
     if kinds == ("prefix",):
@@ -120,6 +138,10 @@ class Augmentation(ABC):
     """
 
     kinds: tuple[str, ...] = ()
+    # whether step 2 samples G_T teacher rollouts per question for this augmentation's evidence
+    needs_teacher_rollouts = True
+    # whether its instances are supervised targets (BuiltGroup.target) rather than groups to sample
+    supervised = False
 
     @abstractmethod
     def plan(self, evidence: Evidence, limit: int, rng: random.Random, metrics: dict) -> list:

@@ -65,6 +65,8 @@ def _kind(logs: dict, kind: str) -> str:
     groups = int(logs.get(f"zppo/{kind}_trained", 0))
     if not groups:
         return f"{kind.upper()} 0"
+    if f"zppo/{kind}_accuracy" not in logs:  # a supervised control: verified targets, nothing sampled
+        return f"{kind.upper()} {groups} verified ({int(logs.get(f'zppo/{kind}_rejected', 0))} rejected)"
     accuracy = logs.get(f"zppo/{kind}_accuracy", 0.0)
     signal = int(logs.get(f"zppo/{kind}_signal", 0))
     return f"{kind.upper()} {groups} (in-prompt acc {accuracy:.2f}, {signal}/{groups} with signal)"

@@ -69,6 +69,10 @@ OBJECTIVE_SETTINGS: dict[str, dict[str, object]] = {
 }
 
 
+# How tab:mistakes prints the supervised controls (the dagger marks the replay buffer).
+_SUPERVISED_NAMES = {"correction": "Correction-SFT", "reflection": "Error-reflection-SFT"}
+
+
 @dataclass(frozen=True)
 class StepComposition:
     """What one rollout step of a :class:`ZPPOConfig` holds on ``world_size`` ranks.
@@ -134,7 +138,8 @@ class ZPPOConfig(GRPOConfig):
         default_factory=lambda: list(KINDS),
         metadata={
             "help": "Extra groups on hard questions: a subset of ['bcq', 'ncq'] (ZPPO); [] turns them off (GRPO†); "
-            "['hint'] or ['prefix'] alone is the paper's Hint or Prefix control (alg:hint, alg:prefix)."
+            "['hint'] or ['prefix'] alone is the paper's Hint or Prefix control (alg:hint, alg:prefix); ['correction'] "
+            "or ['reflection'] alone trains the supervised Correction-SFT or Error-reflection-SFT control instead of RL."
         },
     )
     prefix_fraction: float = field(
@@ -340,6 +345,8 @@ class ZPPOConfig(GRPOConfig):
             )
         if self.policy_objective not in OBJECTIVES:
             raise ValueError(f"policy_objective must be one of {list(OBJECTIVES)}, got {self.policy_objective!r}")
+        if self.policy_objective != "grpo" and set(self.reformulations) & set(_SUPERVISED_NAMES):
+            raise ValueError(f"policy_objective={self.policy_objective!r} has no effect on the supervised {self.reformulations[0]!r} row (it trains cross-entropy); leave it 'grpo'")
         for name in ("dispo_epsilon_low_pos", "dispo_epsilon_high_pos", "dispo_epsilon_low_neg", "dispo_epsilon_high_neg"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
@@ -383,8 +390,11 @@ class ZPPOConfig(GRPOConfig):
             name = "GRPO\u2020" if replay else "GRPO"
         else:
             kind = next(iter(kinds))
-            kind = kind.upper() if kind in KINDS else kind.capitalize()
-            name = f"GRPO\u2020+{kind}" if replay else f"GRPO+{kind}"
+            if kind in _SUPERVISED_NAMES:  # a supervised row of its own, not GRPO plus a branch
+                name = _SUPERVISED_NAMES[kind] + ("\u2020" if replay else "")
+            else:
+                kind = kind.upper() if kind in KINDS else kind.capitalize()
+                name = f"GRPO\u2020+{kind}" if replay else f"GRPO+{kind}"
         if self.policy_objective == "grpo":
             return name
         objective = OBJECTIVE_NAMES[self.policy_objective]
@@ -415,7 +425,7 @@ class ZPPOConfig(GRPOConfig):
             rollouts=G,
             updates=self.num_partitions,
             new_prompts_per_update=new / self.num_partitions,
-            teacher_rollouts=self.teacher_num_generations if self.reformulations else 0,
+            teacher_rollouts=self.teacher_num_generations if self.reformulations and self.reformulations != ["correction"] else 0,  # Correction-SFT samples none
             rows_per_micro_batch=self.per_device_train_batch_size,
             micro_batches_per_update=self.gradient_accumulation_steps,
             rollout_steps=self.max_steps // self.num_partitions if self.max_steps and self.max_steps > 0 else None,

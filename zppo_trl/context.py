@@ -17,7 +17,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .prompts import BCQ_INSTRUCTION, COMPRESSION_TEMPLATE, HINT_TEMPLATE, JUDGE_TEMPLATE, NCQ_INSTRUCTION, candidate_blocks, fill, hint_block
+from .prompts import (
+    BCQ_INSTRUCTION,
+    COMPRESSION_TEMPLATE,
+    CORRECTION_TEMPLATE,
+    HINT_TEMPLATE,
+    INCORRECT_TAG,
+    JUDGE_TEMPLATE,
+    NCQ_INSTRUCTION,
+    REFLECTION_TEMPLATE,
+    candidate_blocks,
+    fill,
+    hint_block,
+)
 
 __all__ = ["ContextLengths", "context_lengths", "PAPER_MAX_PROMPT_LENGTH", "JUDGE_REPLY_TOKENS"]
 
@@ -51,7 +63,7 @@ class ContextLengths:
     block: int  # the longest BCQ/NCQ block (0 without reformulations)
     completion: int
     teacher_sampling: int
-    compression: int
+    compression: int  # the longest rewrite request with its reply: compression, hint, correction or revision
     judge: int
 
     @property
@@ -98,6 +110,8 @@ def context_lengths(
         blocks.append(_bytes(fill(NCQ_INSTRUCTION, answers="")) + listed + 1 + num_generations * candidate)
     if "hint" in reformulations:
         blocks.append(_bytes(hint_block("h")) - 1 + compression_max_tokens)
+    if "correction" in reformulations:  # the polarity tag
+        blocks.append(_bytes(INCORRECT_TAG))
     # A Prefix group adds nothing: its prefix and continuation share max_completion_length.
     separators = 2 * _bytes("\n\n")  # question | block | closer
     block = max(blocks) + (separators if max(blocks) else 0)
@@ -108,6 +122,20 @@ def context_lengths(
         block=block,
         completion=max_completion_length,
         teacher_sampling=max_prompt_length + teacher_max_tokens,
-        compression=CHAT_TOKENS + max(_bytes(fill(t, response="")) for t in (COMPRESSION_TEMPLATE, HINT_TEMPLATE)) + longest_rollout + compression_max_tokens,
+        compression=max(
+            CHAT_TOKENS + max(_bytes(fill(t, response="")) for t in (COMPRESSION_TEMPLATE, HINT_TEMPLATE)) + longest_rollout + compression_max_tokens,
+            _rewrite_request(reformulations, max_prompt_length, max_completion_length, num_generations, teacher_max_tokens),
+        ),
         judge=CHAT_TOKENS + judge_template + max_prompt_length + longest_rollout + ANSWER_TOKENS + OPTIONS_TOKENS + JUDGE_REPLY_TOKENS,
     )
+
+
+def _rewrite_request(reformulations, prompt: int, completion: int, num_generations: int, teacher_max_tokens: int) -> int:
+    """The supervised controls' teacher request and reply: Correction-SFT reads one wrong rollout;
+    Error-reflection-SFT reads a teacher draft and every wrong rollout of the group, in full."""
+    if "correction" in reformulations:
+        return CHAT_TOKENS + _bytes(fill(CORRECTION_TEMPLATE, question="", incorrect_attempt="")) + prompt + completion + teacher_max_tokens
+    if "reflection" in reformulations:
+        template = _bytes(fill(REFLECTION_TEMPLATE, question="", draft="", student_attempts=""))
+        return CHAT_TOKENS + template + prompt + 2 * teacher_max_tokens + num_generations * (completion + 1)
+    return 0

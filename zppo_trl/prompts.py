@@ -24,6 +24,8 @@ __all__ = [
     "HINT_TEMPLATE",
     "CORRECTION_TEMPLATE",
     "REFLECTION_TEMPLATE",
+    "CORRECT_TAG",
+    "INCORRECT_TAG",
     "fill",
     "candidate_blocks",
     "bcq_block",
@@ -132,6 +134,11 @@ REFLECTION_TEMPLATE = """Below is a question, your own draft solution, and sever
 <student_attempts>
 {{ student_attempts }}
 </student_attempts>"""
+
+# alg:correctionsft: the polarity tag of a Correction-SFT instance, placed before the closer
+# (the corrected response trains under <correct>, the wrong one under <incorrect>; evaluation keeps <correct>).
+CORRECT_TAG = "<correct>"
+INCORRECT_TAG = "<incorrect>"
 
 _FIELD = re.compile(r"\{\{ (\w+) \}\}")
 

@@ -73,7 +73,7 @@ _CORRECT = 0.5  # rewards are binary accuracies; a rollout is correct above this
 # Step metrics that also keep a running total (`<name>_total`), besides each augmentation kind's
 # own (`<kind>`, `<kind>_trained`, `_correct`, `_rollouts`, `_signal`).
 _TOTALS = ("compression_failures", "dropped", "prompts_over_context", "skipped_partitions", "admitted", "graduated", "evicted")
-_KIND_TOTALS = ("", "_trained", "_correct", "_rollouts", "_signal")
+_KIND_TOTALS = ("", "_trained", "_correct", "_rollouts", "_signal", "_targets")
 
 
 class _Group(NamedTuple):
@@ -163,9 +163,17 @@ class ZPPOTrainer(GRPOTrainer):
         self.teacher = teacher
         if self.teacher is None and args.reformulations:
             self.teacher = TeacherClient.from_config(args)
-        # Step 5's augmentation: ZPPO's BCQ/NCQ prompts, or the Hint/Prefix control; None for GRPO†.
-        self.augmentation: Augmentation | None = make_augmentation(args.reformulations, prefix_fraction=args.prefix_fraction, tokenizer=self._tokenizer)
+        # Step 5's augmentation: ZPPO's BCQ/NCQ prompts, or a comparison row's; None for GRPO†.
+        self.augmentation: Augmentation | None = make_augmentation(
+            args.reformulations,
+            prefix_fraction=args.prefix_fraction,
+            tokenizer=self._tokenizer,
+            question_of=lambda key: self._row(key)[data.QUESTION],
+            teacher_chat=lambda key, text: self._teacher_conversation(self._row(key), text),
+            grade=lambda key, texts: self._grade(self._row(key), texts),
+        )
         self._round_prefixes: list | None = None  # the response prefixes of the round being generated
+        self._round_given: list | None = None  # the given responses of a supervised targets round
         self._set_up_console()
 
     def _set_up_console(self) -> None:
@@ -229,6 +237,8 @@ class ZPPOTrainer(GRPOTrainer):
         return prompt_ids, images, multimodal_fields
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if self._round_given is not None:  # the supervised controls' targets: given, not sampled
+            return [list(ids) for ids in self._round_given], None
         # Prefix and continuation share max_completion_length (alg:prefix): a continuation is cut at
         # what its prefix leaves, which samples exactly as a shorter generation limit would.
         completion_ids, logprobs = super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
@@ -309,8 +319,28 @@ class ZPPOTrainer(GRPOTrainer):
         (:func:`zppo_trl.objectives.dispo_per_token_loss`), aggregated as TRL's ``"dapo"``: a sum
         over the completion tokens divided by the partition's token count.
         """
-        if self.args.policy_objective != "dispo":
-            return super()._compute_loss(model, inputs)
+        if self.augmentation is not None and self.augmentation.supervised:
+            return self._supervised_loss(model, inputs)
+        if self.args.policy_objective == "dispo":
+            return self._dispo_loss(model, inputs)
+        return super()._compute_loss(model, inputs)
+
+    def _supervised_loss(self, model, inputs):
+        """The supervised controls' loss: cross-entropy on the target's response tokens (prompt and tag
+        tokens are prompt, so never counted), a token mean over the partition, as the RL rows' DAPO mean."""
+        mode = "train" if self.model.training else "eval"
+        logps, _, aux_loss = self._completion_logps(model, inputs)
+        mask = inputs["completion_mask"]
+        nll = -(logps * mask).sum()
+        loss = nll / self._dapo_normalizer(inputs, mode)
+        if self.aux_loss_enabled:  # as TRL: the MoE router's balancing loss, scaled for gradient accumulation
+            loss = loss + self.router_aux_loss_coef * aux_loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)
+        sums = self.accelerator.reduce(torch.stack([nll.detach(), mask.sum().to(nll.dtype)]), reduction="sum")
+        self._metrics[mode]["sft/nll"].append((sums[0] / sums[1].clamp(min=1.0)).item())
+        return loss
+
+    def _dispo_loss(self, model, inputs):
+        """DISPO's loss (:func:`zppo_trl.objectives.dispo_per_token_loss`), aggregated as TRL's dapo."""
         mode = "train" if self.model.training else "eval"
         mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
         logps, entropies, aux_loss = self._completion_logps(model, inputs)
@@ -389,13 +419,16 @@ class ZPPOTrainer(GRPOTrainer):
         text = compose_prompt(row[data.QUESTION], block, self.args.closer)
         return {**row, "prompt": [{"role": "user", "content": text}]}
 
-    def _teacher_conversation(self, row: Mapping) -> list[dict]:
-        """The student's plain prompt with the row's images in it, for the teacher's server."""
-        prompt = self._with_prompt(row)["prompt"]
-        text = prompt[0]["content"]
+    def _row(self, key: Any) -> Mapping:
+        """The training dataset's row of question ``key``."""
+        return self.train_dataset[self._row_of[key]]
+
+    def _teacher_conversation(self, row: Mapping, text: str | None = None) -> list[dict]:
+        """A chat for the teacher's server: the row's images, then ``text`` (default: the student's plain prompt)."""
+        text = compose_prompt(row[data.QUESTION], None, self.args.closer) if text is None else text
         images = row.get(data.IMAGES) or []
         if not images:
-            return prompt
+            return [{"role": "user", "content": text}]
         return [{"role": "user", "content": [*({"type": "image", "image": im} for im in images), {"type": "text", "text": text}]}]
 
     # ------------------------------------------------------------------ the rollout step
@@ -448,7 +481,7 @@ class ZPPOTrainer(GRPOTrainer):
         # 1. X_new from the dataloader (each row repeated G times), X_replay from the buffer.
         new_keys, replay_keys, plain, fillers = self._draw_questions(inputs)
         # 2. Teacher sampling for every question of X starts now, overlapping the student's rollouts.
-        teacher_future = self._start_teacher_sampling(plain) if augmenting else None
+        teacher_future = self._start_teacher_sampling(plain) if augmenting and self.augmentation.needs_teacher_rollouts else None
         # 3. Plain rollouts, scored; plain accuracy r_x per question over all ranks; the pre-cap.
         plain_round = self._generate_round(plain, "plain", metrics)
         accuracy = _plain_accuracy(plain_round.meta, plain_round.rewards, self.num_generations, order=new_keys + replay_keys)
@@ -459,15 +492,21 @@ class ZPPOTrainer(GRPOTrainer):
         # 5. Augmented instances planned (post-cap) and built; the student's group on each.
         plan = self.augmentation.plan(evidence, limit, self._rng, metrics) if augmenting else []
         built, most = self._build_augmented(plan, metrics)
-        reform_round = self._augmented_round(built, most, plain[0][1], metrics)
-        # 6. Partitions, two-step advantages per partition, padded micro-batches.
-        batch = concat_batches([plain_round.out, reform_round.out], self._tokenizer.pad_token_id)
-        micro_batches = self._partition(batch, plain_round.meta, plain_round.rewards, reform_round.meta, reform_round.rewards, metrics)
+        if augmenting and self.augmentation.supervised:
+            # 5-6, supervised controls: the verified targets, fitted in the partitions of their questions.
+            targets = self._target_round(built, plain[0].row, metrics)
+            micro_batches = self._partition_targets(targets, new_keys, replay_keys, metrics)
+            metrics.update(self._target_metrics(plan, built))
+        else:
+            reform_round = self._augmented_round(built, most, plain[0].row, metrics)
+            # 6. Partitions, two-step advantages per partition, padded micro-batches.
+            batch = concat_batches([plain_round.out, reform_round.out], self._tokenizer.pad_token_id)
+            micro_batches = self._partition(batch, plain_round.meta, plain_round.rewards, reform_round.meta, reform_round.rewards, metrics)
+            if augmenting:
+                metrics.update(self._augmentation_metrics(plan, built, reform_round))
         # 7. Buffer refresh from the plain groups only.
         self._refresh_buffer(accuracy, metrics)
 
-        if augmenting:
-            metrics.update(self._augmentation_metrics(plan, built, reform_round))
         metrics["new"], metrics["replayed"] = len(new_keys), len(replay_keys)
         metrics["plain_accuracy"] = sum(accuracy.values()) / max(len(accuracy), 1)
         self._record_step(metrics, start, augmenting)
@@ -517,7 +556,7 @@ class ZPPOTrainer(GRPOTrainer):
         """Step 4: the teacher's replies graded, and the wrong plain rollouts, of the hard questions (all ranks)."""
         G, world, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
         t0 = time.perf_counter()
-        replies = _result_or_empty(teacher_future, len(plain) - fillers)
+        replies = _result_or_empty(teacher_future, len(plain) - fillers) if teacher_future is not None else [[] for _ in range(len(plain) - fillers)]
         metrics["time/teacher_sample_wait_s"] = time.perf_counter() - t0
         wanted = set(hard)
         local_wrong: dict[Any, list[str]] = defaultdict(list)
@@ -550,6 +589,71 @@ class ZPPOTrainer(GRPOTrainer):
         groups += [_Group(_FILLER, filler_row)] * (most - len(groups))
         return self._generate_round(groups, "reformulated", metrics)
 
+    def _target_round(self, built: BuiltGroups, filler_row: Mapping, metrics: dict) -> _Round:
+        """The supervised controls' step 5: every rank's verified targets teacher-forced through TRL's
+        scoring (nothing is sampled), each rank padded with filler rows to an equal multiple of G.
+
+        A target is its response's tokens and EOS; one longer than ``max_completion_length`` is cut
+        there, without EOS, like a rollout that ran out of room (counted in ``targets_cut``).
+        Returns the batch, and every rank's ``(kind, key)`` per row, fillers marked ``filler``.
+        """
+        G, limit = self.num_generations, self.args.max_completion_length
+        rows, responses, meta, cut = [], [], [], 0
+        for group in built.groups:
+            ids = self._tokenizer(group.target, add_special_tokens=False)["input_ids"]
+            cut += len(ids) >= limit
+            rows.append(self._with_prompt(self.train_dataset[self._row_of[group.key]], group.block))
+            responses.append(ids[:limit] if len(ids) >= limit else [*ids, self._tokenizer.eos_token_id])
+            meta.append((group.kind, group.key))
+        most = max(gather_object([len(rows)]))
+        metrics["targets_cut"] = sum(gather_object([cut]))
+        if not most:
+            return _Round(None, None, [], [[] for _ in range(self.accelerator.num_processes)])
+        fillers = math.ceil(most / G) * G - len(rows)
+        rows += [self._with_prompt(filler_row)] * fillers
+        responses += [[self._tokenizer.eos_token_id]] * fillers
+        meta += [(_FILLER, filler_row[data.ID])] * fillers
+        t0 = time.perf_counter()
+        self._round_given = responses
+        try:
+            out = super()._generate_and_score_completions(rows)
+        finally:
+            self._round_given = None
+        metrics["time/target_scoring_s"] = time.perf_counter() - t0
+        return _Round(concat_batches([out], self._tokenizer.pad_token_id), None, [], _gather_groups(meta))
+
+    def _target_metrics(self, plan, built: BuiltGroups) -> dict:
+        """Per supervised kind: instances planned, instances with a verified target, and targets (all ranks)."""
+        trained, targets = (sum(gather_object([n])) for n in (len(built.instances), len(built.groups)))
+        kind = self.augmentation.kinds[0]
+        return {kind: len(plan), f"{kind}_trained": trained, f"{kind}_targets": targets}
+
+    def _partition_targets(self, targets: _Round, new_keys: Sequence[Any], replay_keys: Sequence[Any], metrics: dict) -> list[dict]:
+        """Deal the step's questions into ``num_partitions`` (new and replayed evenly, as the RL
+        rows are packed); each target trains in its question's partition, and a partition without a
+        verified target on any rank makes no update."""
+        world, rank, ga = self.accelerator.num_processes, self.accelerator.process_index, self.args.gradient_accumulation_steps
+        seed = self._rng.getrandbits(32)
+        keys = [*new_keys, *replay_keys]
+        strata = ["new"] * len(new_keys) + ["replay"] * len(replay_keys)
+        split = partition_groups(list(range(len(keys))), self.args.num_partitions, rng=random.Random(seed), strata=strata)
+        part_of = {keys[i]: p for p, part in enumerate(split) for i in part}
+        rows = [[[i for i, (kind, key) in enumerate(targets.meta[r]) if kind != _FILLER and part_of.get(key) == p] for r in range(world)] for p in range(len(split))]
+        micro_batches: list[dict] = []
+        trained = skipped = 0
+        for p, members in enumerate(rows):
+            if not any(members):
+                skipped += 1
+                micro_batches += [{_SKIP: True}] * ga
+                continue
+            local = members[rank]
+            tokens = torch.tensor(float(targets.out["completion_mask"][local].sum()), device=self.accelerator.device)
+            tokens = float(self.accelerator.reduce(tokens, reduction="sum")) if world > 1 else float(tokens)
+            micro_batches += self._pack_partition(targets.out, local, max(len(m) for m in members), [0.0] * len(local), tokens)
+            trained += sum(len(m) for m in members)
+        metrics["skipped_partitions"], metrics["targets_trained"] = skipped, trained
+        return micro_batches
+
     def _record_step(self, metrics: dict, start: float, augmenting: bool) -> None:
         """Times and teacher counters over all ranks (the slowest rank's times, summed requests), the
         running totals, and every metric into TRL's log."""
@@ -571,7 +675,7 @@ class ZPPOTrainer(GRPOTrainer):
                 logger.warning("teacher: %d of %d requests failed this step; the step continues with what came back", failed, requests)
         self.counters["rollout_steps"] += 1
         kinds = self.augmentation.kinds if self.augmentation is not None else ()
-        for name in (*_TOTALS, *(kind + suffix for kind in kinds for suffix in _KIND_TOTALS)):
+        for name in (*_TOTALS, *(kind + suffix for kind in kinds for suffix in _KIND_TOTALS if kind + suffix in metrics)):
             self.counters[f"{name}_total"] += metrics.get(name, 0)
         metrics.update({name: value for name, value in self.counters.items()})
         for name, value in metrics.items():
@@ -645,27 +749,35 @@ class ZPPOTrainer(GRPOTrainer):
             advantage_of = dict(zip(members, adv.tolist()))
             trained.update(advantage_of)
             local = rows[rank][p]
-            size = max(len(rows[r][p]) for r in range(world))
-            size = max(ga, math.ceil(size / ga) * ga)
-            pad_source = local[0] if local else 0
-            index = local + [pad_source] * (size - len(local))
-            advantages = [advantage_of[(rank, i)] for i in local] + [0.0] * (size - len(local))
-            # TRL's dapo loss divides by num_items_in_batch / processes * grad_accum / steps_per_generation;
-            # this makes the divisor the partition's own token count: a token mean per optimizer update.
-            items = torch.tensor(tokens[p] * partitions, device=self.accelerator.device)
-            per_micro = size // ga
-            for m in range(ga):
-                lo, hi = m * per_micro, (m + 1) * per_micro
-                micro = select_rows(batch, index[lo:hi])
-                micro["advantages"] = torch.tensor(advantages[lo:hi], device=micro["advantages"].device)
-                padding = [j - lo for j in range(max(lo, len(local)), hi)]
-                if padding:  # zero-weight padding rows: no loss tokens
-                    micro["completion_mask"][padding] = 0
-                micro["num_items_in_batch"] = items
-                micro_batches.append(micro)
+            advantages = [advantage_of[(rank, i)] for i in local]
+            micro_batches += self._pack_partition(batch, local, max(len(rows[r][p]) for r in range(world)), advantages, tokens[p])
         metrics["skipped_partitions"] = skipped
         metrics.update(_advantage_stats(list(trained.values())))
         self._log_trained_advantages(trained, [len(plain_meta[0]) * G, len(reform_meta[0]) * G])
+        return micro_batches
+
+    def _pack_partition(self, batch: dict, local: list[int], most: int, advantages: list[float], tokens: float) -> list[dict]:
+        """One optimizer update's ``gradient_accumulation_steps`` micro-batches of this rank's rows ``local``,
+        padded with zero-weight rows to ``most`` (the largest rank's count, rounded up), so every rank
+        steps alike; ``tokens`` is the partition's loss-token count over all ranks."""
+        ga, partitions = self.args.gradient_accumulation_steps, self.args.num_partitions
+        size = max(ga, math.ceil(most / ga) * ga)
+        index = local + [local[0] if local else 0] * (size - len(local))
+        advantages = advantages + [0.0] * (size - len(local))
+        # TRL's dapo loss divides by num_items_in_batch / processes * grad_accum / steps_per_generation;
+        # this makes the divisor the partition's own token count: a token mean per optimizer update.
+        items = torch.tensor(tokens * partitions, device=self.accelerator.device)
+        per_micro = size // ga
+        micro_batches = []
+        for m in range(ga):
+            lo, hi = m * per_micro, (m + 1) * per_micro
+            micro = select_rows(batch, index[lo:hi])
+            micro["advantages"] = torch.tensor(advantages[lo:hi], device=micro["advantages"].device)
+            padding = [j - lo for j in range(max(lo, len(local)), hi)]
+            if padding:  # zero-weight padding rows: no loss tokens
+                micro["completion_mask"][padding] = 0
+            micro["num_items_in_batch"] = items
+            micro_batches.append(micro)
         return micro_batches
 
     def _log_trained_advantages(self, trained: Mapping[tuple[int, int], float], rows_per_round: Sequence[int]) -> None:

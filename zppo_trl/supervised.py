@@ -1,0 +1,154 @@
+"""The supervised controls of the paper's mistakes table: Correction-SFT and Error-reflection-SFT.
+
+Both are step-5 augmentations (:class:`zppo_trl.augmentation.Augmentation`) whose instances are
+supervised targets, not groups to sample: the trainer fits them with cross-entropy on their
+response tokens (prompt and tag tokens masked), in the same optimizer partitions as the RL rows
+(a partition without a verified target is skipped), and the student's plain rollouts only rank
+the hard questions and refresh the buffer. Every target is graded by the trainer's own reward
+functions before it becomes one.
+
+- Correction-SFT (``alg:correctionsft``, ``fig:prompt-correction``; after LeMa and NAT): for each
+  hard question, one wrong student rollout drawn uniformly; the teacher corrects it in one call.
+  A correction graded correct gives two instances: the correction under ``<correct>`` and the
+  wrong rollout under ``<incorrect>`` (the tag before the closer). Evaluation keeps ``<correct>``.
+- Error-reflection-SFT (``alg:errorreflectionsft``, ``fig:prompt-reflection``; after ORION): for
+  each hard question with a graded-correct teacher rollout (of the G_T drafts), one draft drawn
+  uniformly is revised by the teacher with all the question's wrong student rollouts, in full;
+  a revision graded correct is the target under the bare question.
+
+Teacher requests carry the question's images, like the teacher's own rollouts; the templates are
+the paper's text. Pure of TRL: the trainer hands in how to build a chat and how to grade.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .augmentation import Augmentation, BuiltGroup, BuiltGroups, Evidence
+from .prompts import CORRECT_TAG, INCORRECT_TAG, render_correction, render_reflection
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["SupervisedInstance", "CorrectionTargets", "ReflectionTargets"]
+
+# key, text -> the teacher chat: the question's images (if any), then the text.
+TeacherChat = Callable[[Hashable, str], list]
+# key, responses -> one verdict per response, by the trainer's reward functions.
+Grader = Callable[[Hashable, Sequence[str]], list]
+# key -> the question text (without the closer).
+QuestionOf = Callable[[Hashable], str]
+
+
+@dataclass(frozen=True)
+class SupervisedInstance:
+    """One planned Correction-SFT or Error-reflection-SFT instance of a hard question.
+
+    ``source`` is the wrong student rollout to correct, or the teacher draft to revise;
+    ``attempts`` are the question's wrong student rollouts the revision reads (reflection only).
+    """
+
+    kind: str
+    key: Hashable
+    source: str
+    attempts: tuple[str, ...] = ()
+
+
+class _SupervisedTargets(Augmentation):
+    """Planning and building shared by the two supervised controls."""
+
+    kind = ""
+    supervised = True
+
+    def __init__(self, question_of: QuestionOf, teacher_chat: TeacherChat, grade: Grader):
+        self.kinds = (self.kind,)
+        self.question_of = question_of
+        self.teacher_chat = teacher_chat
+        self.grade = grade
+
+    def _requests(self, instances: Sequence[SupervisedInstance]) -> list[list]:
+        raise NotImplementedError
+
+    def _targets(self, inst: SupervisedInstance, reply: str) -> list[BuiltGroup]:
+        raise NotImplementedError
+
+    def build(self, instances: Sequence[SupervisedInstance], teacher: Any, args: Any, metrics: dict) -> BuiltGroups:
+        """One teacher call per instance (the corrector or refiner, at the teacher's own sampling
+        settings and cap), its reply graded; only a verified reply becomes a target."""
+        built = BuiltGroups()
+        if not instances:
+            return built
+        t0 = time.perf_counter()
+        future = teacher.sample_async(
+            self._requests(instances),
+            n=1,
+            max_tokens=args.teacher_max_tokens,
+            temperature=args.teacher_temperature,
+            top_p=args.teacher_top_p,
+        )
+        try:
+            replies = future.result()
+        except Exception as err:  # noqa: BLE001 - an outage must degrade the step, not stop training
+            logger.warning("teacher request failed (%s); continuing without it", err)
+            replies = [[] for _ in instances]
+        metrics["time/compression_s"] = time.perf_counter() - t0
+        rejected = 0
+        for inst, reply in zip(instances, replies):
+            if not reply:
+                built.failures += 1
+            elif not self.grade(inst.key, [reply[0]])[0]:
+                rejected += 1
+            else:
+                built.groups += self._targets(inst, reply[0])
+                built.instances.append(inst)
+        metrics[f"{self.kind}_rejected"] = rejected
+        return built
+
+
+class CorrectionTargets(_SupervisedTargets):
+    """Correction-SFT: the teacher corrects one wrong student rollout per hard question.
+
+    Needs no teacher rollouts (one corrector call per question), so step 2 samples none.
+    A hard question without a wrong rollout (possible only when every rollout was unscorable) is
+    skipped.
+    """
+
+    kind = "correction"
+    needs_teacher_rollouts = False
+
+    def plan(self, evidence: Evidence, limit: int, rng: random.Random, metrics: dict) -> list[SupervisedInstance]:
+        metrics["hard"] = len(evidence.hard)
+        usable = [key for key in evidence.hard if evidence.student_wrong.get(key)]
+        return [SupervisedInstance(self.kind, key, rng.choice(list(evidence.student_wrong[key]))) for key in usable[:limit]]
+
+    def _requests(self, instances):
+        return [self.teacher_chat(inst.key, render_correction(self.question_of(inst.key), inst.source)) for inst in instances]
+
+    def _targets(self, inst, reply):
+        return [BuiltGroup(self.kind, inst.key, CORRECT_TAG, target=reply), BuiltGroup(self.kind, inst.key, INCORRECT_TAG, target=inst.source)]
+
+
+class ReflectionTargets(_SupervisedTargets):
+    """Error-reflection-SFT: the teacher revises one of its graded-correct drafts with all the
+    question's wrong student rollouts; the target trains under the bare question."""
+
+    kind = "reflection"
+
+    def plan(self, evidence: Evidence, limit: int, rng: random.Random, metrics: dict) -> list[SupervisedInstance]:
+        metrics["hard"] = len(evidence.hard)
+        usable = [key for key in evidence.hard if evidence.teacher_correct.get(key) and evidence.student_wrong.get(key)]
+        metrics["hard_reflection_possible"] = len(usable)
+        return [
+            SupervisedInstance(self.kind, key, rng.choice(list(evidence.teacher_correct[key])), tuple(evidence.student_wrong[key]))
+            for key in usable[:limit]
+        ]
+
+    def _requests(self, instances):
+        return [self.teacher_chat(inst.key, render_reflection(self.question_of(inst.key), inst.source, inst.attempts)) for inst in instances]
+
+    def _targets(self, inst, reply):
+        return [BuiltGroup(self.kind, inst.key, None, target=reply)]
