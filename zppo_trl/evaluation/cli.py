@@ -77,6 +77,9 @@ def _run_parser() -> argparse.ArgumentParser:
                      help="items in flight (default 32); each sends its student request, then its judge request")  # fmt: skip
     run.add_argument("--seed", type=int, default=0, help="seeds the per-pass option shuffles (GPQA-D)")
     run.add_argument("--max-frames", type=_positive, default=32, help="frames sampled per video (default 32)")
+    run.add_argument("--condition", default=None,
+                     help="text before the closer of every question: '<correct>' for a Correction-SFT checkpoint (the tag it trained "
+                     "under, as the paper evaluates that row); default none, the paper's shared prompt")  # fmt: skip
     run.add_argument("--max-new-tokens", type=_positive, default=PAPER_DECODING.max_new_tokens,
                      help=f"the student's token budget (paper: {PAPER_DECODING.max_new_tokens}; lower only for smoke tests)")  # fmt: skip
     return parser
@@ -114,7 +117,7 @@ def run_main(argv: list[str] | None = None) -> int:
         decoding = dataclasses.replace(PAPER_DECODING, max_new_tokens=args.max_new_tokens)
         options = EvalOptions(
             passes=args.passes, decoding=decoding, max_samples=args.max_samples, seed=args.seed,
-            max_frames=args.max_frames, concurrency=args.concurrency, sources=sources, video_dir=videos,
+            max_frames=args.max_frames, condition=args.condition, concurrency=args.concurrency, sources=sources, video_dir=videos,
             subtitle_dir=subtitles, sampling_fields=args.sampling_fields,
         )  # fmt: skip
         client_args = dict(max_concurrency=args.concurrency, timeout=args.timeout, max_retries=args.max_retries, api_key_env=args.api_key_env)

@@ -419,7 +419,7 @@ def _text_part(text: str) -> dict:
     return {"type": "text", "text": text}
 
 
-def _multich_request(spec: TaskSpec, row: Mapping[str, Any], row_id: Any) -> list[EvalRequest]:
+def _multich_request(spec: TaskSpec, row: Mapping[str, Any], row_id: Any, condition: str | None = None) -> list[EvalRequest]:
     field = spec.question_field
     conversation = row.get(field)
     if conversation is None:
@@ -440,7 +440,7 @@ def _multich_request(spec: TaskSpec, row: Mapping[str, Any], row_id: Any) -> lis
     if messages[-1]["role"] != "user":
         raise ValueError(f"{spec.name}: row {row_id!r} field {field!r} must end with a user turn")
     final = messages[-1]["content"]
-    messages[-1] = {"role": "user", "content": compose_prompt(final, None, RL_CLOSER)}
+    messages[-1] = {"role": "user", "content": compose_prompt(final, condition, RL_CLOSER)}
     return [EvalRequest(None, messages, final.strip(), None, dict(row))]
 
 
@@ -451,6 +451,7 @@ def build_requests(
     pass_index: int = 0,
     seed: int = 0,
     max_frames: int = DEFAULT_MAX_FRAMES,
+    condition: str | None = None,
 ) -> list[EvalRequest]:
     """The student requests for one row of one setting: one per question the row carries.
 
@@ -461,7 +462,8 @@ def build_requests(
     (`strip_directives`), the lettered option lines, and `prompts.RL_CLOSER` last, exactly once.
     GPQA-D's options are shuffled per (``seed``, ``pass_index``, row ``_id``); the order shown
     is in the returned row under `scorers.PRESENTED_OPTIONS`. See the module docstring for
-    the choices the paper leaves open.
+    the choices the paper leaves open. ``condition`` (e.g. ``"<correct>"`` for a Correction-SFT
+    checkpoint, the one row the paper evaluates under its training tag) goes before the closer.
 
     Raises ValueError naming the setting and field for a row without its question (MultiCh:
     ``conversation``) or with malformed options, and `MediaError` (a ValueError) for an image
@@ -475,7 +477,7 @@ def build_requests(
         raise ValueError(f"{spec.name}: a row must be a dict, got {type(row).__name__}")
     row_id = row.get("_id")
     if spec.name == "MultiCh":
-        return _multich_request(spec, row, row_id)
+        return _multich_request(spec, row, row_id, condition)
 
     scored_row = dict(row)
     if spec.name == "CharXiv":
@@ -506,7 +508,7 @@ def build_requests(
     requests = []
     for part, question in questions:
         body = question if option_text is None else f"{question}\n{option_text}"
-        text = compose_prompt(lead + body, None, RL_CLOSER)
+        text = compose_prompt(lead + body, condition, RL_CLOSER)
         messages = [{"role": "user", "content": [*media, _text_part(text)]}]
         requests.append(EvalRequest(part, messages, question, option_text, dict(scored_row)))
     return requests

@@ -59,7 +59,7 @@ RUN_FILE = "run.json"
 
 # run.json fields that must match for a directory to be resumed (the rest may change: concurrency,
 # endpoints' URLs, the settings to run).
-_RESUME_KEYS = ("model", "passes", "decoding", "sampling_fields", "max_samples", "seed", "max_frames", "judge_model")
+_RESUME_KEYS = ("model", "passes", "decoding", "sampling_fields", "max_samples", "seed", "max_frames", "condition", "judge_model")
 
 
 class EvaluationError(RuntimeError):
@@ -83,6 +83,8 @@ class EvalOptions:
         sampling_fields: ``"all"`` sends every field of `decoding` (vLLM reads them all);
             ``"openai"`` only OpenAI's own (temperature, top-p, presence penalty), for servers that
             reject the others (``transformers serve`` answers 422): not the paper's decoding.
+        condition: text before the closer of every question (``"<correct>"`` for a Correction-SFT
+            checkpoint, the tag it trained under); None for the paper's shared prompt.
     """
 
     passes: int = PAPER_DECODING.passes
@@ -95,6 +97,7 @@ class EvalOptions:
     video_dir: Mapping[str, str] = field(default_factory=dict)
     subtitle_dir: Mapping[str, str] = field(default_factory=dict)
     sampling_fields: str = "all"
+    condition: str | None = None
 
     def __post_init__(self) -> None:
         if self.sampling_fields not in SAMPLING_FIELDS:
@@ -278,7 +281,9 @@ class _SettingRun:
         if self.abort.is_set():
             return
         try:
-            requests = build_requests(self.spec, row, pass_index=pass_index, seed=self.options.seed, max_frames=self.options.max_frames)
+            requests = build_requests(
+                self.spec, row, pass_index=pass_index, seed=self.options.seed, max_frames=self.options.max_frames, condition=self.options.condition
+            )
         except (ValueError, OSError) as err:  # MediaError is a ValueError: unreadable image, missing video
             parts = ("reasoning", *(f"descriptive_{i}" for i in range(1, 5))) if self.spec.name == "CharXiv" else (None,)
             for part in parts:  # one skip per question the row carries, so counts are in items
@@ -544,7 +549,7 @@ def run_suite(
         "judge_model": judge.model if judge else None, "judge_base_url": judge.base_url if judge else None,
         "passes": options.passes, "decoding": dataclasses.asdict(options.decoding), "sampling_fields": options.sampling_fields,
         "max_samples": options.max_samples,
-        "seed": options.seed, "max_frames": options.max_frames, "settings": names,
+        "seed": options.seed, "max_frames": options.max_frames, "condition": options.condition, "settings": names,
         "sources": {name: options.sources.get(name) or SUITE[name].dataset for name in names},
     }  # fmt: skip
     _check_resume(run_dir, manifest)
