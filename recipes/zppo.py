@@ -123,7 +123,7 @@ def reward_functions(script_args: ScriptArguments, args: ZPPOConfig) -> list:
 def endpoints(script_args: ScriptArguments, args: ZPPOConfig) -> list[tuple[str, str, str]]:
     """(role, base_url, model) of every server the run talks to besides the student's vLLM."""
     out = []
-    if args.reformulations:
+    if args.reformulations or args.distillation == "off":
         out.append(("teacher", args.teacher_base_url, args.teacher_model))
     if script_args.use_judge and args.judge_base_url and args.judge_model:
         if not out or (args.judge_base_url, args.judge_model) != (out[0][1], out[0][2]):
@@ -194,6 +194,8 @@ def dry_run(script_args: ScriptArguments, args: ZPPOConfig, model_args: ModelCon
             "reflection": "revises a correct draft with the wrong rollouts; graded SFT targets",
         }.get(args.reformulations[0], f"compression <= {cap} tokens")
         out(f"  teacher: {args.teacher_model} at {args.teacher_base_url} (G_T={args.teacher_num_generations}, {use})")
+    if args.distillation:
+        out(f"  distillation: {args.variant} against {args.distill_teacher}, loaded next to the student on every rank (GKD JSD, beta={args.distill_beta:g})")
     judging = script_args.use_judge and args.judge_base_url and args.judge_model
     out(f"  judge: {f'{args.judge_model} at {args.judge_base_url}' if judging else 'off (boxed grader only)'}")
     if composition.rollout_steps is not None:
@@ -218,6 +220,17 @@ def dry_run(script_args: ScriptArguments, args: ZPPOConfig, model_args: ModelCon
             out(f"  FAIL  student {model_args.model_name_or_path}: {err}")
         else:
             out(f"  skip  student {model_args.model_name_or_path}: config not reachable here ({type(err).__name__}: {str(err).splitlines()[0][:100]})")
+    if args.distillation:  # the teacher loaded next to the student: its config only
+        try:
+            transformers.AutoConfig.from_pretrained(args.distill_teacher)
+            out(f"  ok    distill_teacher {args.distill_teacher}")
+        except Exception as err:  # noqa: BLE001 - reported, not raised
+            if not is_hub_id(args.distill_teacher):
+                reason = err if os.path.exists(args.distill_teacher) else "no such directory"
+                problems.append(f"distill_teacher {args.distill_teacher}: {reason}")
+                out(f"  FAIL  distill_teacher {args.distill_teacher}: {reason}")
+            else:
+                out(f"  skip  distill_teacher {args.distill_teacher}: config not reachable here ({type(err).__name__})")
     # dataset: every row when local
     if not is_hub_id(script_args.dataset_name):  # a local path, existing or not (see zppo_trl.data.is_hub_id)
         try:

@@ -123,7 +123,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("outdir")
     parser.add_argument("model_dir")
-    parser.add_argument("--mode", choices=["grpo", "zppo"], default="grpo")
+    parser.add_argument("--mode", choices=["grpo", "zppo", "correction", "on-distill"], default="grpo")
+    parser.add_argument("--distill-teacher", help="on-distill: the teacher model directory loaded for its logits")
     parser.add_argument("--max-steps", type=int, default=9)
     parser.add_argument("--teacher-url")
     parser.add_argument("--teacher-model")
@@ -162,7 +163,7 @@ def main() -> None:
         from zppo_trl.rewards import boxed_accuracy_reward
 
         settings.update(
-            reformulations=["bcq", "ncq"],
+            reformulations={"zppo": ["bcq", "ncq"], "correction": ["correction"], "on-distill": []}[cli.mode],
             learning_rate=1e-4,  # keep the boxed student answering in format for the next steps
             augment_fraction=0.5,  # at most floor(0.5 * 6) = 3 instances per step: an odd number to deal over 2 ranks
             teacher_base_url=cli.teacher_url,
@@ -172,6 +173,8 @@ def main() -> None:
             compression_max_tokens=32,
             max_completion_length=32,
         )
+        if cli.mode == "on-distill":
+            settings.update(distillation="on", distill_teacher=cli.distill_teacher)
         rows, reward = toy_rows("text"), boxed_accuracy_reward
 
     args = ZPPOConfig(**settings)

@@ -354,3 +354,107 @@ def test_a_correction_that_fails_grading_never_becomes_a_target(boxed_teacher_se
         built = targets.build(instances, teacher, args, metrics)
     assert len(graded) == 2 and all(texts and texts[0] for _, texts in graded)  # the teacher answered and was graded
     assert built.groups == [] and built.instances == [] and metrics["correction_rejected"] == 2
+
+
+def _direct_jsd(student_logits, teacher_logits, mask, beta=0.5):
+    """GKD's generalized JSD per position, written out from probabilities: beta KL(T||M) + (1-beta) KL(S||M), M = beta T + (1-beta) S."""
+    s, t = torch.softmax(student_logits.double(), -1), torch.softmax(teacher_logits.double(), -1)
+    m = beta * t + (1 - beta) * s
+    kl = lambda p, q: (p * (p.clamp_min(1e-300).log() - q.clamp_min(1e-300).log())).sum(-1)  # noqa: E731
+    return ((beta * kl(t, m) + (1 - beta) * kl(s, m)) * mask).sum()
+
+
+def test_generalized_jsd_is_gkds_formula_and_zero_when_the_distributions_agree():
+    from zppo_trl.distill import generalized_jsd
+
+    torch.manual_seed(0)
+    student, teacher = torch.randn(2, 5, 11), torch.randn(2, 5, 11)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    for beta in (0.5, 0.2):
+        assert float(generalized_jsd(student, teacher, mask, beta, 8.0)) == pytest.approx(float(_direct_jsd(student, teacher, mask, beta)) / 8.0, rel=1e-5)
+    assert float(generalized_jsd(student, student.clone(), mask, 0.5, 8.0)) == pytest.approx(0.0, abs=1e-7)
+    assert float(generalized_jsd(student, teacher + 100 * (1 - mask)[..., None], mask, 0.5, 8.0)) == pytest.approx(
+        float(_direct_jsd(student, teacher, mask)) / 8.0, rel=1e-5
+    )  # masked positions never count
+
+
+def _distill_run(student_dir, teacher_dir, server, tmp_path, mode, **overrides):
+    spy = Spy()
+    args = _config(tmp_path, server, [], distillation=mode, distill_teacher=str(teacher_dir), **overrides)
+    trainer = ZPPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(student_dir),
+        reward_funcs=spy,
+        args=args,
+        train_dataset=Dataset.from_list(toy_rows("text")),
+        processing_class=AutoTokenizer.from_pretrained(student_dir),
+    )
+    record = dict(plain=[], graded=[], micro=[])
+    generate_round, grade, prepare = trainer._generate_round, trainer._grade, trainer._prepare_inputs
+
+    def generate(groups, name, metrics):
+        out = generate_round(groups, name, metrics)
+        record["plain"].append(out)
+        return out
+
+    def graded(row, texts):
+        verdicts = grade(row, texts)
+        record["graded"] += [(row["id"], t, v) for t, v in zip(texts, verdicts)]
+        return verdicts
+
+    def prepare_inputs(batch):
+        out = prepare(batch)
+        if not isinstance(batch, dict) and not out.get("zppo_skip"):
+            record["micro"].append(out)
+        return out
+
+    trainer._generate_round, trainer._grade, trainer._prepare_inputs = generate, graded, prepare_inputs
+    trainer.train()
+    return trainer, record
+
+
+def _check_jsd_loss(trainer, micro):
+    """The trainer's loss on a distillation micro-batch is the direct JSD of student and teacher over the partition's tokens."""
+    ids = torch.cat([micro["prompt_ids"], micro["completion_ids"]], dim=1)
+    attention = torch.cat([micro["prompt_mask"], micro["completion_mask"]], dim=1)
+    width, vocab = micro["prompt_ids"].size(1), len(trainer.processing_class)
+    with torch.no_grad():
+        loss = trainer._compute_loss(trainer.model, micro)
+        student = trainer.model(input_ids=ids, attention_mask=attention).logits[:, width - 1 : -1, :vocab]
+        teacher = trainer.distill_teacher(input_ids=ids, attention_mask=attention).logits[:, width - 1 : -1, :vocab]
+    args = trainer.args
+    tokens = micro["num_items_in_batch"] * args.gradient_accumulation_steps / args.steps_per_generation
+    assert float(loss) == pytest.approx(float(_direct_jsd(student, teacher, micro["completion_mask"]) / tokens), rel=1e-4, abs=1e-7)
+    assert float(loss) > 0
+
+
+def test_on_distill_imitates_the_teacher_on_every_student_rollout(boxed_text_student_dir, boxed_text_teacher_dir, boxed_teacher_server, tmp_path):
+    trainer, record = _distill_run(boxed_text_student_dir, boxed_text_teacher_dir, boxed_teacher_server, tmp_path, "on")
+    assert trainer.args.variant == "On-Distill\u2020" and trainer.teacher is None  # no teacher server: logits only
+    sampled = {text.strip() for plain in record["plain"] for text in plain.texts}
+    rows = _trained_rows(trainer, record["micro"])
+    real = sum(kind != "filler" for plain in record["plain"] for kind, _ in plain.meta[0]) * trainer.num_generations
+    assert len(rows) == real  # every student rollout of every question, no other
+    assert all(target.strip() in sampled for _, target in rows)
+    assert not any("<candidate>" in prompt or "<hint>" in prompt for prompt, _ in rows)
+    _check_jsd_loss(trainer, record["micro"][0])
+    assert any("distill/jsd" in h for h in trainer.state.log_history)
+    assert trainer.replay_buffer.residents() == _expected_buffer(_plain_scores(record)).residents()
+
+
+def test_off_distill_imitates_only_graded_correct_teacher_rollouts(boxed_text_student_dir, boxed_text_teacher_dir, boxed_teacher_server, tmp_path):
+    trainer, record = _distill_run(boxed_text_student_dir, boxed_text_teacher_dir, boxed_teacher_server, tmp_path, "off", replay_fraction=0.0)
+    assert trainer.args.variant == "Off-Distill"
+    correct = {(key, text.strip()) for key, text, ok in record["graded"] if ok}
+    questions = {row["id"]: row["question"] for row in toy_rows("text")}
+    rows = _trained_rows(trainer, record["micro"])
+    assert rows and len(rows) == len([1 for _, _, ok in record["graded"] if ok])  # every correct rollout, once
+    for prompt, target in rows:
+        key = next(k for k, q in questions.items() if compose_prompt(q, None, RL_CLOSER) in prompt)
+        assert (key, target.strip()) in correct
+    _check_jsd_loss(trainer, record["micro"][0])
+
+
+def test_distillation_against_itself_has_zero_divergence(boxed_text_student_dir, boxed_teacher_server, tmp_path):
+    trainer, record = _distill_run(boxed_text_student_dir, boxed_text_student_dir, boxed_teacher_server, tmp_path, "on", max_steps=1, learning_rate=0.0)
+    logged = [h["distill/jsd"] for h in trainer.state.log_history if "distill/jsd" in h]
+    assert logged and all(abs(v) < 1e-6 for v in logged)

@@ -50,6 +50,16 @@ def test_partitions_map_onto_trl_batching():
         (dict(compression_max_tokens=0), "compression_max_tokens"),
         (dict(delta=1.1), "delta"),
         (dict(delta=None), "delta"),
+        (dict(reformulations=["hint", "prefix"]), "reformulations"),
+        (dict(reformulations=["correction", "bcq"]), "reformulations"),
+        (dict(reformulations=["prefix"], prefix_fraction=1.0), "prefix_fraction"),
+        (dict(reformulations=["correction"], policy_objective="cispo"), "policy_objective"),
+        (dict(reformulations=[], distillation="sideways", distill_teacher="t"), "distillation"),
+        (dict(reformulations=[], distillation=True, distill_teacher="t"), "quote it"),
+        (dict(distillation="on", distill_teacher="t"), "reformulations"),
+        (dict(reformulations=[], distillation="on"), "distill_teacher"),
+        (dict(reformulations=[], distillation="on", distill_teacher="t", distill_beta=2.0), "distill_beta"),
+        (dict(reformulations=[], distillation="off", distill_teacher="t", teacher_base_url=None), "teacher_base_url"),
     ],
 )
 def test_bad_values_name_the_field(overrides, field):
@@ -112,10 +122,21 @@ def test_reformulations_need_a_teacher():
         ([], 0.0, "GRPO"),
         (["bcq"], 0.25, "GRPO\u2020+BCQ"),
         (["ncq"], 0.25, "GRPO\u2020+NCQ"),
+        (["hint"], 0.25, "GRPO\u2020+Hint"),
+        (["prefix"], 0.25, "GRPO\u2020+Prefix"),
+        (["correction"], 0.25, "Correction-SFT\u2020"),
+        (["reflection"], 0.25, "Error-reflection-SFT\u2020"),
+        (["reflection"], 0.0, "Error-reflection-SFT"),
     ],
 )
 def test_ablations_are_configurations(reformulations, replay_fraction, variant):
     c = ZPPOConfig(**CPU, **TEACHER, reformulations=reformulations, replay_fraction=replay_fraction)
+    assert c.variant == variant
+
+
+@pytest.mark.parametrize("mode, replay_fraction, variant", [("off", 0.0, "Off-Distill"), ("off", 0.25, "Off-Distill\u2020"), ("on", 0.0, "On-Distill"), ("on", 0.25, "On-Distill\u2020")])
+def test_distillation_rows_are_named_as_the_paper_prints_them(mode, replay_fraction, variant):
+    c = ZPPOConfig(**CPU, **TEACHER, reformulations=[], distillation=mode, distill_teacher="t", replay_fraction=replay_fraction)
     assert c.variant == variant
 
 

@@ -224,3 +224,28 @@ def test_zppo_decisions_identical_and_reformulations_dealt_over_ranks(zppo_run):
         odd += planned % 2
     assert trained >= 2 and all(on_rank), f"BCQ/NCQ groups must be dealt to both ranks, got {on_rank} per rank"
     assert odd, "no step planned an odd number of BCQ/NCQ instances: the uneven deal was not exercised"
+
+
+# ---------------------------------------------------------------------- rows that train without RL
+
+
+@pytest.fixture(scope="module", params=["correction", "on-distill"])
+def row_run(request, boxed_text_student_dir, boxed_text_teacher_dir, boxed_teacher_server, tmp_path_factory) -> list[dict]:
+    outdir = tmp_path_factory.mktemp(f"distributed-{request.param}")
+    args = [str(boxed_text_student_dir), "--mode", request.param, "--max-steps", str(2 * STEPS_PER_ROLLOUT)]
+    args += ["--teacher-url", boxed_teacher_server.base_url, "--teacher-model", boxed_teacher_server.model, "--distill-teacher", str(boxed_text_teacher_dir)]
+    return _launch(outdir, args)
+
+
+def test_supervised_and_distillation_rows_step_alike_on_both_ranks(row_run):
+    """Correction-SFT's targets and On-Distill's rollouts are dealt over ranks, padded to equal rows, and
+    every rank takes the same partitions, skips and optimizer steps."""
+    rank0, rank1 = row_run
+    assert rank0["residents"] == rank1["residents"]
+    assert rank0["counters"] == rank1["counters"] and rank0["rng"] == rank1["rng"]
+    assert rank0["log_history"] == rank1["log_history"]
+    assert [_rows(m) for m in rank0["micro_steps"]] == [_rows(m) for m in rank1["micro_steps"]]
+    assert rank0["params_after_step"] == rank1["params_after_step"]
+    assert rank0["final_params"] == rank1["final_params"] != rank0["initial_params"]
+    trained = [log["zppo/targets_trained"] for log in rank0["log_history"] if "zppo/targets_trained" in log]
+    assert trained and sum(trained) > 0

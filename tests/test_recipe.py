@@ -112,6 +112,10 @@ ROWS = {
     "dispo_dagger": ("DISPO\u2020", dict(policy_objective="dispo", reformulations=[])),
     "correction_sft_dagger": ("Correction-SFT\u2020", dict(reformulations=["correction"])),
     "reflection_sft_dagger": ("Error-reflection-SFT\u2020", dict(reformulations=["reflection"])),
+    "off_distill": ("Off-Distill", dict(reformulations=[], replay_fraction=0.0, distillation="off", distill_teacher="Qwen/Qwen3.5-27B")),
+    "off_distill_dagger": ("Off-Distill\u2020", dict(reformulations=[], distillation="off", distill_teacher="Qwen/Qwen3.5-27B")),
+    "on_distill": ("On-Distill", dict(reformulations=[], replay_fraction=0.0, distillation="on", distill_teacher="Qwen/Qwen3.5-27B")),
+    "on_distill_dagger": ("On-Distill\u2020", dict(reformulations=[], distillation="on", distill_teacher="Qwen/Qwen3.5-27B")),
 }  # fmt: skip
 
 
@@ -270,6 +274,7 @@ def test_recipe_trains_checkpoints_resumes_and_writes_its_card(boxed_text_studen
     rollout_rows = [r for r in rows if "zppo/rollout_steps" in r]
     assert [r["zppo/rollout_steps"] for r in rollout_rows] == [1, 2]
     assert rows[-1].get("train_runtime") is not None
+    assert {r["variant"] for r in rows} == {"ZPPO"}  # every row says which of the paper's rows this run is
     card = (out / "README.md").read_text()
     for text in (
         "## Training procedure", "trained with **ZPPO**", f"**Student:** the local checkpoint `{boxed_text_student_dir}`",

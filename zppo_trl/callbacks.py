@@ -18,15 +18,16 @@ import math
 import os
 
 from transformers import TrainerCallback
+from transformers.trainer_callback import ProgressCallback
 
 from .augmentation import AUGMENTATION_KINDS
-from transformers.trainer_callback import ProgressCallback
 
 __all__ = ["JsonlMetricsCallback", "read_metrics", "RolloutSummaryCallback", "QuietProgressCallback", "rollout_summary"]
 
 
 class JsonlMetricsCallback(TrainerCallback):
-    """Append each ``on_log`` dict to ``path`` (default ``<output_dir>/metrics.jsonl``) on the main process."""
+    """Append each ``on_log`` dict to ``path`` (default ``<output_dir>/metrics.jsonl``) on the main process,
+    with the global step and the run's ``variant`` (the paper's name of its row)."""
 
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = None if path is None else os.fspath(path)
@@ -45,7 +46,7 @@ class JsonlMetricsCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
-        row = {"step": state.global_step}
+        row = {"step": state.global_step, "variant": getattr(args, "variant", None)}  # which of the paper's rows this run is
         for key, value in logs.items():
             if isinstance(value, float) and not math.isfinite(value):
                 value = None  # JSON has no NaN/inf

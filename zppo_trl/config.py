@@ -28,6 +28,7 @@ from trl import GRPOConfig
 from .advantages import NORMALIZATIONS
 from .augmentation import check_kinds
 from .context import PAPER_MAX_PROMPT_LENGTH, ContextLengths, context_lengths
+from .distill import DISTILLATION_MODES, DISTILLATION_NAMES
 from .objectives import DUAL_CLIP_OBJECTIVES, OBJECTIVE_NAMES, OBJECTIVES, DispoBounds
 from .prompts import RL_CLOSER
 from .reformulate import KINDS, augment_limit
@@ -200,6 +201,24 @@ class ZPPOConfig(GRPOConfig):
         metadata={"help": "DISPO, incorrect responses (A < 0): tokens with weight above 1 + this get no gradient."},
     )
 
+    # --- the distillation rows (alg:offpolicy, alg:onpolicy; zppo_trl.distill)
+    distillation: str | None = field(
+        default=None,
+        metadata={
+            "help": "'off' (Off-Distill: imitate the graded-correct teacher rollouts of every question) or 'on' (On-Distill: "
+            "the teacher re-scores the student's own rollouts), trained with GKD's generalized JSD instead of RL; with "
+            "reformulations: []. replay_fraction > 0 is the dagger row."
+        },
+    )
+    distill_teacher: str | None = field(
+        default=None,
+        metadata={"help": "The teacher loaded next to the student for its per-token distributions (same tokenizer as the student)."},
+    )
+    distill_beta: float = field(
+        default=0.5,
+        metadata={"help": "beta of GKD's generalized JSD (paper: 0.5, symmetric)."},
+    )
+
     # --- the frozen teacher (an OpenAI-compatible server; vLLM in production)
     teacher_base_url: str | None = field(
         default=None,
@@ -338,6 +357,7 @@ class ZPPOConfig(GRPOConfig):
             minimum = 0 if name == "replay_capacity" else 1
             if not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        self._validate_distillation()
         if self.reformulations and not (self.teacher_base_url and self.teacher_model):
             raise ValueError(
                 f"reformulations {self.reformulations} need a teacher: set teacher_base_url and teacher_model "
@@ -357,6 +377,24 @@ class ZPPOConfig(GRPOConfig):
             raise ValueError("delta=None turns off the dual clip of eq:dualclip, which ZPPO's objective has; set delta (paper: 10.0)")
         if self.delta <= 1 + (self.epsilon_high if self.epsilon_high is not None else self.epsilon):
             raise ValueError(f"delta (dual-clip ratio, {self.delta}) must exceed 1 + epsilon_high to act as the dual clip")
+
+    def _validate_distillation(self) -> None:
+        if self.distillation is None:
+            return
+        if isinstance(self.distillation, bool):
+            raise ValueError('distillation must be "on" or "off" as a string: YAML reads a bare on/off as a boolean; quote it')
+        if self.distillation not in DISTILLATION_MODES:
+            raise ValueError(f"distillation must be one of {list(DISTILLATION_MODES)} or null, got {self.distillation!r}")
+        if self.reformulations:
+            raise ValueError(f"distillation={self.distillation!r} is a row of its own: set reformulations: [] (got {self.reformulations})")
+        if self.policy_objective != "grpo":
+            raise ValueError(f"policy_objective={self.policy_objective!r} has no effect on a distillation row (it trains the JSD); leave it 'grpo'")
+        if not self.distill_teacher:
+            raise ValueError("distillation needs distill_teacher: the teacher model (id or path) to load next to the student for its logits")
+        if self.distillation == "off" and not (self.teacher_base_url and self.teacher_model):
+            raise ValueError("distillation='off' samples the teacher's rollouts from its server: set teacher_base_url and teacher_model")
+        if not isinstance(self.distill_beta, (int, float)) or not 0.0 <= self.distill_beta <= 1.0:
+            raise ValueError(f"distill_beta must be a number in [0, 1], got {self.distill_beta!r}")
 
     def _validate_objective(self) -> None:
         """Refuse TRL settings that would train a different objective than the paper's (after TRL's
@@ -384,6 +422,8 @@ class ZPPOConfig(GRPOConfig):
         """
         kinds = set(self.reformulations)
         replay = self.replay_fraction > 0
+        if self.distillation is not None:
+            return DISTILLATION_NAMES[self.distillation] + ("\u2020" if replay else "")
         if kinds == set(KINDS):
             name = "ZPPO" if replay else "GRPO+Both"
         elif not kinds:
@@ -425,7 +465,8 @@ class ZPPOConfig(GRPOConfig):
             rollouts=G,
             updates=self.num_partitions,
             new_prompts_per_update=new / self.num_partitions,
-            teacher_rollouts=self.teacher_num_generations if self.reformulations and self.reformulations != ["correction"] else 0,  # Correction-SFT samples none
+            # Correction-SFT samples no teacher rollouts; Off-Distill samples them on every question
+            teacher_rollouts=self.teacher_num_generations if (self.reformulations and self.reformulations != ["correction"]) or self.distillation == "off" else 0,
             rows_per_micro_batch=self.per_device_train_batch_size,
             micro_batches_per_update=self.gradient_accumulation_steps,
             rollout_steps=self.max_steps // self.num_partitions if self.max_steps and self.max_steps > 0 else None,

@@ -192,33 +192,55 @@ def _quick_start(facts: CardFacts, closer: str, max_new_tokens: int) -> list[str
 
 # What the teacher does with its G_T answers, per augmentation (the card's Teacher line).
 _TEACHER_ROLE = {
+    "correction": "corrects one wrong student answer per hard question",
+    "reflection": "revises one of its correct answers with the student's wrong ones",
     "hint": "writes an answer-free hint from one of its graded-correct answers, shown in a `<hint>` block before the closer",
     "prefix": "opens the student's response with the first {alpha:.0%} of the tokens of one of its graded-correct answers, which the student continues",
 }
 
 
-def _procedure(args, facts: CardFacts) -> list[str]:
-    kinds = " and ".join(k.upper() if len(k) == 3 else k.capitalize() for k in args.reformulations) or "no reformulations"
-    role = _TEACHER_ROLE.get(args.reformulations[0] if args.reformulations else "", "compresses each candidate to at most {cap} tokens")
-    teacher = (
-        f"`{args.teacher_model}`, a frozen teacher served behind an OpenAI-compatible endpoint: it samples G_T = "
-        f"{args.teacher_num_generations} answers per question and {role.format(alpha=args.prefix_fraction, cap=args.compression_max_tokens)}; "
-        "its text is only ever context (prompt or response prefix), never a loss token."
-        if args.reformulations
-        else "none (no BCQ/NCQ reformulations)."
+def _approach(args) -> str:
+    """What the row trains on and with which loss, in a sentence or two."""
+    replay = " A prompt replay buffer brings hard questions back until they graduate." if args.replay_fraction > 0 else ""
+    if args.distillation:
+        on = "graded-correct teacher rollouts" if args.distillation == "off" else "its own rollouts"
+        return f"The student imitates the teacher's per-token distributions on {on} (GKD's generalized JSD, beta = {args.distill_beta:g}).{replay}"
+    kind = args.reformulations[0] if args.reformulations else None
+    if kind in ("correction", "reflection"):
+        target = "teacher corrections of its wrong answers (and those answers, tagged)" if kind == "correction" else "teacher revisions written from its wrong answers"
+        return f"The student is fine-tuned with cross-entropy on {target}, each graded correct before use.{replay}"
+    kinds = " and ".join(k.upper() if len(k) == 3 else k.capitalize() for k in args.reformulations)
+    where = "open the student's *response* as a prefix it continues" if kind == "prefix" else "enter the *prompt*"
+    teacher = f"On questions the student mostly fails, the teacher's answers {where} ({kinds}), never the gradient." if kinds else "No teacher takes part."
+    objective = {"grpo": "GRPO with DAPO's clip-higher, token-level loss and no KL, a dual clip,"}.get(
+        args.policy_objective, f"{args.policy_objective.upper()} (in place of GRPO's clipped surrogate), with DAPO's token-level loss and no KL,"
     )
+    return f"{teacher}{replay} The objective is {objective} and two-step advantages normalised per optimizer mini-batch without zero-variance groups."
+
+
+def _teacher_line(args) -> str:
+    if args.distillation:
+        sampled = f"; rollouts sampled from `{args.teacher_model}` behind an OpenAI-compatible endpoint (G_T = {args.teacher_num_generations})" if args.distillation == "off" else ""
+        return f"`{args.distill_teacher}`, frozen, loaded next to the student: its per-token distributions are the targets{sampled}."
+    if not args.reformulations:
+        return "none."
+    kind = args.reformulations[0]
+    samples = "" if kind == "correction" else f"it samples G_T = {args.teacher_num_generations} answers per question and "
+    role = _TEACHER_ROLE.get(kind, "compresses each candidate to at most {cap} tokens").format(alpha=args.prefix_fraction, cap=args.compression_max_tokens)
+    use = "." if kind in ("correction", "reflection") else "; its text is only ever context (prompt or response prefix), never a loss token."
+    return f"`{args.teacher_model}`, a frozen teacher served behind an OpenAI-compatible endpoint: {samples}{role}{use}"
+
+
+def _procedure(args, facts: CardFacts) -> list[str]:
     rollout_steps = facts.optimizer_steps // args.num_partitions if args.num_partitions else 0
     return [
         "## Training procedure",
         "",
         f"This model was trained with **{args.variant}**, from [{PAPER_TITLE}](#citations), with TRL's `GRPOTrainer` "
-        "extended by zppo-trl's `ZPPOTrainer`. On questions the student mostly fails, the teacher's answers enter the "
-        f"*prompt* ({kinds}), never the gradient; a prompt replay buffer brings hard questions back until they graduate. "
-        "The objective is GRPO with DAPO's clip-higher, token-level loss and no KL, a dual clip, and two-step advantages "
-        "normalised per optimizer mini-batch without zero-variance groups.",
+        f"extended by zppo-trl's `ZPPOTrainer`. {_approach(args)}",
         "",
         f"- **Student:** {_link(facts.student, '')}",
-        f"- **Teacher:** {teacher}",
+        f"- **Teacher:** {_teacher_line(args)}",
         f"- **Data:** {_link(facts.dataset, 'datasets/')}",
         f"- **Schedule:** {rollout_steps} rollout steps of {args.num_generations} student rollouts per prompt, "
         f"{facts.optimizer_steps} optimizer updates ({args.num_partitions} per rollout step).",

@@ -20,6 +20,13 @@ One rollout step (every ``num_partitions * gradient_accumulation_steps`` micro-s
    policy objective is ``policy_objective``'s (:meth:`ZPPOTrainer._compute_loss`).
 7. The buffer is refreshed from the plain groups only.
 
+The paper's comparison rows (docs/comparison_rows.md) run the same step and change only
+what the paper changes: another :class:`~zppo_trl.augmentation.Augmentation` in step 5
+(Hint, Prefix; the supervised Correction-SFT and Error-reflection-SFT, whose verified
+targets are teacher-forced and fitted with cross-entropy instead of RL), another objective
+in step 6 (``policy_objective``), or, for Off-/On-Distill, steps 4-6 replaced by GKD's JSD
+against a teacher loaded next to the student (:mod:`zppo_trl.distill`).
+
 Distributed runs: every decision (replay draw, ranking, caps, planning, partitioning,
 buffer) is computed from gathered data with the same seeded ``random.Random`` on every
 rank. Replay groups and BCQ/NCQ instances are dealt round-robin over ranks; a rank
@@ -45,6 +52,7 @@ from typing import Any, NamedTuple
 import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
+from trl.models import prepare_deepspeed, prepare_fsdp
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl.trainer.utils import is_async_callable
 
@@ -54,7 +62,8 @@ from .batches import concat_batches, select_rows
 from .callbacks import QuietProgressCallback, RolloutSummaryCallback
 from .config import ZPPOConfig
 from .model_card import PAPER_CITATION, PAPER_TITLE, CardFacts, render_model_card
-from .augmentation import Augmentation, BuiltGroups, Evidence, make_augmentation
+from .augmentation import Augmentation, BuiltGroup, BuiltGroups, Evidence, make_augmentation
+from .distill import completion_logits, generalized_jsd, load_distill_teacher
 from .objectives import cispo_weight_bound, dispo_outside, dispo_per_token_loss
 from .prompts import compose_prompt
 from .reformulate import augment_limit, select_hard
@@ -110,7 +119,9 @@ class ZPPOTrainer(GRPOTrainer):
             (``id``, ``question`` without the closer, ``images``, ``answer``, ...). The
             trainer renders prompts itself: question (+ images), block, closer.
         teacher: a ready :class:`zppo_trl.teacher.TeacherClient`; by default one is
-            built from ``args.teacher_*`` when reformulations are on.
+            built from ``args.teacher_*`` when reformulations are on (or for Off-Distill).
+        distill_teacher_model: for the distillation rows, a loaded teacher for its logits
+            (same tokenizer as the student); by default ``args.distill_teacher`` is loaded.
         dataset_name: how the model card names the training data (a Hub id is linked).
         model_license: the license id for the model card's metadata (the student's).
         **kwargs: any other `GRPOTrainer` argument (``processing_class``, ``callbacks``,
@@ -134,6 +145,7 @@ class ZPPOTrainer(GRPOTrainer):
         eval_dataset: Any = None,
         *,
         teacher: TeacherClient | None = None,
+        distill_teacher_model: Any = None,
         dataset_name: str | None = None,
         model_license: str | None = None,
         **kwargs: Any,
@@ -161,8 +173,10 @@ class ZPPOTrainer(GRPOTrainer):
         self.dataset_name = dataset_name
         self.model_license = model_license
         self.teacher = teacher
-        if self.teacher is None and args.reformulations:
+        if self.teacher is None and (args.reformulations or args.distillation == "off"):
             self.teacher = TeacherClient.from_config(args)
+        # The distillation rows' teacher, loaded next to the student for its per-token distributions.
+        self.distill_teacher = self._prepare_distill_teacher(distill_teacher_model) if args.distillation else None
         # Step 5's augmentation: ZPPO's BCQ/NCQ prompts, or a comparison row's; None for GRPO†.
         self.augmentation: Augmentation | None = make_augmentation(
             args.reformulations,
@@ -175,6 +189,21 @@ class ZPPOTrainer(GRPOTrainer):
         self._round_prefixes: list | None = None  # the response prefixes of the round being generated
         self._round_given: list | None = None  # the given responses of a supervised targets round
         self._set_up_console()
+
+    def _prepare_distill_teacher(self, model: Any) -> Any:
+        """``model`` (or ``args.distill_teacher`` loaded like the student), frozen and placed as TRL places
+        its reference model; its vocabulary must cover the student's tokenizer."""
+        teacher = load_distill_teacher(self.args.distill_teacher, self.model) if model is None else model.eval().requires_grad_(False)
+        if teacher.get_output_embeddings().weight.size(0) < len(self._tokenizer):
+            raise ValueError(
+                f"distill_teacher's vocabulary ({teacher.get_output_embeddings().weight.size(0)}) is smaller than the student's tokenizer "
+                f"({len(self._tokenizer)}): the distillation rows need a teacher that shares the student's tokenizer"
+            )
+        if self.is_deepspeed_enabled:
+            return prepare_deepspeed(teacher, self.accelerator)
+        if self.is_fsdp_enabled:
+            return prepare_fsdp(teacher, self.accelerator)
+        return self.accelerator.prepare_model(teacher, evaluation_mode=True)
 
     def _set_up_console(self) -> None:
         """One line per rollout step on the console; TRL's metrics dict only with ``full_console_logs``."""
@@ -321,6 +350,8 @@ class ZPPOTrainer(GRPOTrainer):
         """
         if self.augmentation is not None and self.augmentation.supervised:
             return self._supervised_loss(model, inputs)
+        if self.distill_teacher is not None:
+            return self._distill_loss(model, inputs)
         if self.args.policy_objective == "dispo":
             return self._dispo_loss(model, inputs)
         return super()._compute_loss(model, inputs)
@@ -337,6 +368,22 @@ class ZPPOTrainer(GRPOTrainer):
             loss = loss + self.router_aux_loss_coef * aux_loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)
         sums = self.accelerator.reduce(torch.stack([nll.detach(), mask.sum().to(nll.dtype)]), reduction="sum")
         self._metrics[mode]["sft/nll"].append((sums[0] / sums[1].clamp(min=1.0)).item())
+        return loss
+
+    def _distill_loss(self, model, inputs):
+        """The distillation rows' loss: GKD's generalized JSD against the teacher at every completion
+        token (:func:`zppo_trl.distill.generalized_jsd`), a token mean over the partition."""
+        mode = "train" if self.model.training else "eval"
+        mask = inputs["completion_mask"]
+        vocab = len(self._tokenizer)
+        with self.accelerator.autocast():
+            student = completion_logits(model, inputs, vocab)
+            with torch.no_grad():
+                teacher = completion_logits(self.distill_teacher, inputs, vocab)
+        normalizer = self._dapo_normalizer(inputs, mode)
+        loss = generalized_jsd(student.float(), teacher.float(), mask, self.args.distill_beta, normalizer)
+        sums = self.accelerator.reduce(torch.stack([(loss * normalizer).detach(), mask.sum().to(loss.dtype)]), reduction="sum")
+        self._metrics[mode]["distill/jsd"].append((sums[0] / sums[1].clamp(min=1.0)).item())
         return loss
 
     def _dispo_loss(self, model, inputs):
@@ -477,40 +524,70 @@ class ZPPOTrainer(GRPOTrainer):
         start = time.perf_counter()
         metrics: dict[str, float] = {}
         augmenting = self.augmentation is not None and bool(self.augmentation.kinds)
+        distilling = self.args.distillation is not None
 
         # 1. X_new from the dataloader (each row repeated G times), X_replay from the buffer.
         new_keys, replay_keys, plain, fillers = self._draw_questions(inputs)
         # 2. Teacher sampling for every question of X starts now, overlapping the student's rollouts.
-        teacher_future = self._start_teacher_sampling(plain) if augmenting and self.augmentation.needs_teacher_rollouts else None
-        # 3. Plain rollouts, scored; plain accuracy r_x per question over all ranks; the pre-cap.
+        sampling = (augmenting and self.augmentation.needs_teacher_rollouts) or self.args.distillation == "off"
+        teacher_future = self._start_teacher_sampling(plain) if sampling else None
+        # 3. Plain rollouts, scored; plain accuracy r_x per question over all ranks.
         plain_round = self._generate_round(plain, "plain", metrics)
         accuracy = _plain_accuracy(plain_round.meta, plain_round.rewards, self.num_generations, order=new_keys + replay_keys)
-        limit = augment_limit(len(new_keys), self.args.augment_fraction)
-        hard = select_hard(accuracy, limit, self.args.hard_threshold, rng=self._rng) if augmenting else []
-        # 4. Teacher replies collected and graded; wrong student rollouts of the pre-capped questions.
-        evidence = self._gather_evidence(teacher_future, plain, fillers, plain_round, hard, metrics) if augmenting else None
-        # 5. Augmented instances planned (post-cap) and built; the student's group on each.
-        plan = self.augmentation.plan(evidence, limit, self._rng, metrics) if augmenting else []
-        built, most = self._build_augmented(plan, metrics)
-        if augmenting and self.augmentation.supervised:
-            # 5-6, supervised controls: the verified targets, fitted in the partitions of their questions.
-            targets = self._target_round(built, plain[0].row, metrics)
-            micro_batches = self._partition_targets(targets, new_keys, replay_keys, metrics)
-            metrics.update(self._target_metrics(plan, built))
+        # 4-6. The row's optimizer micro-batches.
+        if distilling:
+            micro_batches = self._distillation_batches(teacher_future, plain, fillers, plain_round, new_keys, replay_keys, metrics)
         else:
-            reform_round = self._augmented_round(built, most, plain[0].row, metrics)
-            # 6. Partitions, two-step advantages per partition, padded micro-batches.
-            batch = concat_batches([plain_round.out, reform_round.out], self._tokenizer.pad_token_id)
-            micro_batches = self._partition(batch, plain_round.meta, plain_round.rewards, reform_round.meta, reform_round.rewards, metrics)
-            if augmenting:
-                metrics.update(self._augmentation_metrics(plan, built, reform_round))
+            micro_batches = self._augmented_batches(teacher_future, plain, fillers, plain_round, accuracy, new_keys, replay_keys, metrics)
         # 7. Buffer refresh from the plain groups only.
         self._refresh_buffer(accuracy, metrics)
 
         metrics["new"], metrics["replayed"] = len(new_keys), len(replay_keys)
         metrics["plain_accuracy"] = sum(accuracy.values()) / max(len(accuracy), 1)
-        self._record_step(metrics, start, augmenting)
+        self._record_step(metrics, start)
         return micro_batches
+
+    def _augmented_batches(self, teacher_future, plain, fillers, plain_round, accuracy, new_keys, replay_keys, metrics) -> list[dict]:
+        """Steps 4-6 of ZPPO and the rows built on its step 5 (GRPO†, Hint, Prefix, the SFT controls)."""
+        augmenting = self.augmentation is not None and bool(self.augmentation.kinds)
+        # 4. The pre-cap; the teacher's replies collected and graded, with the wrong plain rollouts of those questions.
+        limit = augment_limit(len(new_keys), self.args.augment_fraction)
+        hard = select_hard(accuracy, limit, self.args.hard_threshold, rng=self._rng) if augmenting else []
+        evidence = self._gather_evidence(teacher_future, plain, fillers, plain_round, hard, metrics) if augmenting else None
+        # 5. Augmented instances planned (post-cap) and built.
+        plan = self.augmentation.plan(evidence, limit, self._rng, metrics) if augmenting else []
+        built, most = self._build_augmented(plan, metrics)
+        if augmenting and self.augmentation.supervised:
+            # 5-6, supervised controls: the verified targets, fitted in the partitions of their questions.
+            targets = self._target_round(built, plain[0].row, metrics)
+            metrics.update(self._target_metrics(plan, built))
+            return self._partition_targets(targets, new_keys, replay_keys, metrics)
+        # 5. The student's group on each built instance; 6. partitions, two-step advantages, padded micro-batches.
+        reform_round = self._augmented_round(built, most, plain[0].row, metrics)
+        batch = concat_batches([plain_round.out, reform_round.out], self._tokenizer.pad_token_id)
+        micro_batches = self._partition(batch, plain_round.meta, plain_round.rewards, reform_round.meta, reform_round.rewards, metrics)
+        if augmenting:
+            metrics.update(self._augmentation_metrics(plan, built, reform_round))
+        return micro_batches
+
+    def _distillation_batches(self, teacher_future, plain, fillers, plain_round, new_keys, replay_keys, metrics) -> list[dict]:
+        """Steps 4-6 of Off-/On-Distill (alg:offpolicy, alg:onpolicy): the sequences to imitate, each in
+        its question's partition. On-Distill imitates the teacher on every student rollout; Off-Distill
+        on every graded-correct teacher rollout of every question, teacher-forced (a question without
+        one contributes no target)."""
+        G, world, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
+        if self.args.distillation == "on":
+            meta = [[group for group in groups for _ in range(G)] for groups in plain_round.meta]
+            targets = _Round(concat_batches([plain_round.out], self._tokenizer.pad_token_id), None, [], meta)
+        else:
+            keys = list(dict.fromkeys(new_keys + replay_keys))
+            evidence = self._gather_evidence(teacher_future, plain, fillers, plain_round, keys, metrics)
+            built = BuiltGroups()
+            for key in keys[rank::world]:
+                built.groups += [BuiltGroup("off_distill", key, target=text) for text in evidence.teacher_correct.get(key, ())]
+            metrics["distill_questions_with_target"] = sum(1 for key in keys if evidence.teacher_correct.get(key))
+            targets = self._target_round(built, plain[0].row, metrics)
+        return self._partition_targets(targets, new_keys, replay_keys, metrics)
 
     def _draw_questions(self, inputs: list[dict]) -> tuple[list, list, list[tuple[str, Mapping, None]], int]:
         """Step 1: (new keys, replay keys over all ranks, this rank's plain groups, its filler count).
@@ -654,20 +731,21 @@ class ZPPOTrainer(GRPOTrainer):
         metrics["skipped_partitions"], metrics["targets_trained"] = skipped, trained
         return micro_batches
 
-    def _record_step(self, metrics: dict, start: float, augmenting: bool) -> None:
+    def _record_step(self, metrics: dict, start: float) -> None:
         """Times and teacher counters over all ranks (the slowest rank's times, summed requests), the
         running totals, and every metric into TRL's log."""
         world = self.accelerator.num_processes
         teacher_wait = metrics.get("time/teacher_sample_wait_s", 0.0) + metrics.get("time/compression_s", 0.0)
         step_time = time.perf_counter() - start
-        stats = self.teacher.stats(reset=True) if augmenting else {"requests": 0, "failed": 0, "latency_mean_s": 0.0}
+        uses_teacher = self.teacher is not None
+        stats = self.teacher.stats(reset=True) if uses_teacher else {"requests": 0, "failed": 0, "latency_mean_s": 0.0}
         local = torch.tensor([step_time, teacher_wait, stats["requests"], stats["failed"], stats["latency_mean_s"]], dtype=torch.float64)
         every = torch.stack([torch.as_tensor(x) for x in gather_object([local])]) if world > 1 else local[None]
         step_time, teacher_wait = float(every[:, 0].max()), float(every[:, 1].max())
         metrics["time/rollout_step_s"] = step_time
         metrics["time/teacher_wait_s"] = teacher_wait
         metrics["teacher_wait_fraction"] = teacher_wait / step_time if step_time else 0.0
-        if augmenting:
+        if uses_teacher:
             requests, failed = int(every[:, 2].sum()), int(every[:, 3].sum())
             metrics["teacher/requests"], metrics["teacher/failures"] = requests, failed
             metrics["teacher/latency_s"] = float(every[:, 4].max())
