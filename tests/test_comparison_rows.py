@@ -458,3 +458,32 @@ def test_distillation_against_itself_has_zero_divergence(boxed_text_student_dir,
     trainer, record = _distill_run(boxed_text_student_dir, boxed_text_student_dir, boxed_teacher_server, tmp_path, "on", max_steps=1, learning_rate=0.0)
     logged = [h["distill/jsd"] for h in trainer.state.log_history if "distill/jsd" in h]
     assert logged and all(abs(v) < 1e-6 for v in logged)
+
+
+def test_prefix_row_trains_a_vlm_student_whose_processor_marks_token_types(boxed_vlm_student_dir, boxed_vlm_teacher_server, tmp_path):
+    """Qwen3.5's processor returns mm_token_type_ids for every prompt: the prefix tokens extend them as text."""
+    from transformers import Qwen3_5ForConditionalGeneration
+
+    from zppo_trl.processing import load_processor
+
+    trainer = ZPPOTrainer(
+        model=Qwen3_5ForConditionalGeneration.from_pretrained(boxed_vlm_student_dir),
+        reward_funcs=Spy(),
+        args=_config(tmp_path, boxed_vlm_teacher_server, ["prefix"], per_device_train_batch_size=12, max_steps=2, augment_fraction=1.0, replay_fraction=0.0),
+        train_dataset=Dataset.from_list(toy_rows("vlm")),
+        processing_class=load_processor(boxed_vlm_student_dir),
+    )
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert trainer.counters["prefix_trained_total"] > 0, _rollout_logs(trainer)
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+
+
+def test_a_distill_teacher_with_another_tokenizer_is_refused(boxed_text_student_dir, boxed_teacher_server, tmp_path):
+    teacher_dir = tmp_path / "teacher"
+    tokenizer = AutoTokenizer.from_pretrained(boxed_text_student_dir)
+    tokenizer.add_tokens(["<not-the-student's>"])
+    tokenizer.save_pretrained(teacher_dir)
+    AutoModelForCausalLM.from_pretrained(boxed_text_student_dir).save_pretrained(teacher_dir)
+    with pytest.raises(ValueError, match="another tokenizer than the student"):
+        _distill_run(boxed_text_student_dir, teacher_dir, boxed_teacher_server, tmp_path, "on")

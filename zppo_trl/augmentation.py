@@ -93,7 +93,8 @@ class BuiltGroups:
 
 
 def check_kinds(kinds: Sequence[str]) -> tuple[str, ...]:
-    """``kinds`` validated: a subset of ``("bcq", "ncq")``, or ``("hint",)``, or ``("prefix",)``; no repeats."""
+    """``kinds`` validated: a subset of ``("bcq", "ncq")``, or one of ``"hint"``, ``"prefix"``, ``"correction"``,
+    ``"reflection"`` alone; no repeats."""
     kinds = tuple(kinds)
     unknown = [k for k in kinds if k not in AUGMENTATION_KINDS]
     if unknown or len(set(kinds)) != len(kinds):
@@ -142,6 +143,8 @@ class Augmentation(ABC):
     needs_teacher_rollouts = True
     # whether its instances are supervised targets (BuiltGroup.target) rather than groups to sample
     supervised = False
+    # metrics its build sets per rank that the trainer sums over ranks
+    summed_metrics: tuple[str, ...] = ()
 
     @abstractmethod
     def plan(self, evidence: Evidence, limit: int, rng: random.Random, metrics: dict) -> list:
@@ -289,6 +292,7 @@ class TeacherHint(_TeacherGuidance):
 
     kind = "hint"
     kinds = ("hint",)
+    summed_metrics = ("hint_rejected",)
 
     def build(self, instances: Sequence[Guidance], teacher: Any, args: Any, metrics: dict) -> BuiltGroups:
         if not instances:
@@ -330,6 +334,7 @@ class ResponsePrefix(_TeacherGuidance):
 
     kind = "prefix"
     kinds = ("prefix",)
+    summed_metrics = ("prefix_unusable",)
 
     def __init__(self, tokenizer: Any, fraction: float = 0.4):
         if not 0.0 < fraction < 1.0:

@@ -393,7 +393,7 @@ class ZPPOConfig(GRPOConfig):
             raise ValueError("distillation needs distill_teacher: the teacher model (id or path) to load next to the student for its logits")
         if self.distillation == "off" and not (self.teacher_base_url and self.teacher_model):
             raise ValueError("distillation='off' samples the teacher's rollouts from its server: set teacher_base_url and teacher_model")
-        if not isinstance(self.distill_beta, (int, float)) or not 0.0 <= self.distill_beta <= 1.0:
+        if isinstance(self.distill_beta, bool) or not isinstance(self.distill_beta, (int, float)) or not 0.0 <= self.distill_beta <= 1.0:
             raise ValueError(f"distill_beta must be a number in [0, 1], got {self.distill_beta!r}")
 
     def _validate_objective(self) -> None:
@@ -438,7 +438,7 @@ class ZPPOConfig(GRPOConfig):
         if self.policy_objective == "grpo":
             return name
         objective = OBJECTIVE_NAMES[self.policy_objective]
-        return f"{objective}\u2020" if name == "GRPO\u2020" else f"{name} ({objective})"
+        return {"GRPO\u2020": f"{objective}\u2020", "GRPO": objective}.get(name, f"{name} ({objective})")
 
     @property
     def dispo_bounds(self) -> DispoBounds:

@@ -50,12 +50,13 @@ def generalized_jsd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
 def completion_logits(model: Any, inputs: dict, vocab: int) -> torch.Tensor:
     """``model``'s next-token logits at every completion position of a TRL batch, cut to the first
     ``vocab`` entries (the shared tokenizer's; models may pad their embedding tables differently)."""
-    prompt_width = inputs["prompt_ids"].size(1)
+    completion_width = inputs["completion_ids"].size(1)
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
     extra = {name: inputs[name] for name in _FORWARD_FIELDS if inputs.get(name) is not None}
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, **extra).logits
-    return logits[:, prompt_width - 1 : -1, :vocab]
+    # only the positions that predict a completion token: the full (B, P + C, V) logits would not fit at the paper's lengths
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=completion_width + 1, use_cache=False, **extra).logits
+    return logits[:, :-1, :vocab]
 
 
 def load_distill_teacher(name_or_path: str, student: Any) -> Any:

@@ -71,6 +71,8 @@ _FINAL = (
     ("ncq_total", "NCQ instances"),
     ("hint_total", "Hint instances"),
     ("prefix_total", "Prefix instances"),
+    ("correction_trained_total", "verified Correction-SFT corrections"),
+    ("reflection_trained_total", "verified Error-reflection-SFT revisions"),
     ("skipped_partitions_total", "skipped (empty-signal) partitions"),
     ("compression_failures_total", "failed candidate compressions"),
     ("dropped_total", "augmented instances dropped for them"),

@@ -66,6 +66,7 @@ class _SupervisedTargets(Augmentation):
 
     def __init__(self, question_of: QuestionOf, teacher_chat: TeacherChat, grade: Grader):
         self.kinds = (self.kind,)
+        self.summed_metrics = (f"{self.kind}_rejected",)
         self.question_of = question_of
         self.teacher_chat = teacher_chat
         self.grade = grade

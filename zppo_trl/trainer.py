@@ -78,6 +78,7 @@ logger = logging.getLogger(__name__)
 ZPPO_STATE_NAME = "zppo_state.json"
 _SKIP = "zppo_skip"  # marks the micro-batches of an empty-signal partition
 _FILLER = "filler"  # a group generated only to keep ranks' row counts equal
+_TOKEN_TYPE_FIELDS = ("token_type_ids", "mm_token_type_ids")  # per-token multimodal inputs
 _CORRECT = 0.5  # rewards are binary accuracies; a rollout is correct above this
 # Step metrics that also keep a running total (`<name>_total`), besides each augmentation kind's
 # own (`<kind>`, `<kind>_trained`, `_correct`, `_rollouts`, `_signal`).
@@ -193,6 +194,14 @@ class ZPPOTrainer(GRPOTrainer):
     def _prepare_distill_teacher(self, model: Any) -> Any:
         """``model`` (or ``args.distill_teacher`` loaded like the student), frozen and placed as TRL places
         its reference model; its vocabulary must cover the student's tokenizer."""
+        if model is None:
+            from transformers import AutoTokenizer
+
+            if AutoTokenizer.from_pretrained(self.args.distill_teacher).get_vocab() != self._tokenizer.get_vocab():
+                raise ValueError(
+                    f"distill_teacher {self.args.distill_teacher} has another tokenizer than the student: the distillation rows "
+                    "compare next-token distributions token by token, so teacher and student must share one"
+                )
         teacher = load_distill_teacher(self.args.distill_teacher, self.model) if model is None else model.eval().requires_grad_(False)
         if teacher.get_output_embeddings().weight.size(0) < len(self._tokenizer):
             raise ValueError(
@@ -259,11 +268,28 @@ class ZPPOTrainer(GRPOTrainer):
         prompt_ids, images, multimodal_fields = super()._tokenize_prompts(prompts)
         prefixes = self._round_prefixes
         if prefixes and any(prefixes):
-            per_token = [k for k, v in multimodal_fields.items() if k.endswith("token_type_ids")]
-            if per_token:
-                raise NotImplementedError(f"the Prefix control cannot extend the per-token field(s) {per_token} of this processor")
             prompt_ids = [[*ids, *(prefix or ())] for ids, prefix in zip(prompt_ids, prefixes, strict=True)]
+            for name in _TOKEN_TYPE_FIELDS:  # per-token fields (Qwen3.5: mm_token_type_ids): prefix tokens are text
+                if name in multimodal_fields:
+                    multimodal_fields[name] = [[*types, *[0] * len(prefix or ())] for types, prefix in zip(multimodal_fields[name], prefixes, strict=True)]
         return prompt_ids, images, multimodal_fields
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        # TRL re-derives the token types of image prompts from the prompt text, which has no response
+        # prefix (the Prefix control): rebuild them from the ids when their width does not match.
+        for name in _TOKEN_TYPE_FIELDS:
+            if kwargs.get(name) is not None and kwargs[name].size(1) != input_ids.size(1):
+                kwargs[name] = self._token_types(input_ids)
+        return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+
+    def _token_types(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Image (1) and video (2) placeholder positions of ``input_ids``, as TRL marks them for tool images."""
+        types = torch.zeros_like(input_ids)
+        if self._image_pad_token_id is not None:
+            types[input_ids == self._image_pad_token_id] = 1
+        if self._video_pad_token_id is not None:
+            types[input_ids == self._video_pad_token_id] = 2
+        return types
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         if self._round_given is not None:  # the supervised controls' targets: given, not sampled
@@ -280,6 +306,10 @@ class ZPPOTrainer(GRPOTrainer):
         return completion_ids, logprobs
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        if self._round_given is not None:  # teacher-forced targets: already graded, never judged again (reward unused)
+            rewards = torch.zeros(len(prompts) * self.accelerator.num_processes, len(self.reward_funcs), device=self.accelerator.device)
+            self._round_rewards, self._round_texts = rewards.sum(dim=1).cpu().double(), []
+            return rewards
         # A Prefix group's response is prefix || continuation: that is what gets graded.
         if self._round_prefixes and any(self._round_prefixes):
             completions = [
@@ -493,6 +523,9 @@ class ZPPOTrainer(GRPOTrainer):
             out = super()._generate_and_score_completions(rows)
         finally:
             self._round_prefixes = None
+        for name in _TOKEN_TYPE_FIELDS:  # widths as the prompts with their prefixes (see _get_per_token_logps_and_entropies)
+            if name in out and out[name].size(1) != out["prompt_ids"].size(1) + out["completion_ids"].size(1):
+                out[name] = self._token_types(torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1))
         meta = _gather_groups([(g.kind, g.row[data.ID]) for g in groups])
         unscorable = torch.isnan(self._round_rewards)
         real = torch.tensor([kind != _FILLER for groups_of_rank in meta for kind, _ in groups_of_rank]).repeat_interleave(G)
@@ -505,7 +538,8 @@ class ZPPOTrainer(GRPOTrainer):
         (``vllm_max_model_length``) less than ``max_completion_length`` to generate."""
         args, G = self.args, self.num_generations
         lengths = out["prompt_mask"].sum(1)[::G].tolist()  # one prompt per group
-        lengths = [n for n, (kind, *_) in zip(lengths, groups) if kind != _FILLER]
+        # a response prefix ends the generation prompt but shares max_completion_length: not prompt here
+        lengths = [n - len(g.response_prefix or ()) for n, g in zip(lengths, groups) if g.kind != _FILLER]
         context = args.vllm_max_model_length
         over = sum(n + args.max_completion_length > context for n in lengths) if context else 0
         longest, over = max(gather_object([max(lengths, default=0)])), sum(gather_object([over]))
@@ -655,7 +689,9 @@ class ZPPOTrainer(GRPOTrainer):
         built = self.augmentation.build(local, self.teacher, self.args, metrics) if local else BuiltGroups()
         built_per_rank = gather_object([len(built.groups)])
         metrics["compression_failures"] = sum(gather_object([built.failures]))
-        metrics["dropped"] = len(plan) - sum(built_per_rank)
+        metrics["dropped"] = len(plan) - sum(gather_object([len(built.instances)]))
+        for name in self.augmentation.summed_metrics if self.augmentation is not None else ():  # per-rank counts of the build
+            metrics[name] = sum(gather_object([metrics.get(name, 0)]))
         return built, max(built_per_rank)
 
     def _augmented_round(self, built: BuiltGroups, most: int, filler_row: Mapping, metrics: dict) -> _Round:
@@ -680,7 +716,7 @@ class ZPPOTrainer(GRPOTrainer):
             ids = self._tokenizer(group.target, add_special_tokens=False)["input_ids"]
             cut += len(ids) >= limit
             rows.append(self._with_prompt(self.train_dataset[self._row_of[group.key]], group.block))
-            responses.append(ids[:limit] if len(ids) >= limit else [*ids, self._tokenizer.eos_token_id])
+            responses.append(ids[:limit] if len(ids) >= limit else [*ids, self.eos_token_ids[0]])
             meta.append((group.kind, group.key))
         most = max(gather_object([len(rows)]))
         metrics["targets_cut"] = sum(gather_object([cut]))
@@ -688,7 +724,7 @@ class ZPPOTrainer(GRPOTrainer):
             return _Round(None, None, [], [[] for _ in range(self.accelerator.num_processes)])
         fillers = math.ceil(most / G) * G - len(rows)
         rows += [self._with_prompt(filler_row)] * fillers
-        responses += [[self._tokenizer.eos_token_id]] * fillers
+        responses += [[self.eos_token_ids[0]]] * fillers
         meta += [(_FILLER, filler_row[data.ID])] * fillers
         t0 = time.perf_counter()
         self._round_given = responses
