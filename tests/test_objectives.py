@@ -504,7 +504,7 @@ def test_the_dual_clip_is_checked_only_where_it_acts():
         ([], 0.25, "gspo", "GSPO\u2020"),
         ([], 0.25, "cispo", "CISPO\u2020"),
         ([], 0.25, "dispo", "DISPO\u2020"),
-        ([], 0.0, "dispo", "GRPO (DISPO)"),
+        ([], 0.0, "dispo", "DISPO"),  # the objective alone, without the buffer (as GRPO is to GRPO†)
         (["bcq"], 0.25, "cispo", "GRPO\u2020+BCQ (CISPO)"),
         (["bcq", "ncq"], 0.0, "gspo", "GRPO+Both (GSPO)"),
     ],

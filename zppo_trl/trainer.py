@@ -274,13 +274,23 @@ class ZPPOTrainer(GRPOTrainer):
                     multimodal_fields[name] = [[*types, *[0] * len(prefix or ())] for types, prefix in zip(multimodal_fields[name], prefixes, strict=True)]
         return prompt_ids, images, multimodal_fields
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, compute_aux_loss=False,
+        pixel_values=None, image_grid_thw=None, num_images=None, pixel_attention_mask=None, spatial_shapes=None, num_tiles=None,
+        image_sizes=None, token_type_ids=None, mm_token_type_ids=None, image_position_ids=None,
+    ):  # fmt: skip
         # TRL re-derives the token types of image prompts from the prompt text, which has no response
         # prefix (the Prefix control): rebuild them from the ids when their width does not match.
-        for name in _TOKEN_TYPE_FIELDS:
-            if kwargs.get(name) is not None and kwargs[name].size(1) != input_ids.size(1):
-                kwargs[name] = self._token_types(input_ids)
-        return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        if token_type_ids is not None and token_type_ids.size(1) != input_ids.size(1):
+            token_type_ids = self._token_types(input_ids)
+        if mm_token_type_ids is not None and mm_token_type_ids.size(1) != input_ids.size(1):
+            mm_token_type_ids = self._token_types(input_ids)
+        return super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, compute_entropy=compute_entropy,
+            compute_aux_loss=compute_aux_loss, pixel_values=pixel_values, image_grid_thw=image_grid_thw, num_images=num_images,
+            pixel_attention_mask=pixel_attention_mask, spatial_shapes=spatial_shapes, num_tiles=num_tiles, image_sizes=image_sizes,
+            token_type_ids=token_type_ids, mm_token_type_ids=mm_token_type_ids, image_position_ids=image_position_ids,
+        )  # fmt: skip
 
     def _token_types(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Image (1) and video (2) placeholder positions of ``input_ids``, as TRL marks them for tool images."""
