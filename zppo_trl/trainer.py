@@ -279,6 +279,9 @@ class ZPPOTrainer(GRPOTrainer):
         pixel_values=None, image_grid_thw=None, num_images=None, pixel_attention_mask=None, spatial_shapes=None, num_tiles=None,
         image_sizes=None, token_type_ids=None, mm_token_type_ids=None, image_position_ids=None,
     ):  # fmt: skip
+        if self._round_given is not None:  # teacher-forced targets: TRL's old log-probs of them are never read
+            empty = torch.zeros(input_ids.size(0), logits_to_keep, device=input_ids.device)
+            return empty, (torch.zeros_like(empty) if compute_entropy else None), None
         # TRL re-derives the token types of image prompts from the prompt text, which has no response
         # prefix (the Prefix control): rebuild them from the ids when their width does not match.
         if token_type_ids is not None and token_type_ids.size(1) != input_ids.size(1):
