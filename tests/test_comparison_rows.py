@@ -79,11 +79,11 @@ def _config(tmp_path, server, reformulations, **overrides) -> ZPPOConfig:
     return ZPPOConfig(**{**settings, **overrides})
 
 
-def _trainer(student_dir, server, tmp_path, reformulations, spy) -> ZPPOTrainer:
+def _trainer(student_dir, server, tmp_path, reformulations, spy, **overrides) -> ZPPOTrainer:
     return ZPPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(student_dir),
         reward_funcs=spy,
-        args=_config(tmp_path, server, reformulations),
+        args=_config(tmp_path, server, reformulations, **overrides),
         train_dataset=Dataset.from_list(toy_rows("text")),
         processing_class=AutoTokenizer.from_pretrained(student_dir),
     )
@@ -189,16 +189,8 @@ def test_prefix_row_continues_a_correct_teacher_prefix_that_carries_no_loss(boxe
     [("gspo", "ZPPO (GSPO)", "clip_ratio/region_mean"), ("cispo", "ZPPO (CISPO)", "cispo_clip_ratio"), ("dispo", "ZPPO (DISPO)", "clip_ratio/neg_high_mean")],
 )
 def test_zppo_trains_under_each_step_6_objective(boxed_text_student_dir, boxed_teacher_server, tmp_path, objective, variant, logged):
-    spy = Spy()
-    args = _config(tmp_path, boxed_teacher_server, ["bcq", "ncq"], policy_objective=objective, max_steps=2)
-    trainer = ZPPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(boxed_text_student_dir),
-        reward_funcs=spy,
-        args=args,
-        train_dataset=Dataset.from_list(toy_rows("text")),
-        processing_class=AutoTokenizer.from_pretrained(boxed_text_student_dir),
-    )
-    assert args.variant == variant
+    trainer = _trainer(boxed_text_student_dir, boxed_teacher_server, tmp_path, ["bcq", "ncq"], Spy(), policy_objective=objective, max_steps=2)
+    assert trainer.args.variant == variant
     # what makes it that objective in TRL's loss (the loss formulas themselves: tests/test_objectives.py)
     assert (trainer.importance_sampling_level, trainer.loss_type) == {"gspo": ("sequence", "dapo"), "cispo": ("token", "cispo"), "dispo": ("token", "dapo")}[objective]
     if objective == "cispo":
@@ -219,14 +211,10 @@ def test_zppo_trains_under_each_step_6_objective(boxed_text_student_dir, boxed_t
     assert trainer.counters["bcq_trained_total"] + trainer.counters["ncq_trained_total"] > 0
 
 
-def _supervised_run(student_dir, server, tmp_path, kind):
-    """Train the supervised ``kind`` row for two rollout steps; record its plain rounds, gradings,
-    teacher requests and every trained micro-batch."""
-    spy = Spy()
-    trainer = _trainer(student_dir, server, tmp_path, [kind], spy)
+def _train_recorded(trainer) -> dict:
+    """Train ``trainer``, recording its plain rounds, gradings, teacher requests and every trained micro-batch."""
     record = dict(plain=[], graded=[], requests=[], micro=[])
-    generate_round, grade, sample = trainer._generate_round, trainer._grade, trainer.teacher.sample_async
-    prepare = trainer._prepare_inputs
+    generate_round, grade, prepare = trainer._generate_round, trainer._grade, trainer._prepare_inputs
 
     def generate(groups, name, metrics):
         out = generate_round(groups, name, metrics)
@@ -238,19 +226,29 @@ def _supervised_run(student_dir, server, tmp_path, kind):
         record["graded"] += [(row["id"], t, v) for t, v in zip(texts, verdicts)]
         return verdicts
 
-    def sample_async(conversations, *args, **kwargs):
-        record["requests"] += [(c[-1]["content"], kwargs.get("n", args[0] if args else None)) for c in conversations]
-        return sample(conversations, *args, **kwargs)
-
     def prepare_inputs(batch):
         out = prepare(batch)
         if not isinstance(batch, dict) and not out.get("zppo_skip"):  # a micro-batch is prepared once more inside training_step
             record["micro"].append(out)
         return out
 
-    trainer._generate_round, trainer._grade, trainer.teacher.sample_async, trainer._prepare_inputs = generate, graded, sample_async, prepare_inputs
+    if trainer.teacher is not None:
+        sample = trainer.teacher.sample_async
+
+        def sample_async(conversations, *args, **kwargs):
+            record["requests"] += [(c[-1]["content"], kwargs.get("n", args[0] if args else None)) for c in conversations]
+            return sample(conversations, *args, **kwargs)
+
+        trainer.teacher.sample_async = sample_async
+    trainer._generate_round, trainer._grade, trainer._prepare_inputs = generate, graded, prepare_inputs
     trainer.train()
-    return trainer, record
+    return record
+
+
+def _supervised_run(student_dir, server, tmp_path, kind):
+    """Train the supervised ``kind`` row for two rollout steps, recorded (`_train_recorded`)."""
+    trainer = _trainer(student_dir, server, tmp_path, [kind], Spy())
+    return trainer, _train_recorded(trainer)
 
 
 def _trained_rows(trainer, micro_batches):
@@ -379,37 +377,9 @@ def test_generalized_jsd_is_gkds_formula_and_zero_when_the_distributions_agree()
 
 
 def _distill_run(student_dir, teacher_dir, server, tmp_path, mode, **overrides):
-    spy = Spy()
-    args = _config(tmp_path, server, [], distillation=mode, distill_teacher=str(teacher_dir), **overrides)
-    trainer = ZPPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(student_dir),
-        reward_funcs=spy,
-        args=args,
-        train_dataset=Dataset.from_list(toy_rows("text")),
-        processing_class=AutoTokenizer.from_pretrained(student_dir),
-    )
-    record = dict(plain=[], graded=[], micro=[])
-    generate_round, grade, prepare = trainer._generate_round, trainer._grade, trainer._prepare_inputs
-
-    def generate(groups, name, metrics):
-        out = generate_round(groups, name, metrics)
-        record["plain"].append(out)
-        return out
-
-    def graded(row, texts):
-        verdicts = grade(row, texts)
-        record["graded"] += [(row["id"], t, v) for t, v in zip(texts, verdicts)]
-        return verdicts
-
-    def prepare_inputs(batch):
-        out = prepare(batch)
-        if not isinstance(batch, dict) and not out.get("zppo_skip"):
-            record["micro"].append(out)
-        return out
-
-    trainer._generate_round, trainer._grade, trainer._prepare_inputs = generate, graded, prepare_inputs
-    trainer.train()
-    return trainer, record
+    """Train the ``mode`` distillation row against ``teacher_dir``'s logits, recorded (`_train_recorded`)."""
+    trainer = _trainer(student_dir, server, tmp_path, [], Spy(), distillation=mode, distill_teacher=str(teacher_dir), **overrides)
+    return trainer, _train_recorded(trainer)
 
 
 def _check_jsd_loss(trainer, micro):

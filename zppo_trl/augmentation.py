@@ -208,7 +208,7 @@ class CandidateReformulation(Augmentation):
             top_p=args.teacher_top_p,
             extra_body=args.compression_extra_body,
         )
-        compressed = _result_or_none(future, len(sources))
+        compressed = teacher_results(future, [None] * len(sources))
         metrics["time/compression_s"] = time.perf_counter() - t0
         kept, failed = attach_compressions(instances, compressed)
         built = BuiltGroups(failures=failed)
@@ -305,7 +305,7 @@ class TeacherHint(_TeacherGuidance):
             top_p=args.teacher_top_p,
             extra_body=args.compression_extra_body,
         )
-        hints = _result_or_none(future, len(instances))
+        hints = teacher_results(future, [None] * len(instances))
         metrics["time/compression_s"] = time.perf_counter() - t0
         built = BuiltGroups()
         rejected = 0
@@ -361,10 +361,10 @@ class ResponsePrefix(_TeacherGuidance):
         return built
 
 
-def _result_or_none(future: Any, count: int) -> list:
-    """A compression batch's results; on an unexpected error all None (logged), never a crash."""
+def teacher_results(future: Any, fallback: list) -> list:
+    """A teacher batch's results; on an unexpected error ``fallback`` (logged), never a crash."""
     try:
         return future.result()
     except Exception as err:  # noqa: BLE001 - an outage must degrade the step, not stop training
         logger.warning("teacher request failed (%s); continuing without it", err)
-        return [None] * count
+        return fallback

@@ -22,17 +22,14 @@ the paper's text. Pure of TRL: the trainer hands in how to build a chat and how 
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .augmentation import Augmentation, BuiltGroup, BuiltGroups, Evidence
+from .augmentation import Augmentation, BuiltGroup, BuiltGroups, Evidence, teacher_results
 from .prompts import CORRECT_TAG, INCORRECT_TAG, render_correction, render_reflection
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["SupervisedInstance", "CorrectionTargets", "ReflectionTargets"]
 
@@ -91,11 +88,7 @@ class _SupervisedTargets(Augmentation):
             temperature=args.teacher_temperature,
             top_p=args.teacher_top_p,
         )
-        try:
-            replies = future.result()
-        except Exception as err:  # noqa: BLE001 - an outage must degrade the step, not stop training
-            logger.warning("teacher request failed (%s); continuing without it", err)
-            replies = [[] for _ in instances]
+        replies = teacher_results(future, [[] for _ in instances])
         metrics["time/compression_s"] = time.perf_counter() - t0
         rejected = 0
         for inst, reply in zip(instances, replies):
