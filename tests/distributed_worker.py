@@ -215,6 +215,7 @@ def main() -> None:
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / f"rank{acc.process_index}.json").write_text(json.dumps(record, indent=1, sort_keys=True))
     acc.wait_for_everyone()
+    acc.end_training()  # as recipes/zppo.py does: a gloo group left to teardown can SIGABRT at exit
 
 
 if __name__ == "__main__":
