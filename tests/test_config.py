@@ -140,6 +140,35 @@ def test_distillation_rows_are_named_as_the_paper_prints_them(mode, replay_fract
     assert c.variant == variant
 
 
+@pytest.mark.parametrize(
+    "row, setting",
+    [
+        (dict(reformulations=["bcq", "ncq"]), dict(prefix_fraction=0.3)),
+        (dict(reformulations=["hint"]), dict(distill_teacher="t")),
+        (dict(reformulations=[]), dict(distill_beta=0.2)),
+        (dict(reformulations=[], policy_objective="cispo"), dict(dispo_epsilon_high_neg=5.0)),
+    ],
+)
+def test_a_row_specific_field_on_another_row_is_warned_about(row, setting):
+    (name,) = setting
+    with pytest.warns(UserWarning, match=f"{name}=.* has no effect on this row"):
+        ZPPOConfig(**CPU, **TEACHER, **row, **setting)
+
+
+def test_row_specific_fields_on_their_own_rows_are_not_warned_about():
+    rows = [
+        dict(reformulations=["prefix"], prefix_fraction=0.3),
+        dict(reformulations=[], distillation="on", distill_teacher="t", distill_beta=0.2),
+        dict(reformulations=["bcq", "ncq"], policy_objective="dispo", dispo_epsilon_high_neg=5.0),
+        dict(reformulations=["bcq", "ncq"]),  # defaults everywhere
+    ]
+    for row in rows:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ZPPOConfig(**CPU, **TEACHER, **row)
+        assert not [w for w in caught if "has no effect" in str(w.message)], row
+
+
 def test_command_line_and_api_key_env(monkeypatch):
     args = [
         "--output_dir", "unused", "--use_cpu", "--bf16", "false", "--per_device_train_batch_size", "8",

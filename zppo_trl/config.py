@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import dataclasses
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
@@ -71,6 +72,7 @@ OBJECTIVE_SETTINGS: dict[str, dict[str, object]] = {
 
 
 # How tab:mistakes prints the supervised controls (the dagger marks the replay buffer).
+DISPO_FIELDS = ("dispo_epsilon_low_pos", "dispo_epsilon_high_pos", "dispo_epsilon_low_neg", "dispo_epsilon_high_neg")
 _SUPERVISED_NAMES = {"correction": "Correction-SFT", "reflection": "Error-reflection-SFT"}
 
 
@@ -306,6 +308,7 @@ class ZPPOConfig(GRPOConfig):
 
     def __post_init__(self):
         self._validate_zppo()
+        self._warn_unused_settings()
         if self.steps_per_generation is None and self.generation_batch_size is None:
             self.steps_per_generation = self.num_partitions * self.gradient_accumulation_steps
         super().__post_init__()
@@ -367,7 +370,7 @@ class ZPPOConfig(GRPOConfig):
             raise ValueError(f"policy_objective must be one of {list(OBJECTIVES)}, got {self.policy_objective!r}")
         if self.policy_objective != "grpo" and set(self.reformulations) & set(_SUPERVISED_NAMES):
             raise ValueError(f"policy_objective={self.policy_objective!r} has no effect on the supervised {self.reformulations[0]!r} row (it trains cross-entropy); leave it 'grpo'")
-        for name in ("dispo_epsilon_low_pos", "dispo_epsilon_high_pos", "dispo_epsilon_low_neg", "dispo_epsilon_high_neg"):
+        for name in DISPO_FIELDS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -377,6 +380,20 @@ class ZPPOConfig(GRPOConfig):
             raise ValueError("delta=None turns off the dual clip of eq:dualclip, which ZPPO's objective has; set delta (paper: 10.0)")
         if self.delta <= 1 + (self.epsilon_high if self.epsilon_high is not None else self.epsilon):
             raise ValueError(f"delta (dual-clip ratio, {self.delta}) must exceed 1 + epsilon_high to act as the dual clip")
+
+    def _warn_unused_settings(self) -> None:
+        """Warn about a row-specific field set on a row that never reads it (a likely mistake, e.g.
+        ``prefix_fraction`` without ``reformulations: [prefix]``), naming the field and what reads it."""
+        readers = {
+            "prefix_fraction": ("prefix" in self.reformulations, "reformulations: [prefix]"),
+            "distill_teacher": (self.distillation is not None, "distillation: off|on"),
+            "distill_beta": (self.distillation is not None, "distillation: off|on"),
+            **{name: (self.policy_objective == "dispo", "policy_objective: dispo") for name in DISPO_FIELDS},
+        }
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name, (used, reader) in readers.items():
+            if not used and getattr(self, name) != defaults[name]:
+                warnings.warn(f"{name}={getattr(self, name)!r} has no effect on this row ({self.variant}): only {reader} reads it", stacklevel=3)
 
     def _validate_distillation(self) -> None:
         if self.distillation is None:
