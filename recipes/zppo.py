@@ -192,7 +192,7 @@ def dry_run(script_args: ScriptArguments, args: ZPPOConfig, model_args: ModelCon
             "prefix": f"response prefix alpha={args.prefix_fraction:g}",
             "correction": "corrects one wrong rollout per hard question; graded SFT targets",
             "reflection": "revises a correct draft with the wrong rollouts; graded SFT targets",
-        }.get(args.reformulations[0], f"compression <= {cap} tokens")
+        }.get(args.reformulations[0], f"compression <= {cap} tokens" if args.compress_candidates else "candidates uncompressed (compress_candidates: false)")
         out(f"  teacher: {args.teacher_model} at {args.teacher_base_url} (G_T={args.teacher_num_generations}, {use})")
     if args.distillation:
         out(f"  distillation: {args.variant} against {args.distill_teacher}, loaded next to the student on every rank (GKD JSD, beta={args.distill_beta:g})")

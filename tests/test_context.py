@@ -45,6 +45,22 @@ def test_the_block_bound_holds_for_the_longest_real_blocks():
         assert with_block - plain <= lengths.block, (with_block - plain, lengths.block)
 
 
+def test_uncompressed_candidates_are_bounded_by_whole_rollouts():
+    # compress_candidates off: each candidate is a whole student or teacher rollout, not a capped summary
+    tokenizer = tiny_tokenizer()
+    G, completion, teacher = 4, 96, 160
+    lengths = context_lengths(reformulations=("bcq", "ncq"), compress_candidates=False, **{**PAPER, "num_generations": G, "max_completion_length": completion, "teacher_max_tokens": teacher, "compression_max_tokens": 32})
+    compressed = context_lengths(reformulations=("bcq", "ncq"), **{**PAPER, "num_generations": G, "max_completion_length": completion, "teacher_max_tokens": teacher, "compression_max_tokens": 32})
+    assert lengths.block > compressed.block
+    teacher_text, _ = _text_of(tokenizer, teacher)
+    student_text, _ = _text_of(tokenizer, completion)
+    question = "What is 6 x 7?"
+    plain = len(tokenizer(compose_prompt(question, None, RL_CLOSER))["input_ids"])
+    for block in (bcq_block([teacher_text, student_text]), ncq_block([f"{n}/{n + 1}" for n in range(G)], [student_text] * G)):
+        with_block = len(tokenizer(compose_prompt(question, block, RL_CLOSER))["input_ids"])
+        assert with_block - plain <= lengths.block, (with_block - plain, lengths.block)
+
+
 def test_the_teacher_bound_holds_for_compression_and_judge_prompts():
     tokenizer = tiny_tokenizer()
     rollout, n = _text_of(tokenizer, 300)

@@ -188,6 +188,49 @@ def test_zppo_trains_bcq_and_ncq_groups_against_a_real_teacher(boxed_text_studen
     assert logs[-1]["buffer_size"] == len(expected) > 0
 
 
+class CompressionRecorder(TeacherClient):
+    """The real client, counting the candidates it was asked to compress."""
+
+    compressed: int = 0
+
+    def compress_async(self, responses, **kwargs):
+        self.compressed += len(responses)
+        return super().compress_async(responses, **kwargs)
+
+
+def test_uncompressed_candidates_are_the_raw_rollouts(boxed_text_student_dir, boxed_teacher_server, tmp_path):
+    # compress_candidates: false (the CPU demo's setting): no compression request reaches the teacher,
+    # and every candidate is, verbatim, a rollout the student or the teacher wrote in that step.
+    rows = toy_rows("text")
+    spy = Spy()
+    args = _config(tmp_path, boxed_teacher_server, compress_candidates=False, augment_fraction=1.0)
+    teacher = CompressionRecorder(boxed_teacher_server.base_url, boxed_teacher_server.model)
+    trainer = ZPPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(boxed_text_student_dir),
+        reward_funcs=spy,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=AutoTokenizer.from_pretrained(boxed_text_student_dir),
+        teacher=teacher,
+    )
+    trainer.train()
+
+    assert teacher.compressed == 0
+    written = {text.strip() for call in spy.calls if not ("<candidate>" in _text(call["prompts"][0])) for text in call["texts"]}
+    teacher_written = {text.strip() for call in spy.calls if call["teacher"] for text in call["texts"]}
+    kinds = defaultdict(int)
+    for call in spy.rounds(True):
+        for prompt in call["prompts"][:: trainer.num_generations]:
+            text = _text(prompt)
+            candidates = re.findall(r"<candidate>\n(.*?)\n</candidate>", text, flags=re.S)
+            assert candidates and set(candidates) <= written, candidates
+            kind = "bcq" if BCQ_INSTRUCTION in text else "ncq"
+            kinds[kind] += 1
+            if kind == "bcq":  # one of the two is the teacher's graded-correct rollout
+                assert len(candidates) == 2 and set(candidates) & teacher_written
+    assert kinds["bcq"] > 0 and kinds["ncq"] > 0, kinds
+
+
 def test_vlm_student_sees_question_image_block_closer(boxed_vlm_student_dir, boxed_vlm_teacher_server, tmp_path):
     rows = toy_rows("vlm")
     by_id = {row["id"]: row for row in rows}

@@ -195,20 +195,24 @@ class CandidateReformulation(Augmentation):
         """Compress this rank's candidates (one teacher batch) and render each kept instance's block.
 
         BCQ needs both candidates compressed; NCQ keeps the ones that compressed
-        (`zppo_trl.reformulate.attach_compressions`).
+        (`zppo_trl.reformulate.attach_compressions`). With ``compress_candidates`` off (not the
+        paper's setting) the raw rollouts are the candidates and the teacher is not called.
         """
         if not instances:
             return BuiltGroups()
         t0 = time.perf_counter()
         sources = [text for inst in instances for text in inst.candidates]
-        future = teacher.compress_async(
-            sources,
-            max_tokens=args.compression_max_tokens,
-            temperature=args.teacher_temperature,
-            top_p=args.teacher_top_p,
-            extra_body=args.compression_extra_body,
-        )
-        compressed = teacher_results(future, [None] * len(sources))
+        if args.compress_candidates:
+            future = teacher.compress_async(
+                sources,
+                max_tokens=args.compression_max_tokens,
+                temperature=args.teacher_temperature,
+                top_p=args.teacher_top_p,
+                extra_body=args.compression_extra_body,
+            )
+            compressed = teacher_results(future, [None] * len(sources))
+        else:
+            compressed = list(sources)
         metrics["time/compression_s"] = time.perf_counter() - t0
         kept, failed = attach_compressions(instances, compressed)
         built = BuiltGroups(failures=failed)

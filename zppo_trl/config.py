@@ -250,6 +250,14 @@ class ZPPOConfig(GRPOConfig):
         default=None,
         metadata={"help": "Extra request fields passed to the teacher server, e.g. {'chat_template_kwargs': {'enable_thinking': true}}."},
     )
+    compress_candidates: bool = field(
+        default=True,
+        metadata={
+            "help": "Paper: on. The teacher rewrites every BCQ/NCQ candidate under fig:prompt-compression before it enters "
+            "a prompt. Off puts the raw rollouts in the blocks: only for a teacher too small to compress faithfully (the "
+            "CPU demo's 135M teacher drops the boxed answer and mostly the answer itself)."
+        },
+    )
     compression_max_tokens: int = field(
         default=512,
         metadata={"help": "Token cap of each compressed BCQ/NCQ candidate."},
@@ -355,6 +363,8 @@ class ZPPOConfig(GRPOConfig):
             raise ValueError(f"prefix_fraction must be a number in (0, 1), got {self.prefix_fraction!r}")
         if self.advantage_normalization not in NORMALIZATIONS:
             raise ValueError(f"advantage_normalization must be one of {list(NORMALIZATIONS)}, got {self.advantage_normalization!r}")
+        if not isinstance(self.compress_candidates, bool):
+            raise ValueError(f"compress_candidates must be true or false, got {self.compress_candidates!r}")
         for name in ("replay_capacity", "num_partitions", "teacher_num_generations", "teacher_max_tokens", "compression_max_tokens", "teacher_max_concurrency", "max_prompt_length"):
             value = getattr(self, name)
             minimum = 0 if name == "replay_capacity" else 1
@@ -497,6 +507,7 @@ class ZPPOConfig(GRPOConfig):
             num_generations=self.num_generations,
             reformulations=self.reformulations,
             compression_max_tokens=self.compression_max_tokens,
+            compress_candidates=self.compress_candidates,
             teacher_max_tokens=self.teacher_max_tokens,
         )
 

@@ -3,7 +3,8 @@
 A plain prompt is at most the paper's "Max prompt length" (4,096 tokens; ZPPO-77K is built
 under it, RL closer and image tokens included). A BCQ/NCQ prompt adds its block: an NCQ
 block lists up to G_S distinct wrong answers and carries up to G_S compressed candidates of
-``compression_max_tokens`` each, so the student's context must hold plain prompt + block +
+``compression_max_tokens`` each (uncompressed, with ``compress_candidates`` off: whole rollouts
+of up to ``max(max_completion_length, teacher_max_tokens)``), so the student's context must hold plain prompt + block +
 ``max_completion_length``, or reformulated rollouts are silently cut short. The teacher's
 server samples on plain prompts, compresses whole rollouts and judges whole responses.
 
@@ -90,6 +91,7 @@ def context_lengths(
     reformulations: tuple[str, ...] | list[str],
     compression_max_tokens: int,
     teacher_max_tokens: int,
+    compress_candidates: bool = True,
 ) -> ContextLengths:
     """The :class:`ContextLengths` of a recipe (see the module docstring for the bounds)."""
     for name, value in (
@@ -101,7 +103,9 @@ def context_lengths(
     ):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    candidate = compression_max_tokens + _bytes(candidate_blocks([""])) + 1  # tags, joining newline
+    longest_rollout = max(max_completion_length, teacher_max_tokens)
+    candidate_text = compression_max_tokens if compress_candidates else longest_rollout
+    candidate = candidate_text + _bytes(candidate_blocks([""])) + 1  # tags, joining newline
     blocks = [0]
     if "bcq" in reformulations:
         blocks.append(_bytes(BCQ_INSTRUCTION) + 1 + 2 * candidate)
@@ -115,7 +119,6 @@ def context_lengths(
     # A Prefix group adds nothing: its prefix and continuation share max_completion_length.
     separators = 2 * _bytes("\n\n")  # question | block | closer
     block = max(blocks) + (separators if max(blocks) else 0)
-    longest_rollout = max(max_completion_length, teacher_max_tokens)
     judge_template = _bytes(fill(JUDGE_TEMPLATE, question="", options="", model_response="", ground_truth=""))
     return ContextLengths(
         plain_prompt=max_prompt_length,

@@ -56,6 +56,7 @@ _SETTINGS = (
     ("temperature", "student temperature"),
     ("teacher_temperature", "teacher temperature"),
     ("max_completion_length", "max response length"),
+    ("compress_candidates", "candidate compression"),
     ("compression_max_tokens", "candidate compression cap"),
 )
 
@@ -228,7 +229,8 @@ def _teacher_line(args) -> str:
         return "none."
     kind = args.reformulations[0]
     samples = "" if kind == "correction" else f"it samples G_T = {args.teacher_num_generations} answers per question and "
-    role = _TEACHER_ROLE.get(kind, "compresses each candidate to at most {cap} tokens").format(alpha=args.prefix_fraction, cap=args.compression_max_tokens)
+    candidates = "compresses each candidate to at most {cap} tokens" if args.compress_candidates else "its answers and the student's enter BCQ/NCQ prompts uncompressed (`compress_candidates: false`, not the paper's setting)"
+    role = _TEACHER_ROLE.get(kind, candidates).format(alpha=args.prefix_fraction, cap=args.compression_max_tokens)
     use = "." if kind in ("correction", "reflection") else "; its text is only ever context (prompt or response prefix), never a loss token."
     return f"`{args.teacher_model}`, a frozen teacher served behind an OpenAI-compatible endpoint: {samples}{role}{use}"
 
