@@ -194,7 +194,7 @@ def test_bad_config_and_bad_rows_are_named(tmp_path, tiny_text_model_dir):
     run = _recipe(*common, "--skip_invalid", "true")
     assert run.returncode == 0, run.stdout
     assert "3 valid rows, 1 invalid rows would be skipped" in run.stdout
-    assert "per rollout step: 4 new + <=2 replayed + <=4 reformulated prompts x 4 rollouts; 2 optimizer updates of 2 new prompts; teacher G_T=1" in run.stdout
+    assert "per rollout step: 4 new + <=2 replayed + <=4 reformulated prompts x 4 rollouts; 2 optimizer updates of 2 new prompts; teacher G_T=4" in run.stdout
     assert "llama" not in run.stdout and "qwen3 (text)" in run.stdout
 
 
