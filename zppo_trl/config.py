@@ -19,9 +19,9 @@ feeds ``num_partitions`` optimizer updates.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
-import dataclasses
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig

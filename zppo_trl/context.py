@@ -3,9 +3,9 @@
 A plain prompt is at most the paper's "Max prompt length" (4,096 tokens; ZPPO-77K is built
 under it, RL closer and image tokens included). A BCQ/NCQ prompt adds its block: an NCQ
 block lists up to G_S distinct wrong answers and carries up to G_S compressed candidates of
-``compression_max_tokens`` each (uncompressed, with ``compress_candidates`` off: whole rollouts
-of up to ``max(max_completion_length, teacher_max_tokens)``), so the student's context must hold plain prompt + block +
-``max_completion_length``, or reformulated rollouts are silently cut short. The teacher's
+``compression_max_tokens`` each (with ``compress_candidates`` off, whole rollouts of up to
+``max(max_completion_length, teacher_max_tokens)``), so the student's context must hold plain
+prompt + block + ``max_completion_length``, or reformulated rollouts are silently cut short. The teacher's
 server samples on plain prompts, compresses whole rollouts and judges whole responses.
 
 The bounds need no tokenizer: template text is counted in UTF-8 bytes, which bounds its
