@@ -301,9 +301,10 @@ def train(script_args: ScriptArguments, args: ZPPOConfig, model_args: ModelConfi
     trainer.create_model_card()
     if args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
-    # Destroys the process group while the interpreter is whole: a gloo group left to interpreter
-    # teardown can abort the process (SIGABRT) after a successful run (pytorch/pytorch#190489).
-    # Only on success: destroying it while another rank is mid-collective would hang.
+    # PyTorch asks every script to destroy its process group at the end; a group left to interpreter
+    # teardown can abort a rank (SIGABRT) after a successful run (pytorch/pytorch#190489; the
+    # 2-process test saw such aborts even after it). Only on success: destroying the group while
+    # another rank is mid-collective would hang.
     trainer.accelerator.end_training()
     logger.info("done: %s", args.output_dir)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import zlib
 from collections.abc import Mapping
@@ -215,7 +216,13 @@ def main() -> None:
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / f"rank{acc.process_index}.json").write_text(json.dumps(record, indent=1, sort_keys=True))
     acc.wait_for_everyone()
-    acc.end_training()  # as recipes/zppo.py does: a gloo group left to teardown can SIGABRT at exit
+    # Skip interpreter teardown: every result is on disk and both ranks are past the barrier. At
+    # teardown a rank sometimes aborts in C++ ("terminate called without an active exception",
+    # SIGABRT), with or without destroy_process_group first (seen in CI with both), which would
+    # fail a run whose records are complete (pytorch/pytorch#190489).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
