@@ -90,13 +90,18 @@ def evaluate(sample, hard, settings: dict, cap: int | None, rollouts: int, rng: 
     temperature, length, group = settings["temperature"], settings["max_completion_length"], settings["num_generations"]
     closer = settings["closer"]
 
+    stats = dict(compressions=0, kept_box=0, teacher_candidates=0, kept_gold=0)
+
     def compress(texts: list[str]) -> list[str | None]:
+        """The candidates as they enter the prompt; compressions are counted here."""
         if cap is None:
             return texts
         replies = sample([render_compression(t) for t in texts], 1, settings["teacher_temperature"], cap)
-        return [extract_summary(r[0])[0] for r in replies]
+        summaries = [extract_summary(r[0])[0] for r in replies]
+        stats["compressions"] += len(summaries)
+        stats["kept_box"] += sum(s is not None and extract_boxed(s) is not None for s in summaries)
+        return summaries
 
-    stats = dict(compressions=0, kept_box=0, teacher_candidates=0, kept_gold=0)
     prompts = {"bcq": [], "ncq": []}
     for h in hard:
         question, gold = h["row"]["question"], h["row"]["answer"]
@@ -109,12 +114,8 @@ def evaluate(sample, hard, settings: dict, cap: int | None, rollouts: int, rng: 
                 candidates = list(texts)
                 rng.shuffle(candidates)
                 prompts["bcq"].append((compose_prompt(question, bcq_block(candidates), closer), gold))
-            stats["compressions"] += 2 * (cap is not None)
-            stats["kept_box"] += sum(t is not None and extract_boxed(t) is not None for t in texts) * (cap is not None)
         texts = compress(h["wrong"])
         kept = [t for t in texts if t is not None]
-        stats["compressions"] += len(texts) * (cap is not None)
-        stats["kept_box"] += sum(extract_boxed(t) is not None for t in kept) * (cap is not None)
         if kept:
             answers = [extract_boxed(w) for w in h["wrong"]]
             prompts["ncq"].append((compose_prompt(question, ncq_block(answers, kept), closer), gold))
