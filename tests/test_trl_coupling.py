@@ -26,7 +26,7 @@ from zppo_trl import ZPPOConfig, ZPPOTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
 # State ZPPOTrainer adds itself (everything else it reads on self is TRL's or transformers').
-ZPPO_ATTRIBUTES = {"replay_buffer", "counters", "teacher", "dataset_name", "model_license", "_row_of", "_rng", "_admitted_at", "_round_rewards", "_round_texts"}
+ZPPO_ATTRIBUTES = {"replay_buffer", "counters", "teacher", "dataset_name", "model_license", "_row_of", "_rng", "_admitted_at", "_active_round", "ranks", "objective_loss"}
 
 
 def _requirements() -> dict[str, Requirement]:

@@ -1,5 +1,5 @@
-"""The distillation rows: Off-Distill and On-Distill, each with and without the buffer
-(``alg:offpolicy``, ``alg:onpolicy``).
+"""The distillation rows: Off-Distill and On-Distill, each with and without the buffer (the paper's
+off-policy and on-policy distillation algorithms).
 
 Both imitate the frozen teacher's per-token distributions under GKD's generalized Jensen-Shannon
 divergence at beta = 0.5 (Agarwal et al. 2024): ``beta KL(p_T || m) + (1 - beta) KL(p_S || m)``

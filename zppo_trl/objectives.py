@@ -1,9 +1,9 @@
-"""Step 6's policy objective: the names, and DISPO's per-token loss (sec:appendix:backbones).
+"""Step 6's policy objectives: their names, and the pieces of their formulas that are not TRL's.
 
-The paper trains ZPPO with GRPO (the DAPO token-level clipped surrogate with the dual clip,
-eq:dualclip) and reports three alternatives on the GRPO† pipeline, every other setting as in
-tab:appendix:hyperparameters (tab:appendix:backbones). With r = pi_theta / pi_old per token,
-A the rollout's advantage and sg the stop-gradient:
+The paper trains ZPPO with GRPO (the DAPO token-level clipped surrogate with the dual clip) and reports
+three alternatives on the GRPO† pipeline, every other setting as in its hyperparameter table (the
+appendix's objective comparison). With r = pi_theta / pi_old per token, A the rollout's advantage and
+sg the stop-gradient:
 
 - ``"grpo"``: ``min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``, and ``max(., c_dual A)`` for A < 0.
 - ``"gspo"`` (Zheng et al. 2025, Group Sequence Policy Optimization): the same clipped surrogate
@@ -12,8 +12,8 @@ A the rollout's advantage and sg the stop-gradient:
   ``sg(min(r, 1 + eps_high)) A log pi`` (no lower bound, as MiniMax-M1 trains it).
 - ``"dispo"`` (Karaman et al. 2026): :func:`dispo_per_token_loss`.
 
-GRPO, GSPO and CISPO are TRL's own losses (``zppo_trl.config`` maps them onto TRL's fields);
-DISPO is implemented here. This module is pure: torch only, no TRL, no trainer.
+The losses themselves are registered in :mod:`zppo_trl.losses`; ``zppo_trl.config`` maps each
+objective onto TRL's fields. This module is pure: torch only, no TRL, no trainer.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import torch
 __all__ = ["OBJECTIVES", "OBJECTIVE_NAMES", "DUAL_CLIP_OBJECTIVES", "DispoBounds", "cispo_weight_bound", "dispo_outside", "dispo_per_token_loss"]
 
 OBJECTIVES = ("grpo", "gspo", "cispo", "dispo")
-# How the paper prints each objective (tab:appendix:backbones).
+# How the paper prints each objective (its table of policy objectives).
 OBJECTIVE_NAMES = {"grpo": "GRPO", "gspo": "GSPO", "cispo": "CISPO", "dispo": "DISPO"}
-# The objectives whose loss is the clipped surrogate, so eq:dualclip's c_dual (TRL's delta) acts in them.
+# The objectives whose loss is the clipped surrogate, so the dual clip c_dual (TRL's delta) acts in them.
 DUAL_CLIP_OBJECTIVES = ("grpo", "gspo")
 
 
@@ -92,7 +92,8 @@ def dispo_per_token_loss(
     outside it: the abstract's fix to CISPO, whose clipped weight still pushes every token
     outside the trust region ("permitting non-zero gradients outside the trust-region"). The
     four bounds make the four regimes (correct/incorrect x weight above/below 1) separately
-    tunable. (Zero outside rather than clamped at the bound is our reading of the abstract.)
+    tunable. (Zero outside rather than clamped at the bound is our reading of the abstract; see
+    docs/comparison_rows.md.)
 
     Returns ``-sg(r^d) A log pi`` per token (minimize form), the shape of ``per_token_logps``
     broadcast with ``advantages`` (pass (B, 1) advantages for (B, T) log-probs). The caller

@@ -1,0 +1,142 @@
+"""The loss registry (zppo_trl.losses): each loss on small hand-computed tensors, and the registry itself.
+
+Every case puts tokens in a regime whose answer is known by hand (inside the clip band, clipped above or
+below, the dual clip, outside DISPO's interval) and checks the loss value and the per-token gradient, so a
+wrong formula or a wrong regime boundary fails here. tests/test_objectives.py and tests/test_loss.py check
+the same losses through the trainer, against a real model and, for the paper's objective, TRL's own loss.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from zppo_trl.losses import LOSSES, LossInputs, loss_for, register_loss
+from zppo_trl.objectives import DispoBounds
+
+ARGS = SimpleNamespace(
+    epsilon=0.2, epsilon_high=0.28, delta=10.0, policy_objective="grpo", distillation=None, distill_beta=0.5,
+    dispo_bounds=DispoBounds(0.2, 10.0, 1.0, 100.0),
+)  # fmt: skip
+
+
+def _inputs(ratios, advantages, mask=None, normalizer=None):
+    """Log-probs whose ratio to the old ones is ``ratios`` (one row per response), with gradient."""
+    ratios = torch.tensor(ratios, dtype=torch.float64)
+    old = torch.full_like(ratios, -1.0)
+    logps = (old + ratios.log()).requires_grad_(True)
+    mask = torch.ones_like(ratios) if mask is None else torch.tensor(mask, dtype=torch.float64)
+    normalizer = mask.sum() if normalizer is None else torch.tensor(float(normalizer), dtype=torch.float64)
+    adv = torch.tensor(advantages, dtype=torch.float64)
+    return LossInputs(mask=mask, normalizer=normalizer, logps=logps, old_logps=old, advantages=adv,
+                      entropies=torch.zeros_like(ratios))  # fmt: skip
+
+
+def _per_token_grad(name, inputs, args=ARGS):
+    out = LOSSES[name].fn(inputs, args)
+    out.loss.backward()
+    return out, inputs.logps.grad
+
+
+def test_registry_names_and_selection():
+    assert set(LOSSES) >= {"dapo", "gspo", "cispo", "dispo", "sft", "jsd"}
+    assert loss_for(ARGS).name == "dapo"
+    assert loss_for(SimpleNamespace(**{**vars(ARGS), "policy_objective": "gspo"})).name == "gspo"
+    assert loss_for(SimpleNamespace(**{**vars(ARGS), "policy_objective": "dispo"})).name == "dispo"
+    assert loss_for(ARGS, supervised=True).name == "sft"
+    assert loss_for(SimpleNamespace(**{**vars(ARGS), "distillation": "on"})).name == "jsd"
+    assert LOSSES["jsd"].needs == "logits" and LOSSES["dapo"].needs == "logps"
+
+
+def test_registering_twice_or_with_an_unknown_need_is_refused():
+    with pytest.raises(ValueError, match="already registered"):
+        register_loss("dapo")(lambda inputs, args: None)
+    with pytest.raises(ValueError, match="needs"):
+        register_loss("new", needs="hidden_states")
+
+
+def test_dapo_regimes_token_by_token():
+    # one response per regime, one token each; N = 6 tokens, so d loss / d log pi = -r A / 6 where the ratio passes
+    ratios = [[1.1], [2.0], [0.5], [0.5], [20.0], [1.5]]
+    advantages = [[1.0], [1.0], [1.0], [-1.0], [-2.0], [-1.0]]
+    out, grad = _per_token_grad("dapo", _inputs(ratios, advantages))
+    expected_token_loss = [-1.1, -1.28, -0.5, 0.8, 20.0, 1.5]  # clip-high; unclipped below; clip-low; dual clip 10 * 2
+    assert out.loss.item() == pytest.approx(sum(expected_token_loss) / 6, abs=1e-12)
+    expected_grad = [-1.1 / 6, 0.0, -0.5 / 6, 0.0, 0.0, 1.5 / 6]
+    torch.testing.assert_close(grad.squeeze(1), torch.tensor(expected_grad, dtype=torch.float64), rtol=1e-12, atol=1e-15)
+    low, count = out.means["clip_ratio/low_mean"]
+    high, _ = out.means["clip_ratio/high_mean"]
+    assert (low.item(), high.item(), count.item()) == (1.0, 1.0, 6.0)  # 0.5 with A < 0; 2.0 with A > 0
+
+
+def test_dapo_without_the_dual_clip_is_unbounded_for_negative_advantages():
+    args = SimpleNamespace(**{**vars(ARGS), "delta": None})
+    out, grad = _per_token_grad("dapo", _inputs([[20.0]], [[-2.0]]), args)
+    assert out.loss.item() == pytest.approx(40.0) and grad.item() == pytest.approx(40.0)
+
+
+def test_dapo_masks_padding_and_divides_by_the_normalizer():
+    inputs = _inputs([[1.0, 1.0, 5.0]], [[1.0]], mask=[[1, 1, 0]], normalizer=8)
+    out, grad = _per_token_grad("dapo", inputs)
+    assert out.loss.item() == pytest.approx(-2 / 8) and grad[0, 2].item() == 0.0
+
+
+def test_gspo_clips_one_ratio_per_response():
+    # geometric mean of (2.0, 0.5) is 1 (inside the band: the gradient flows); of (4, 1) is 2 (clipped above for A > 0)
+    inputs = _inputs([[2.0, 0.5], [4.0, 1.0]], [[1.0], [1.0]])
+    out, grad = _per_token_grad("gspo", inputs)
+    assert out.loss.item() == pytest.approx((-1.0 * 2 - 1.28 * 2) / 4, abs=1e-12)
+    # d/d log pi_t of -s A summed over the row's 2 tokens / 4: -s A * (1/2) * 2 / 4 = -1/4 per token, for row 0
+    torch.testing.assert_close(grad[0], torch.tensor([-0.25, -0.25], dtype=torch.float64), rtol=1e-12, atol=0)
+    assert torch.all(grad[1] == 0)
+    high, count = out.means["clip_ratio/high_mean"]
+    assert (high.item(), count.item()) == (1.0, 2.0)  # counted per response
+
+
+def test_cispo_clips_the_weight_and_stops_its_gradient():
+    inputs = _inputs([[0.5], [2.0], [2.0]], [[1.0], [1.0], [-1.0]])
+    out, grad = _per_token_grad("cispo", inputs)
+    log_pi = inputs.logps.detach().squeeze(1)
+    weight = torch.tensor([0.5, 1.28, 1.28], dtype=torch.float64)
+    adv = torch.tensor([1.0, 1.0, -1.0], dtype=torch.float64)
+    assert out.loss.item() == pytest.approx(float((-weight * adv * log_pi).sum() / 3), abs=1e-12)
+    torch.testing.assert_close(grad.squeeze(1), -weight * adv / 3, rtol=1e-12, atol=0)  # the weight is a constant
+    clipped, _ = out.means["cispo_clip_ratio"]
+    assert clipped.item() == 1.0  # only the A > 0 token above 1.28
+
+
+def test_dispo_zero_gradient_outside_each_sides_interval():
+    # bounds: A > 0 in [0.8, 11]; A < 0 in [0 (no lower bound), 101]
+    inputs = _inputs([[0.5], [1.5], [12.0], [0.01], [150.0]], [[1.0], [1.0], [1.0], [-1.0], [-1.0]])
+    out, grad = _per_token_grad("dispo", inputs)
+    expected = torch.tensor([0.0, -1.5 / 5, 0.0, 0.01 / 5, 0.0], dtype=torch.float64)
+    torch.testing.assert_close(grad.squeeze(1), expected, rtol=1e-12, atol=1e-15)
+    assert out.means["clip_ratio/pos_low_mean"][0].item() == 1.0
+    assert out.means["clip_ratio/pos_high_mean"][0].item() == 1.0
+    assert out.means["clip_ratio/neg_high_mean"][0].item() == 1.0
+    assert out.means["clip_ratio/neg_low_mean"][0].item() == 0.0
+    assert out.means["clip_ratio/region_mean"][0].item() == 3.0
+
+
+def test_sft_is_the_token_mean_negative_log_likelihood():
+    inputs = _inputs([[1.0, 1.0]], [[0.0]], mask=[[1, 0]], normalizer=1)
+    out, grad = _per_token_grad("sft", inputs)
+    assert out.loss.item() == pytest.approx(1.0)  # -log pi = 1 on the one response token
+    torch.testing.assert_close(grad, torch.tensor([[-1.0, 0.0]], dtype=torch.float64))
+    nll, count = out.means["sft/nll"]
+    assert (nll.item(), count.item()) == (pytest.approx(1.0), 1.0)
+
+
+def test_jsd_is_zero_for_equal_distributions_and_the_symmetric_jsd_otherwise():
+    student = torch.tensor([[[0.0, 0.0]]], dtype=torch.float64, requires_grad=True)
+    same = LossInputs(mask=torch.ones(1, 1), normalizer=1.0, student_logits=student, teacher_logits=student.detach())
+    assert LOSSES["jsd"].fn(same, ARGS).loss.item() == pytest.approx(0.0, abs=1e-12)
+    teacher = torch.tensor([[[0.0, math.log(3.0)]]], dtype=torch.float64)  # (1/4, 3/4) against (1/2, 1/2)
+    out = LOSSES["jsd"].fn(LossInputs(mask=torch.ones(1, 1), normalizer=1.0, student_logits=student, teacher_logits=teacher), ARGS)
+    p, q = torch.tensor([0.5, 0.5]), torch.tensor([0.25, 0.75])
+    m = (p + q) / 2
+    expected = 0.5 * float((p * (p / m).log()).sum()) + 0.5 * float((q * (q / m).log()).sum())
+    assert out.loss.item() == pytest.approx(expected, rel=1e-6)

@@ -1,0 +1,226 @@
+"""Algorithm 1, step 6's second half: the loss of one micro-batch, one named function per objective.
+
+A loss is a small function of tensors, registered under a name with :func:`register_loss`; the trainer
+computes what the loss declares it needs (per-token log-probs, or student and teacher logits) and calls
+it. Adding an objective is one function here (or in a module of its own) and its registration line.
+
+=========  =====================================================================================
+``dapo``   The paper's objective ("GRPO"): the PPO clipped surrogate per token with clip-higher
+           (``epsilon``/``epsilon_high``) and the dual clip ``delta`` for negative advantages,
+           aggregated over tokens as DAPO does.
+``gspo``   The same clipped surrogate on one ratio per response, the length-normalised geometric
+           mean of its token ratios (GSPO).
+``cispo``  The importance weight clipped at ``1 + epsilon_high`` and stopped from the gradient, on
+           ``A log pi`` (CISPO, MiniMax-M1).
+``dispo``  DISPO's four-way clipped REINFORCE loss (:func:`zppo_trl.objectives.dispo_per_token_loss`).
+``sft``    Cross-entropy on the response tokens (the Correction-/Error-reflection-SFT controls).
+``jsd``    GKD's generalized Jensen-Shannon divergence to the teacher (the distillation rows).
+=========  =====================================================================================
+
+Every loss divides a sum over the micro-batch's loss tokens by ``normalizer``, the partition's token
+count as the trainer carries it (a token mean per optimizer update). The arithmetic of ``dapo``,
+``gspo`` and ``cispo`` is TRL's ``GRPOTrainer`` loss for the corresponding settings, operation for
+operation, so the paper's objective trains bit for bit as TRL's would (tests/test_objectives.py).
+
+A loss also returns what it wants logged: ``means`` (name -> a masked sum and its count, averaged over
+every rank's tokens) and ``extremes`` (name -> per-response values and ``"min"``/``"max"`` over ranks).
+This module is pure: torch only, no TRL, no trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .distill import generalized_jsd
+from .objectives import cispo_weight_bound, dispo_outside, dispo_per_token_loss
+
+__all__ = ["LOSSES", "Loss", "LossInputs", "LossOutput", "loss_for", "register_loss"]
+
+
+@dataclass
+class LossInputs:
+    """One micro-batch's tensors, as the selected loss needs them.
+
+    ``mask`` (B, T) marks the tokens that enter the loss; ``normalizer`` divides the token sum.
+    Log-prob losses get ``logps`` (B, T, with gradient), ``old_logps`` (the sampling policy's; None:
+    this policy's, detached), ``advantages`` (B, 1) or (B, T) and ``entropies``; logit losses get
+    ``student_logits`` and ``teacher_logits`` (B, T, V).
+    """
+
+    mask: torch.Tensor
+    normalizer: torch.Tensor | float
+    logps: torch.Tensor | None = None
+    old_logps: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    entropies: torch.Tensor | None = None
+    student_logits: torch.Tensor | None = None
+    teacher_logits: torch.Tensor | None = None
+
+
+@dataclass
+class LossOutput:
+    """The loss, and what to log: ``means[name] = (sum, count)``, ``extremes[name] = (values, "min"|"max")``."""
+
+    loss: torch.Tensor
+    means: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    extremes: dict[str, tuple[torch.Tensor, str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A registered loss: ``fn(inputs, args)`` and what it needs computed (``"logps"`` or ``"logits"``)."""
+
+    name: str
+    fn: Callable[[LossInputs, Any], LossOutput]
+    needs: str = "logps"
+
+
+LOSSES: dict[str, Loss] = {}
+
+
+def register_loss(name: str, needs: str = "logps") -> Callable:
+    """Register ``fn(inputs: LossInputs, args) -> LossOutput`` under ``name``; ``args`` is the ZPPOConfig."""
+    if needs not in ("logps", "logits"):
+        raise ValueError(f"needs must be 'logps' or 'logits', got {needs!r}")
+
+    def register(fn: Callable) -> Callable:
+        if name in LOSSES:
+            raise ValueError(f"a loss named {name!r} is already registered")
+        LOSSES[name] = Loss(name, fn, needs)
+        return fn
+
+    return register
+
+
+# The paper's policy objectives (ZPPOConfig.policy_objective) and the loss each one trains with.
+_POLICY_LOSS = {"grpo": "dapo", "gspo": "gspo", "cispo": "cispo", "dispo": "dispo"}
+
+
+def loss_for(args: Any, supervised: bool = False) -> Loss:
+    """The loss a configuration trains with: ``sft`` for a supervised augmentation, ``jsd`` for the
+    distillation rows, else its ``policy_objective``'s."""
+    if supervised:
+        return LOSSES["sft"]
+    if getattr(args, "distillation", None):
+        return LOSSES["jsd"]
+    return LOSSES[_POLICY_LOSS[args.policy_objective]]
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sum, count)`` of ``values`` over the loss tokens; per-response values (B, 1) count once each."""
+    if values.shape[1] == 1:
+        return values.sum(), torch.tensor(float(values.shape[0]), device=values.device)
+    return (values * mask).sum(), mask.sum().to(values.dtype)
+
+
+def _per_response(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of ``values`` over each response's loss tokens (NaN for a response without any)."""
+    if values.shape[1] == 1:
+        return values.squeeze(1)
+    return (values * mask).sum(-1) / mask.sum(-1)
+
+
+def _advantages(inputs: LossInputs) -> torch.Tensor:
+    advantages = inputs.advantages
+    return advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+
+
+def _old_logps(inputs: LossInputs) -> torch.Tensor:
+    # No stored old log-probs: the sampling policy is this one (one update per rollout step).
+    return inputs.logps.detach() if inputs.old_logps is None else inputs.old_logps
+
+
+def _epsilons(args: Any) -> tuple[float, float]:
+    return args.epsilon, args.epsilon_high if args.epsilon_high is not None else args.epsilon
+
+
+def _clipped_surrogate(inputs: LossInputs, args: Any, log_weights: torch.Tensor) -> LossOutput:
+    """``-min(w A, clip(w, 1 - eps_low, 1 + eps_high) A)`` with ``w`` clamped at ``delta`` (the dual clip:
+    for A < 0 it bounds the loss at ``-delta A``), summed over the loss tokens / ``normalizer``."""
+    mask, advantages = inputs.mask, _advantages(inputs)
+    eps_low, eps_high = _epsilons(args)
+    weight = torch.exp(log_weights)
+    clipped = torch.clamp(weight, 1 - eps_low, 1 + eps_high)
+    if args.delta is not None:
+        weight = torch.clamp(weight, max=args.delta)
+    per_token_loss = -torch.min(weight * advantages, clipped * advantages)
+    loss = (per_token_loss * mask).sum() / inputs.normalizer
+    low = ((weight < 1 - eps_low) & (advantages < 0)).float()
+    high = ((weight > 1 + eps_high) & (advantages > 0)).float()
+    region = ((low > 0) | (high > 0)).float()
+    return LossOutput(
+        loss,
+        means={
+            "entropy": masked_sum(inputs.entropies, mask),
+            "clip_ratio/low_mean": masked_sum(low, mask),
+            "clip_ratio/high_mean": masked_sum(high, mask),
+            "clip_ratio/region_mean": masked_sum(region, mask),
+        },
+        extremes={"clip_ratio/low_min": (_per_response(low, mask), "min"), "clip_ratio/high_max": (_per_response(high, mask), "max")},
+    )
+
+
+@register_loss("dapo")
+def dapo_loss(inputs: LossInputs, args: Any) -> LossOutput:
+    """The paper's objective: the clipped surrogate on each token's ratio ``pi / pi_old``."""
+    return _clipped_surrogate(inputs, args, inputs.logps - _old_logps(inputs))
+
+
+@register_loss("gspo")
+def gspo_loss(inputs: LossInputs, args: Any) -> LossOutput:
+    """GSPO: the clipped surrogate on one ratio per response, ``exp(mean over its tokens of log r)``."""
+    log_ratio = inputs.logps - _old_logps(inputs)
+    log_weights = (log_ratio * inputs.mask).sum(-1) / inputs.mask.sum(-1).clamp(min=1.0)
+    return _clipped_surrogate(inputs, args, log_weights.unsqueeze(-1))
+
+
+@register_loss("cispo")
+def cispo_loss(inputs: LossInputs, args: Any) -> LossOutput:
+    """CISPO: ``-sg(min(r, 1 + eps_high)) A log pi`` per token (no lower bound)."""
+    mask, advantages = inputs.mask, _advantages(inputs)
+    bound = cispo_weight_bound(_epsilons(args)[1])
+    weight = torch.exp(inputs.logps - _old_logps(inputs))
+    per_token_loss = -torch.clamp(weight, max=bound).detach() * advantages * inputs.logps
+    loss = (per_token_loss * mask).sum() / inputs.normalizer
+    clipped = ((weight > bound) & (advantages > 0)).float()
+    return LossOutput(loss, means={"entropy": masked_sum(inputs.entropies, mask), "cispo_clip_ratio": masked_sum(clipped, mask)})
+
+
+@register_loss("dispo")
+def dispo_loss(inputs: LossInputs, args: Any) -> LossOutput:
+    """DISPO: zero gradient outside each side's interval; logs the share of tokens each regime stopped
+    (``clip_ratio/{pos,neg}_{low,high}_mean``: A > 0 or A < 0, weight below or above its interval)."""
+    mask, advantages, old = inputs.mask, _advantages(inputs), _old_logps(inputs)
+    bounds = args.dispo_bounds
+    per_token_loss = dispo_per_token_loss(inputs.logps, old, advantages, bounds)
+    loss = (per_token_loss * mask).sum() / inputs.normalizer
+    below, above = dispo_outside(torch.exp(inputs.logps.detach() - old.detach()), advantages, bounds)
+    pos, neg = (advantages > 0).expand_as(below), (advantages < 0).expand_as(below)
+    regimes = {
+        "entropy": inputs.entropies,
+        "clip_ratio/pos_low_mean": below & pos,
+        "clip_ratio/pos_high_mean": above & pos,
+        "clip_ratio/neg_low_mean": below & neg,
+        "clip_ratio/neg_high_mean": above & neg,
+        "clip_ratio/region_mean": below | above,
+    }
+    return LossOutput(loss, means={name: masked_sum(value.detach().double(), mask) for name, value in regimes.items()})
+
+
+@register_loss("sft")
+def sft_loss(inputs: LossInputs, args: Any) -> LossOutput:
+    """Cross-entropy on the target's response tokens (prompt and tag tokens are prompt, never counted)."""
+    nll = -(inputs.logps * inputs.mask).sum()
+    return LossOutput(nll / inputs.normalizer, means={"sft/nll": (nll.detach(), inputs.mask.sum().to(nll.dtype))})
+
+
+@register_loss("jsd", needs="logits")
+def jsd_loss(inputs: LossInputs, args: Any) -> LossOutput:
+    """GKD's generalized JSD to the teacher at every completion token (:func:`zppo_trl.distill.generalized_jsd`)."""
+    mask = inputs.mask
+    loss = generalized_jsd(inputs.student_logits.float(), inputs.teacher_logits.float(), mask, args.distill_beta, inputs.normalizer)
+    return LossOutput(loss, means={"distill/jsd": ((loss * inputs.normalizer).detach(), mask.sum().to(loss.dtype))})

@@ -1,0 +1,166 @@
+"""Algorithm 1, step 6's first half: a rollout step's rows dealt, groups intact, into optimizer mini-batches.
+
+One partitioner serves every row of the paper:
+
+* RL rows (ZPPO, GRPO, GRPO†, Hint, Prefix, the objective variants): every group (plain, replayed,
+  BCQ/NCQ, ...) goes whole into one of ``num_partitions`` partitions, each kind spread evenly; the
+  partition's advantages are two-step over its complete groups (:mod:`zppo_trl.advantages`).
+* Target rows (Correction-/Error-reflection-SFT, Off-/On-Distill): the step's questions are dealt
+  into the partitions (new and replayed evenly) and each target trains in its question's partition.
+
+Either way a partition in which no rank has anything to learn from makes no optimizer update at all:
+its micro-batches are :data:`SKIP` markers, which the trainer turns into steps without a forward or a
+backward. Every rank packs its share of a partition into the same number of micro-batches, padded
+with zero-weight rows, so all ranks step alike.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .advantages import nontrivial_groups, partition_groups, two_step_advantages
+from .batches import select_rows
+from .rollout import FILLER
+
+__all__ = ["SKIP", "PolicyPartitions", "deal_targets", "is_skipped", "pack_partition", "policy_partitions", "skipped"]
+
+SKIP = "zppo_skip"  # marks the micro-batches of a partition that makes no update
+
+
+def skipped(grad_accum: int) -> list[dict]:
+    """The micro-batches of a partition that makes no optimizer update."""
+    return [{SKIP: True}] * grad_accum
+
+
+def is_skipped(micro_batch: Mapping) -> bool:
+    return bool(micro_batch.get(SKIP))
+
+
+def pack_partition(batch: dict, local: Sequence[int], largest: int, advantages: Sequence[float], tokens: float,
+                   grad_accum: int, num_partitions: int, device: Any) -> list[dict]:  # fmt: skip
+    """One optimizer update's ``grad_accum`` micro-batches of this rank's rows ``local``.
+
+    Rows are padded with zero-weight copies to ``largest`` (the largest rank's row count, rounded up to a
+    multiple of ``grad_accum``) so every rank steps alike. ``tokens`` is the partition's loss-token count
+    over all ranks: TRL's DAPO loss divides by ``num_items_in_batch / processes * grad_accum /
+    steps_per_generation``, so carrying ``tokens * num_partitions`` there makes the divisor the partition's
+    own token count, a token mean per optimizer update.
+    """
+    local = list(local)
+    size = max(grad_accum, math.ceil(largest / grad_accum) * grad_accum)
+    index = local + [local[0] if local else 0] * (size - len(local))
+    advantages = list(advantages) + [0.0] * (size - len(local))
+    items = torch.tensor(tokens * num_partitions, device=device)
+    per_micro = size // grad_accum
+    micro_batches = []
+    for m in range(grad_accum):
+        lo, hi = m * per_micro, (m + 1) * per_micro
+        micro = select_rows(batch, index[lo:hi])
+        micro["advantages"] = torch.tensor(advantages[lo:hi], device=micro["advantages"].device)
+        padding = [j - lo for j in range(max(lo, len(local)), hi)]
+        if padding:  # zero-weight padding rows: no loss tokens
+            micro["completion_mask"][padding] = 0
+        micro["num_items_in_batch"] = items
+        micro_batches.append(micro)
+    return micro_batches
+
+
+def _loss_mask(batch: Mapping) -> torch.Tensor:
+    return batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
+
+
+@dataclass
+class PolicyPartitions:
+    """The RL rows' partitions: this rank's micro-batches, the number of partitions that make no update, and
+    the advantage of every trained rollout over all ranks, keyed by ``(rank, row)``."""
+
+    micro_batches: list[dict]
+    skipped: int
+    trained: dict[tuple[int, int], float]
+
+
+def policy_partitions(batch: dict, kinds_per_rank: Sequence[Sequence[str]], rewards_per_rank: Sequence[Sequence[float]],
+                      group_size: int, args: Any, ranks: Any, seed: int) -> PolicyPartitions:  # fmt: skip
+    """Deal every rank's groups (``kinds_per_rank[r]``: the kind of each group of rank ``r``, in row order;
+    ``rewards_per_rank[r]``: its rows' rewards) into ``args.num_partitions`` partitions, compute two-step
+    advantages per partition, and pack this rank's share. Fillers are never trained."""
+    partitions, grad_accum = args.num_partitions, args.gradient_accumulation_steps
+    # rows[r][p]: rank r's row indices in partition p; rewards and group ids keyed by (rank, row)
+    rows: list[list[list[int]]] = []
+    reward_of: dict[tuple[int, int], float] = {}
+    group_of: dict[tuple[int, int], tuple[int, int]] = {}
+    for r, kinds in enumerate(kinds_per_rank):
+        real, ids, strata = [], [], []
+        for g, kind in enumerate(kinds):
+            for i in range(g * group_size, (g + 1) * group_size):
+                reward_of[(r, i)], group_of[(r, i)] = rewards_per_rank[r][i], (r, g)
+                if kind != FILLER:
+                    real.append(i)
+                    ids.append(g)
+                    strata.append(kind)
+        split = partition_groups(ids, partitions, rng=random.Random(seed + r), strata=strata)
+        rows.append([[real[j] for j in part] for part in split])
+
+    loss_mask = _loss_mask(batch)
+    device = ranks.accelerator.device
+    local_tokens = torch.tensor([float(loss_mask[rows[ranks.rank][p]].sum()) for p in range(partitions)], device=device)
+    tokens = ranks.reduce_sum(local_tokens).tolist()
+
+    micro_batches: list[dict] = []
+    skipped_count = 0
+    trained: dict[tuple[int, int], float] = {}
+    for p in range(partitions):
+        members = [(r, i) for r in range(ranks.world) for i in rows[r][p]]
+        rewards = [reward_of[m] for m in members]
+        group_ids = [group_of[m] for m in members]
+        if not (members and nontrivial_groups(rewards, group_ids)):
+            skipped_count += 1
+            micro_batches += skipped(grad_accum)
+            continue
+        adv = two_step_advantages(rewards, group_ids, args.advantage_normalization, args.advantage_epsilon).float()
+        advantage_of = dict(zip(members, adv.tolist()))
+        trained.update(advantage_of)
+        local = rows[ranks.rank][p]
+        largest = max(len(rows[r][p]) for r in range(ranks.world))
+        advantages = [advantage_of[(ranks.rank, i)] for i in local]
+        micro_batches += pack_partition(batch, local, largest, advantages, tokens[p], grad_accum, partitions, device)
+    return PolicyPartitions(micro_batches, skipped_count, trained)
+
+
+def deal_targets(batch: dict | None, keys_per_rank: Sequence[Sequence[tuple[str, Any]]], new_keys: Sequence[Any],
+                 replay_keys: Sequence[Any], args: Any, ranks: Any, seed: int) -> tuple[list[dict], int, int]:  # fmt: skip
+    """The target rows' partitions: the step's questions dealt into ``args.num_partitions`` (new and replayed
+    evenly, as the RL rows are); each target row (``keys_per_rank[r]``: ``(kind, key)`` per row of rank ``r``)
+    trains in its question's partition, with zero advantage (the losses read only the tokens). Returns this
+    rank's micro-batches, the number of partitions without any target, and the target rows trained."""
+    grad_accum = args.gradient_accumulation_steps
+    keys = [*new_keys, *replay_keys]
+    strata = ["new"] * len(new_keys) + ["replay"] * len(replay_keys)
+    split = partition_groups(list(range(len(keys))), args.num_partitions, rng=random.Random(seed), strata=strata)
+    partition_of = {keys[i]: p for p, part in enumerate(split) for i in part}
+    members = [
+        [[i for i, (kind, key) in enumerate(keys_per_rank[r]) if kind != FILLER and partition_of.get(key) == p] for r in range(ranks.world)]
+        for p in range(len(split))
+    ]  # fmt: skip
+    micro_batches: list[dict] = []
+    trained = skipped_count = 0
+    for rows in members:
+        if not any(rows):
+            skipped_count += 1
+            micro_batches += skipped(grad_accum)
+            continue
+        local = rows[ranks.rank]
+        tokens = torch.tensor(float(batch["completion_mask"][local].sum()), device=ranks.accelerator.device)
+        tokens = float(ranks.reduce_sum(tokens))
+        largest = max(len(m) for m in rows)
+        micro_batches += pack_partition(
+            batch, local, largest, [0.0] * len(local), tokens, grad_accum, args.num_partitions, ranks.accelerator.device
+        )
+        trained += sum(len(m) for m in rows)
+    return micro_batches, skipped_count, trained
