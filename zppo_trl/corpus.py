@@ -1,4 +1,4 @@
-"""Build ZPPO-77K, the paper's RL training corpus (appendix ``sec:appendix:dataset:corpus``).
+"""Build ZPPO-77K, the paper's RL training corpus (the appendix section on the training corpus).
 
 The recipe, in the order it runs:
 
@@ -114,7 +114,7 @@ __all__ = [
     "push_corpus_to_hub",
 ]
 
-# --- The recipe (paper, sec:appendix:dataset:corpus) ---------------------------------------
+# --- The recipe (the paper's corpus appendix) ------------------------------------------------
 
 # The 29 Vero sub-datasets, canonical name -> tier.
 VERO_SUBDATASETS: dict[str, int] = {

@@ -12,7 +12,7 @@ it. Adding an objective is one function here (or in a module of its own) and its
            mean of its token ratios (GSPO).
 ``cispo``  The importance weight clipped at ``1 + epsilon_high`` and stopped from the gradient, on
            ``A log pi`` (CISPO, MiniMax-M1).
-``dispo``  DISPO's four-way clipped REINFORCE loss (:func:`zppo_trl.objectives.dispo_per_token_loss`).
+``dispo``  DISPO's four-way clipped REINFORCE loss (:func:`dispo_per_token_loss`).
 ``sft``    Cross-entropy on the response tokens (the Correction-/Error-reflection-SFT controls).
 ``jsd``    GKD's generalized Jensen-Shannon divergence to the teacher (the distillation rows).
 =========  =====================================================================================
@@ -29,6 +29,7 @@ This module is pure: torch only, no TRL, no trainer.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,9 +37,100 @@ from typing import Any
 import torch
 
 from .distill import generalized_jsd
-from .objectives import cispo_weight_bound, dispo_outside, dispo_per_token_loss
 
-__all__ = ["LOSSES", "Loss", "LossInputs", "LossOutput", "loss_for", "register_loss"]
+__all__ = [
+    "LOSSES",
+    "OBJECTIVE_MODULES",
+    "DispoBounds",
+    "Loss",
+    "LossInputs",
+    "LossOutput",
+    "cispo_weight_bound",
+    "dispo_outside",
+    "dispo_per_token_loss",
+    "loss_for",
+    "masked_sum",
+    "policy_objectives",
+    "register_loss",
+]
+
+# Modules that register further objectives (imported at the end of this module): a new objective is
+# one module with a ``@register_loss(..., objective=...)`` function, and one line here.
+OBJECTIVE_MODULES: tuple[str, ...] = ()
+
+
+def cispo_weight_bound(epsilon_high: float) -> float:
+    """CISPO's upper bound on the importance weight: ``1 + eps_high`` (MiniMax-M1's clip).
+
+    TRL's ``loss_type="cispo"`` clamps the weight at ``epsilon_high`` itself, an absolute bound
+    (its docs recommend 5.0); with the paper's ``epsilon_high`` 0.28 that would cap every weight
+    at 0.28. The trainer hands TRL this value instead.
+    """
+    return 1.0 + epsilon_high
+
+
+@dataclass(frozen=True)
+class DispoBounds:
+    """DISPO's four clip epsilons: an interval ``[1 - low, 1 + high]`` on the importance weight
+    for correct responses (``*_pos``, A > 0) and one for incorrect responses (``*_neg``, A < 0).
+
+    A ``low`` of 1 or more leaves that side without a lower bound (a weight is never negative).
+    ``ZPPOConfig`` validates the values (``dispo_epsilon_*``: finite, >= 0).
+    """
+
+    low_pos: float
+    high_pos: float
+    low_neg: float
+    high_neg: float
+
+
+def dispo_outside(ratio: torch.Tensor, advantages: torch.Tensor, bounds: DispoBounds) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where DISPO's trust region excludes a token: ``(below, above)`` boolean masks.
+
+    ``below``: the weight is under ``1 - low`` of its response's side; ``above``: over ``1 + high``.
+    The side is the advantage's sign (A > 0 correct, A < 0 incorrect: with binary rewards and
+    group-relative advantages the two agree on every group with a signal); A = 0 tokens carry no
+    gradient and are never counted as clipped. ``advantages`` broadcasts against ``ratio``.
+    """
+    pos, neg = advantages > 0, advantages < 0
+    below = (pos & (ratio < 1 - bounds.low_pos)) | (neg & (ratio < 1 - bounds.low_neg))
+    above = (pos & (ratio > 1 + bounds.high_pos)) | (neg & (ratio > 1 + bounds.high_neg))
+    return below, above
+
+
+def dispo_per_token_loss(
+    per_token_logps: torch.Tensor,
+    old_per_token_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    bounds: DispoBounds,
+) -> torch.Tensor:
+    """DISPO's per-token loss (Karaman et al. 2026, "DISPO: Enhancing Training Efficiency and
+    Stability in Reinforcement Learning for Large Language Model Mathematical Reasoning",
+    arXiv 2602.00983, AISTATS 2026: the objective J_DISPO of its method section; its section and
+    equation numbers were not checked: only the abstract and a summary of J_DISPO were readable).
+
+    DISPO is REINFORCE-style, like CISPO: the importance weight is a stop-gradient coefficient on
+    ``log pi``. It maximizes ``(1 / sum_i |o_i|) sum_i sum_t sg(r^d_{i,t}) A_{i,t} log pi_theta``
+    (DAPO's token-level aggregation), with the decoupled weight
+
+        r^d = r * 1[1 - low_pos <= r <= 1 + high_pos]   for correct responses (A > 0)
+        r^d = r * 1[1 - low_neg <= r <= 1 + high_neg]   for incorrect responses (A < 0)
+
+    so a token's gradient is ``r A grad log pi`` inside its side's interval and exactly zero
+    outside it: the abstract's fix to CISPO, whose clipped weight still pushes every token
+    outside the trust region ("permitting non-zero gradients outside the trust-region"). The
+    four bounds make the four regimes (correct/incorrect x weight above/below 1) separately
+    tunable. (Zero outside rather than clamped at the bound is our reading of the abstract; see
+    docs/comparison_rows.md.)
+
+    Returns ``-sg(r^d) A log pi`` per token (minimize form), the shape of ``per_token_logps``
+    broadcast with ``advantages`` (pass (B, 1) advantages for (B, T) log-probs). The caller
+    masks padding and aggregates (DAPO: a sum over completion tokens divided by their count).
+    """
+    ratio = torch.exp(per_token_logps.detach() - old_per_token_logps.detach())
+    below, above = dispo_outside(ratio, advantages, bounds)
+    weight = torch.where(below | above, torch.zeros_like(ratio), ratio)
+    return -weight * advantages * per_token_logps
 
 
 @dataclass
@@ -72,32 +164,43 @@ class LossOutput:
 
 @dataclass(frozen=True)
 class Loss:
-    """A registered loss: ``fn(inputs, args)`` and what it needs computed (``"logps"`` or ``"logits"``)."""
+    """A registered loss: ``fn(inputs, args)``, what it needs computed (``"logps"`` or ``"logits"``) and,
+    for a policy objective, the ``policy_objective`` value that selects it and how the paper prints it."""
 
     name: str
     fn: Callable[[LossInputs, Any], LossOutput]
     needs: str = "logps"
+    objective: str | None = None
+    printed: str | None = None
 
 
 LOSSES: dict[str, Loss] = {}
 
 
-def register_loss(name: str, needs: str = "logps") -> Callable:
-    """Register ``fn(inputs: LossInputs, args) -> LossOutput`` under ``name``; ``args`` is the ZPPOConfig."""
+def register_loss(name: str, needs: str = "logps", objective: str | None = None, printed: str | None = None) -> Callable:
+    """Register ``fn(inputs: LossInputs, args) -> LossOutput`` under ``name`` (``args`` is the ZPPOConfig).
+
+    With ``objective``, the loss is a policy objective: ``policy_objective: <objective>`` selects it, and
+    ``printed`` (default: ``objective`` upper-cased) names the row in the dry run, the model card and
+    the metrics, as the paper's tables do.
+    """
     if needs not in ("logps", "logits"):
         raise ValueError(f"needs must be 'logps' or 'logits', got {needs!r}")
 
     def register(fn: Callable) -> Callable:
         if name in LOSSES:
             raise ValueError(f"a loss named {name!r} is already registered")
-        LOSSES[name] = Loss(name, fn, needs)
+        if objective is not None and objective in policy_objectives():
+            raise ValueError(f"policy_objective {objective!r} is already registered (loss {policy_objectives()[objective].name!r})")
+        LOSSES[name] = Loss(name, fn, needs, objective, printed or (objective.upper() if objective else None))
         return fn
 
     return register
 
 
-# The paper's policy objectives (ZPPOConfig.policy_objective) and the loss each one trains with.
-_POLICY_LOSS = {"grpo": "dapo", "gspo": "gspo", "cispo": "cispo", "dispo": "dispo"}
+def policy_objectives() -> dict[str, Loss]:
+    """Every registered policy objective: its ``policy_objective`` value -> its loss, in registration order."""
+    return {loss.objective: loss for loss in LOSSES.values() if loss.objective is not None}
 
 
 def loss_for(args: Any, supervised: bool = False) -> Loss:
@@ -107,7 +210,10 @@ def loss_for(args: Any, supervised: bool = False) -> Loss:
         return LOSSES["sft"]
     if getattr(args, "distillation", None):
         return LOSSES["jsd"]
-    return LOSSES[_POLICY_LOSS[args.policy_objective]]
+    objectives = policy_objectives()
+    if args.policy_objective not in objectives:
+        raise ValueError(f"policy_objective must be one of {list(objectives)}, got {args.policy_objective!r}")
+    return objectives[args.policy_objective]
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,13 +270,13 @@ def _clipped_surrogate(inputs: LossInputs, args: Any, log_weights: torch.Tensor)
     )
 
 
-@register_loss("dapo")
+@register_loss("dapo", objective="grpo", printed="GRPO")
 def dapo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """The paper's objective: the clipped surrogate on each token's ratio ``pi / pi_old``."""
     return _clipped_surrogate(inputs, args, inputs.logps - _old_logps(inputs))
 
 
-@register_loss("gspo")
+@register_loss("gspo", objective="gspo", printed="GSPO")
 def gspo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """GSPO: the clipped surrogate on one ratio per response, ``exp(mean over its tokens of log r)``."""
     log_ratio = inputs.logps - _old_logps(inputs)
@@ -178,7 +284,7 @@ def gspo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     return _clipped_surrogate(inputs, args, log_weights.unsqueeze(-1))
 
 
-@register_loss("cispo")
+@register_loss("cispo", objective="cispo", printed="CISPO")
 def cispo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """CISPO: ``-sg(min(r, 1 + eps_high)) A log pi`` per token (no lower bound)."""
     mask, advantages = inputs.mask, _advantages(inputs)
@@ -190,7 +296,7 @@ def cispo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     return LossOutput(loss, means={"entropy": masked_sum(inputs.entropies, mask), "cispo_clip_ratio": masked_sum(clipped, mask)})
 
 
-@register_loss("dispo")
+@register_loss("dispo", objective="dispo", printed="DISPO")
 def dispo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """DISPO: zero gradient outside each side's interval; logs the share of tokens each regime stopped
     (``clip_ratio/{pos,neg}_{low,high}_mean``: A > 0 or A < 0, weight below or above its interval)."""
@@ -224,3 +330,7 @@ def jsd_loss(inputs: LossInputs, args: Any) -> LossOutput:
     mask = inputs.mask
     loss = generalized_jsd(inputs.student_logits.float(), inputs.teacher_logits.float(), mask, args.distill_beta, inputs.normalizer)
     return LossOutput(loss, means={"distill/jsd": ((loss * inputs.normalizer).detach(), mask.sum().to(loss.dtype))})
+
+
+for _module in OBJECTIVE_MODULES:  # after the built-in losses: their modules import this one
+    importlib.import_module(_module)

@@ -1,9 +1,8 @@
 """Every prompt template of the ZPPO paper, verbatim, and the functions that render them.
 
-The constants are the code-side text of the paper's figures (``fig:prompt-rl-closer``,
-``fig:prompt-bcq``, ``fig:prompt-ncq``, ``fig:prompt-compression``,
-``fig:prompt-judge-shared``, and the baselines' ``fig:prompt-hint``,
-``fig:prompt-correction``, ``fig:prompt-reflection``). Fields written ``{{ name }}`` are
+The constants are the code-side text of the paper's prompt figures (the RL closer, the BCQ and
+NCQ blocks, the compression prompt, the shared judge, and the baselines' hint, correction and
+reflection prompts). Fields written ``{{ name }}`` are
 filled at call time by :func:`fill`, in one pass, so text inside a field (a model
 response quoting ``{{ question }}``, say) is never substituted again.
 
@@ -39,26 +38,26 @@ __all__ = [
     "render_reflection",
 ]
 
-# fig:prompt-rl-closer: appended last to every training and evaluation prompt.
+# The paper's RL closer figure: appended last to every training and evaluation prompt.
 RL_CLOSER = (
     "You FIRST think about the reasoning process as an internal monologue and then provide "
     "the final answer. The reasoning process MUST BE enclosed within <think> </think> tags. "
     "The final answer MUST BE put in \\boxed{}."
 )
 
-# fig:prompt-bcq: the instruction line; the two shuffled <candidate> blocks follow it.
+# The paper's BCQ prompt figure: the instruction line; the two shuffled <candidate> blocks follow it.
 BCQ_INSTRUCTION = (
     "Here are two candidate responses in <candidate> </candidate> tags to the question above. "
     "One is correct and another is wrong. Use these as references to help you solve the problem."
 )
 
-# fig:prompt-ncq: ``{{ answers }}`` is the distinct wrong answers, each as \boxed{a}, joined by ", ".
+# The paper's NCQ prompt figure: ``{{ answers }}`` is the distinct wrong answers, each as \boxed{a}, joined by ", ".
 NCQ_INSTRUCTION = (
     "The following answers are all WRONG: {{ answers }}. "
     "Below are the incorrect reasoning processes in <candidate> </candidate> tags."
 )
 
-# fig:prompt-compression: the teacher rewrites every BCQ/NCQ candidate under this prompt.
+# The paper's compression prompt figure: the teacher rewrites every BCQ/NCQ candidate under this prompt.
 COMPRESSION_TEMPLATE = """Compress the response below into a summary (in 5 lines max).
 
 Rules:
@@ -75,7 +74,7 @@ Rules:
 # The optional section of the judge template (rendered only when options are non-empty).
 _JUDGE_OPTIONS_SECTION = "## Answer Options\n{{ options }}\n\n"
 
-# fig:prompt-judge-shared: the shared judge (training reward fallback and evaluation).
+# The paper's shared judge prompt figure: the shared judge (training reward fallback and evaluation).
 JUDGE_TEMPLATE = (
     """You are an expert judge evaluating whether a model's response is correct according to the ground truth.
 
@@ -102,14 +101,14 @@ You are a COMPARATOR, not a solver. Your ONLY job is to decide how well the mode
 Output ONLY a valid JSON object with exactly this format (no prose, no code fences, no trailing commentary): {"verdict": "correct" or "wrong"}"""
 )
 
-# fig:prompt-hint (Hint baseline): the generator reads only the solved teacher response.
+# The paper's hint prompt figure (Hint baseline): the generator reads only the solved teacher response.
 HINT_TEMPLATE = """Read the solved response below and write a concise hint that helps solve the original question. Do NOT reveal the final answer, do NOT include any \\boxed{} expression, and do NOT copy the full solution. Keep only high-level guidance or the key intermediate idea.
 
 <response>
 {{ response }}
 </response>"""
 
-# fig:prompt-correction (Correction-SFT baseline).
+# The paper's correction prompt figure (Correction-SFT baseline).
 CORRECTION_TEMPLATE = """Below is a question and a student's incorrect attempt. Identify the first step that is wrong, state briefly why it is wrong, then write a complete corrected solution from that point onward. Do not restate the incorrect attempt. End with the final answer in \\boxed{} format.
 
 <question>
@@ -120,7 +119,7 @@ CORRECTION_TEMPLATE = """Below is a question and a student's incorrect attempt. 
 {{ incorrect_attempt }}
 </incorrect_attempt>"""
 
-# fig:prompt-reflection (Error-reflection-SFT baseline).
+# The paper's reflection prompt figure (Error-reflection-SFT baseline).
 REFLECTION_TEMPLATE = """Below is a question, your own draft solution, and several incorrect attempts by a weaker student. Revise your draft so that it makes explicit the reasoning the student is missing: expand the steps the attempts get wrong, and keep the rest concise. Output only the revised solution, and end it with the final answer in \\boxed{} format.
 
 <question>
@@ -135,7 +134,7 @@ REFLECTION_TEMPLATE = """Below is a question, your own draft solution, and sever
 {{ student_attempts }}
 </student_attempts>"""
 
-# alg:correctionsft: the polarity tag of a Correction-SFT instance, placed before the closer
+# The paper's Correction-SFT algorithm: the polarity tag of a Correction-SFT instance, placed before the closer
 # (the corrected response trains under <correct>, the wrong one under <incorrect>; evaluation keeps <correct>).
 CORRECT_TAG = "<correct>"
 INCORRECT_TAG = "<incorrect>"
@@ -205,7 +204,7 @@ def ncq_block(wrong_answers: Iterable[str], candidates: Sequence[str]) -> str:
 
 
 def hint_block(hint: str) -> str:
-    """The Hint baseline's block (``alg:hint``): ``<hint>`` h ``</hint>``, placed before the closer."""
+    """The Hint baseline's block (the paper's Hint algorithm): ``<hint>`` h ``</hint>``, placed before the closer."""
     if not hint.strip():
         raise ValueError("a hint block needs a non-empty hint")
     return f"<hint>\n{hint.strip()}\n</hint>"

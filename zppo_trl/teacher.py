@@ -1,8 +1,8 @@
 """The teacher and the judge: an OpenAI-compatible client for sampling, compression and judging.
 
 ZPPO's frozen teacher is only ever prompt text: it samples G_T answers per question,
-rewrites candidates under the compression prompt (``fig:prompt-compression``) and, as
-the shared judge (``fig:prompt-judge-shared``), grades free-form answers. In production
+rewrites candidates under the compression prompt (the paper's compression prompt) and, as
+the shared judge (the paper's shared judge prompt), grades free-form answers. In production
 it is ``vllm serve``; any OpenAI-compatible ``/v1/chat/completions`` endpoint works.
 
 :class:`TeacherClient` runs ``openai.AsyncOpenAI`` on a private event-loop thread and
@@ -51,7 +51,7 @@ __all__ = [
     "JUDGE_MAX_TOKENS",
 ]
 
-# Paper, tab:appendix:hyperparameters and sec:appendix:benchmarks.
+# The paper's hyperparameter table and its benchmark appendix.
 TEACHER_MAX_TOKENS = 12288
 COMPRESSION_MAX_TOKENS = 512
 JUDGE_MAX_TOKENS = 512
@@ -448,7 +448,7 @@ class TeacherClient:
         *,
         extra_body: Mapping[str, Any] | None = None,
     ) -> concurrent.futures.Future:
-        """A Future of one hint per solved response (the Hint baseline, ``fig:prompt-hint``).
+        """A Future of one hint per solved response (the Hint baseline, under the paper's hint prompt).
 
         Each result is the reply with its thinking removed, stripped; None where the request
         failed or nothing is left (counted as ``unusable``). Whether a hint is answer-free is
