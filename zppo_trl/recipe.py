@@ -200,7 +200,8 @@ def parse_recipe_args(argv: list[str]) -> tuple[ScriptArguments, ZPPOConfig, Mod
 
     A ``base:`` in the YAML is resolved first; a dry run (or ``--print_server_lengths``) on a machine
     without CUDA adds ``--use_cpu true`` so a GPU recipe validates here. A bad recipe, field or value
-    raises `RecipeError` with one line naming it; argparse's own errors (an unknown flag) exit as usual.
+    (an unknown flag included) raises `RecipeError` with one line naming it; argparse's own errors (a flag
+    without its value) exit with its usage line, as usual.
     """
     argv = list(argv)
     try:
