@@ -56,7 +56,12 @@ def test_the_plan_is_the_papers_step_and_layout():
 
 def test_generation_backend_names_where_rollouts_run():
     common = dict(
-        output_dir="unused", use_cpu=True, bf16=False, per_device_train_batch_size=8, report_to="none", reformulations=[]
+        output_dir="unused",
+        use_cpu=True,
+        bf16=False,
+        per_device_train_batch_size=8,
+        report_to="none",
+        reformulations=[],
     )
     assert generation_backend(ZPPOConfig(**common, use_vllm=False)).startswith("transformers generate")
     server = ZPPOConfig(**common, use_vllm=True, vllm_mode="server", vllm_server_host="n0", vllm_server_port=8001)
