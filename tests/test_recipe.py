@@ -3,19 +3,21 @@ bad input is named, and a real run trains, checkpoints, resumes and writes its c
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-
 from boxed_models import toy_rows
+from trl import ModelConfig
+
 from zppo_trl.callbacks import read_metrics
 from zppo_trl.data import write_jsonl
+from zppo_trl.recipe import ScriptArguments, load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 SCALES = {"0.8b": "Qwen/Qwen3.5-0.8B", "2b": "Qwen/Qwen3.5-2B", "4b": "Qwen/Qwen3.5-4B", "9b": "Qwen/Qwen3.5-9B"}
@@ -25,17 +27,10 @@ PAPER_STEP = (
 )
 
 
-def _recipe_module():
-    spec = importlib.util.spec_from_file_location("zppo_recipe", REPO / "recipes" / "zppo.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-def _recipe(*args, timeout=300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # no Hub here: fail its lookups at once instead of retrying
-    return subprocess.run([sys.executable, "recipes/zppo.py", *map(str, args)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+def _recipe(*args, timeout=300, env=None) -> subprocess.CompletedProcess:
+    env = env or {**os.environ, "HF_HUB_OFFLINE": "1"}  # no Hub here: fail its lookups at once instead of retrying
+    command = [sys.executable, "recipes/zppo.py", *map(str, args)]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("scale", SCALES)
@@ -44,8 +39,7 @@ def test_scale_yaml_is_the_papers_table(scale):
 
     from zppo_trl import ZPPOConfig
 
-    recipe = _recipe_module()
-    parser = TrlParser((recipe.ScriptArguments, ZPPOConfig, recipe.ModelConfig))
+    parser = TrlParser((ScriptArguments, ZPPOConfig, ModelConfig))
     script, args, model = parser.parse_args_and_config(["--config", f"recipes/qwen35_{scale}.yaml", "--use_cpu", "true"])
     assert model.model_name_or_path == SCALES[scale] and model.dtype == "bfloat16"
     assert args.teacher_model == "Qwen/Qwen3.5-27B-FP8"
@@ -125,16 +119,15 @@ def test_every_row_recipe_is_the_0_8b_recipe_changed_only_where_the_row_differs(
     from zppo_trl import ZPPOConfig
 
     assert sorted(p.stem for p in (REPO / "recipes/rows").glob("*.yaml")) == sorted(ROWS)
-    recipe = _recipe_module()
     base = yaml.safe_load((REPO / "recipes/qwen35_0.8b.yaml").read_text())
     derived = ("importance_sampling_level", "loss_type")  # set by policy_objective, never by a YAML
     for name, (variant, fields) in ROWS.items():
-        merged = recipe.load_recipe(str(REPO / f"recipes/rows/{name}.yaml"))
+        merged = load_recipe(str(REPO / f"recipes/rows/{name}.yaml"))
         differs = {k: v for k, v in merged.items() if v != base.get(k) and k not in ("output_dir", "hub_model_id")}
         assert differs == {k: v for k, v in fields.items() if k not in derived and v != base.get(k)}, name
         assert merged["output_dir"] != base["output_dir"] and merged["hub_model_id"] != base["hub_model_id"], name
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(merged))
-        parser = TrlParser((recipe.ScriptArguments, ZPPOConfig, recipe.ModelConfig))
+        parser = TrlParser((ScriptArguments, ZPPOConfig, ModelConfig))
         _, args, _ = parser.parse_args_and_config(["--config", str(tmp_path / f"{name}.yaml"), "--use_cpu", "true"])
         assert args.variant == variant, name
         for field_name, value in fields.items():
@@ -154,6 +147,29 @@ def test_a_row_recipe_dry_runs_through_its_base(tmp_path):
     (tmp_path / "c.yaml").write_text("base: missing.yaml\n")
     run = _recipe("--config", tmp_path / "c.yaml", "--dry_run")
     assert run.returncode == 2 and "missing.yaml does not exist" in run.stderr, run.stderr[-2000:]
+
+
+def test_an_unreachable_hub_is_asked_once_and_the_dry_run_goes_on_offline(tmp_path):
+    # No network needed: the Hub's endpoint is a local port nothing listens on, the cache is empty,
+    # and nothing sets HF_HUB_OFFLINE. Before the probe, each of the row's two Hub configs (the
+    # student and the distillation teacher) cost five retries with a warning each (about 23 s).
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(HF_ENDPOINT=endpoint, HF_HOME=str(tmp_path / "hf"), HF_HUB_CACHE=str(tmp_path / "hf" / "hub"))
+    run = _recipe("--config", "recipes/rows/off_distill.yaml", "--dry_run", env=env, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    both = run.stdout + run.stderr
+    assert "Retrying" not in both and "Retry " not in both, both[-3000:]
+    assert endpoint not in run.stderr, run.stderr[-3000:]  # no warning about a request to the Hub
+    hub_lines = [line for line in run.stdout.splitlines() if "Hugging Face Hub" in line]
+    assert len(hub_lines) == 1, run.stdout
+    assert hub_lines[0].startswith(f"  down  Hugging Face Hub at {endpoint} (not reachable now"), run.stdout
+    assert "the rest of this dry run is offline" in hub_lines[0]
+    assert "  skip  student Qwen/Qwen3.5-0.8B: config not reachable here" in run.stdout
+    assert "  skip  distill_teacher Qwen/Qwen3.5-27B: config not reachable here" in run.stdout
+    assert "dry run ok; nothing was trained." in run.stdout
 
 
 def test_command_line_overrides_the_yaml():
@@ -208,28 +224,6 @@ def test_a_missing_teacher_stops_the_run_naming_the_fields(tmp_path, tiny_text_m
     assert run.returncode != 0
     assert "the teacher at http://127.0.0.1:9/v1" in run.stderr and "fix teacher_base_url / teacher_model" in run.stderr
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
-
-
-def test_student_kind_processor_and_rewards_follow_the_config(tiny_vlm_dir, tiny_text_model_dir):
-    from trl import ModelConfig
-
-    from zppo_trl import ZPPOConfig
-    from zppo_trl.processing import ImageOnlyQwen3VLProcessor
-
-    recipe = _recipe_module()
-    model, processor = recipe.load_student(ModelConfig(model_name_or_path=str(tiny_vlm_dir)))
-    assert type(model).__name__ == "Qwen3_5ForConditionalGeneration" and isinstance(processor, ImageOnlyQwen3VLProcessor)
-    model, processor = recipe.load_student(ModelConfig(model_name_or_path=str(tiny_text_model_dir), dtype="bfloat16"))
-    assert type(model).__name__ == "Qwen3ForCausalLM" and model.dtype.is_floating_point and str(model.dtype) == "torch.bfloat16"
-    assert not hasattr(processor, "image_processor")
-
-    teacher = dict(teacher_base_url="http://127.0.0.1:1/v1", teacher_model="t")
-    args = ZPPOConfig(output_dir="unused", use_cpu=True, bf16=False, per_device_train_batch_size=8, report_to="none", **teacher)
-    judged = recipe.reward_functions(recipe.ScriptArguments(), args)
-    assert [f.__name__ for f in judged] == ["judged_accuracy_reward"]
-    assert recipe.reward_functions(recipe.ScriptArguments(use_judge=False), args)[0].__name__ == "boxed_accuracy_reward"
-    plain = ZPPOConfig(output_dir="unused", use_cpu=True, bf16=False, per_device_train_batch_size=8, report_to="none", reformulations=[])
-    assert recipe.reward_functions(recipe.ScriptArguments(), plain)[0].__name__ == "boxed_accuracy_reward"  # no judge endpoint
 
 
 @pytest.mark.parametrize("name", ["zero2", "zero3", "fsdp"])

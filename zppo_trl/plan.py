@@ -1,0 +1,235 @@
+"""The dry run of a recipe: the plan (what one step holds, the process layout, the servers and
+their context sizes) and the checks that need no weights (the student's and a distillation
+teacher's configs, every row of a local dataset, the teacher and judge servers, the output
+folder).
+
+``python recipes/zppo.py --config YAML --dry_run`` prints it; `dry_run` is the same from Python::
+
+    from zppo_trl.plan import dry_run
+    from zppo_trl.recipe import parse_recipe_args
+
+    exit_code = dry_run(*parse_recipe_args(["--config", "recipes/qwen35_0.8b.yaml", "--dry_run"]))
+
+The Hugging Face Hub is asked at most once: when a Hub id is to be checked, one short probe
+(`probe_hub`) decides, and where the Hub is unreachable (or ``HF_HUB_OFFLINE`` is set) the
+configs are read from the local cache only, with one line saying so, instead of a retry loop per file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import huggingface_hub
+import transformers
+from huggingface_hub.utils import get_session
+from transformers.trainer_utils import get_last_checkpoint
+from trl import ModelConfig
+
+from .config import ZPPOConfig
+from .data import is_hub_id, load_questions
+from .recipe import ScriptArguments, endpoints, is_vision_language, student_config
+from .teacher import TeacherClient
+
+__all__ = ["HubStatus", "dry_run", "generation_backend", "print_checks", "print_plan", "probe_hub"]
+
+_TRUE = {"1", "on", "yes", "true"}
+
+
+def generation_backend(args: ZPPOConfig) -> str:
+    """Where the student's rollouts are generated, in words."""
+    if not args.use_vllm:
+        return "transformers generate on each training rank (use_vllm: false)"
+    if args.vllm_mode == "server":
+        url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
+        return f"TRL vLLM server at {url} (start it with `trl vllm-serve`, see recipes/launch/)"
+    return f"vLLM colocated on each training rank (tensor parallel {args.vllm_tensor_parallel_size})"
+
+
+# ---------------------------------------------------------------------- the Hub, asked once
+
+
+@dataclass(frozen=True)
+class HubStatus:
+    """Whether the dry run may ask the Hub; when not, `line` is the one line of the checks that says why."""
+
+    offline: bool
+    line: str = ""
+
+
+def probe_hub(timeout: float = 3.0) -> HubStatus:
+    """One request to the Hub's endpoint (``HF_ENDPOINT``), or none when ``HF_HUB_OFFLINE`` (or
+    ``TRANSFORMERS_OFFLINE``) is set. Any answer below 500 counts as reachable; no answer within
+    ``timeout`` seconds, a failed connection or a server error counts as unreachable."""
+    names = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    if any(os.environ.get(name, "").strip().lower() in _TRUE for name in names) or huggingface_hub.is_offline_mode():
+        return HubStatus(True, "  skip  Hugging Face Hub: HF_HUB_OFFLINE is set; Hub ids from the local cache only")
+    endpoint = huggingface_hub.constants.ENDPOINT
+    try:
+        status = get_session().head(endpoint, timeout=timeout).status_code
+        reason = f"HTTP {status}" if status >= 500 else ""
+    except Exception as err:  # noqa: BLE001 - any failure to connect means: do not ask again
+        lines = str(err).strip().splitlines()
+        reason = f"{type(err).__name__}: {lines[0][:80]}" if lines else type(err).__name__
+    if not reason:
+        return HubStatus(False)
+    return HubStatus(
+        True,
+        f"  down  Hugging Face Hub at {endpoint} (not reachable now: {reason}); "
+        "the rest of this dry run is offline (HF_HUB_OFFLINE=1: Hub ids from the local cache only)",
+    )
+
+
+# ---------------------------------------------------------------------- the plan and the checks
+
+
+def print_plan(script_args: ScriptArguments, args: ZPPOConfig, out: Callable[[str], object] = print) -> None:
+    """The headline, the step composition and the process layout; reads no file and asks no server."""
+    launched = args.world_size
+    ranks = script_args.num_training_ranks or launched
+    composition = args.composition(ranks)
+    out(f"ZPPO dry run: {args.variant}")
+    out(str(composition))
+
+    out("\nprocess layout:")
+    note = "" if ranks == launched else f" (this launch has {launched}; planned for num_training_ranks)"
+    out(f"  training ranks: {ranks}{note}")
+    rows = args.per_device_train_batch_size * args.steps_per_generation
+    out(
+        f"  per rank: {rows} rows per rollout step ({rows // args.num_generations} new prompt groups); "
+        f"micro-batches of {composition.rows_per_micro_batch} rows x {composition.micro_batches_per_update} "
+        "per update (replayed and reformulated groups add rows)"
+    )
+    out(f"  student rollouts: {generation_backend(args)}")
+    if args.reformulations:
+        cap = args.compression_max_tokens
+        if args.compress_candidates:
+            candidates = f"compression <= {cap} tokens"
+        else:
+            candidates = "candidates uncompressed (compress_candidates: false)"
+        use = {
+            "hint": f"hints <= {cap} tokens",
+            "prefix": f"response prefix alpha={args.prefix_fraction:g}",
+            "correction": "corrects one wrong rollout per hard question; graded SFT targets",
+            "reflection": "revises a correct draft with the wrong rollouts; graded SFT targets",
+        }.get(args.reformulations[0], candidates)
+        out(f"  teacher: {args.teacher_model} at {args.teacher_base_url} (G_T={args.teacher_num_generations}, {use})")
+    if args.distillation:
+        out(
+            f"  distillation: {args.variant} against {args.distill_teacher}, loaded next to the student on every "
+            f"rank (GKD JSD, beta={args.distill_beta:g})"
+        )
+    judging = script_args.use_judge and args.judge_base_url and args.judge_model
+    out(f"  judge: {f'{args.judge_model} at {args.judge_base_url}' if judging else 'off (boxed grader only)'}")
+    if composition.rollout_steps is not None:
+        draws = composition.rollout_steps * composition.new_prompts
+        out(
+            f"  schedule: {composition.rollout_steps} rollout steps = {args.max_steps} optimizer updates = "
+            f"{draws:,} new-prompt draws"
+        )
+    precision = "bf16" if args.bf16 else "fp32"
+    schedule = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
+    completion = args.max_completion_length
+    out(f"  precision: {precision}; lr {args.learning_rate:g} {schedule}; max completion {completion} tokens")
+    out(f"  server context: {args.context_lengths()}")
+    if args.use_vllm and args.vllm_max_model_length < args.context_lengths().student:
+        out(
+            f"        vllm_max_model_length={args.vllm_max_model_length} is smaller: BCQ/NCQ rollouts can be cut short"
+        )
+
+
+def print_checks(
+    script_args: ScriptArguments,
+    args: ZPPOConfig,
+    model_args: ModelConfig,
+    out: Callable[[str], object] = print,
+    hub: HubStatus | None = None,
+) -> list[str]:
+    """Check what can be checked without weights, one line each; returns the problems (empty: ok).
+
+    ``hub`` is the Hub's status when already known; by default `probe_hub` asks once, and only when a
+    Hub id is to be checked.
+    """
+    problems: list[str] = []
+    out("\nchecks:")
+    hub_ids = [model_args.model_name_or_path] + ([args.distill_teacher] if args.distillation else [])
+    if hub is None and any(is_hub_id(name) for name in hub_ids):
+        hub = probe_hub()
+    local_only = hub is not None and hub.offline
+    if local_only:
+        out(hub.line)
+    # model: config only
+    try:
+        config = student_config(model_args, local_files_only=local_only)
+        kind = "vision-language" if is_vision_language(config) else "text"
+        out(f"  ok    student {model_args.model_name_or_path}: {config.model_type} ({kind})")
+    except Exception as err:  # noqa: BLE001 - reported, not raised: a dry run lists every problem
+        if not is_hub_id(model_args.model_name_or_path):
+            problems.append(f"student {model_args.model_name_or_path}: {err}")
+            out(f"  FAIL  student {model_args.model_name_or_path}: {err}")
+        else:
+            reason = f"{type(err).__name__}: {str(err).splitlines()[0][:100]}"
+            out(f"  skip  student {model_args.model_name_or_path}: config not reachable here ({reason})")
+    if args.distillation:  # the teacher loaded next to the student: its config only
+        try:
+            offline = {"local_files_only": True} if local_only else {}
+            transformers.AutoConfig.from_pretrained(args.distill_teacher, **offline)
+            out(f"  ok    distill_teacher {args.distill_teacher}")
+        except Exception as err:  # noqa: BLE001 - reported, not raised
+            if not is_hub_id(args.distill_teacher):
+                reason = err if os.path.exists(args.distill_teacher) else "no such directory"
+                problems.append(f"distill_teacher {args.distill_teacher}: {reason}")
+                out(f"  FAIL  distill_teacher {args.distill_teacher}: {reason}")
+            else:
+                reason = type(err).__name__
+                out(f"  skip  distill_teacher {args.distill_teacher}: config not reachable here ({reason})")
+    # dataset: every row when local
+    if not is_hub_id(script_args.dataset_name):  # a local path, existing or not (see zppo_trl.data.is_hub_id)
+        try:
+            dataset, skipped = load_questions(
+                script_args.dataset_name, script_args.dataset_split, skip_invalid=script_args.skip_invalid
+            )
+            extra = f", {len(skipped)} invalid rows would be skipped" if skipped else ""
+            out(f"  ok    dataset {script_args.dataset_name}: {len(dataset):,} valid rows{extra}")
+            composition = args.composition(script_args.num_training_ranks or args.world_size)
+            if composition.rollout_steps is not None:
+                draws = composition.rollout_steps * composition.new_prompts
+                if draws > len(dataset):
+                    out(f"        ({draws:,} draws is {draws / len(dataset):.2f} epochs of it)")
+        except Exception as err:  # noqa: BLE001
+            problems.append(f"dataset {script_args.dataset_name}: {err}")
+            out(f"  FAIL  dataset {script_args.dataset_name}: {err}")
+    else:
+        name = script_args.dataset_name
+        out(f"  skip  dataset {name}: a Hub id (org/name); rows are validated when the run loads it")
+    # servers
+    for role, url, model in endpoints(script_args, args):
+        client = TeacherClient(url, model, api_key_env=args.teacher_api_key_env, max_retries=0)
+        healthy = client.health(timeout=5.0)
+        client.close()
+        state = "ok  " if healthy else "down"
+        out(f"  {state}  {role} {model} at {url}{'' if healthy else ' (not reachable now; start it before training)'}")
+    last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
+    out(f"  ok    output_dir {args.output_dir}: {'resumes from ' + last if last else 'starts fresh'}")
+    if args.push_to_hub:
+        target, strategy = args.hub_model_id, args.hub_strategy
+        out(f"  ok    pushes checkpoints and the final model to {target} (hub_strategy {strategy})")
+    return problems
+
+
+def dry_run(
+    script_args: ScriptArguments,
+    args: ZPPOConfig,
+    model_args: ModelConfig,
+    out: Callable[[str], object] = print,
+    hub: HubStatus | None = None,
+) -> int:
+    """Validate what can be validated without weights and print the plan. Returns an exit code (0 ok, 1 problems)."""
+    print_plan(script_args, args, out)
+    problems = print_checks(script_args, args, model_args, out, hub)
+    if problems:
+        out(f"\n{len(problems)} problem(s); nothing was trained.")
+        return 1
+    out("\ndry run ok; nothing was trained.")
+    return 0

@@ -1,0 +1,303 @@
+"""What a recipe run reads and builds: the recipe's own arguments, recipe YAMLs with ``base:``
+inheritance, the grouped command-line parser, the student, the reward functions and the
+servers a run waits for.
+
+``recipes/zppo.py`` is these pieces put in order (parse, build, train); a script of your own,
+a notebook or a test can use them the same way::
+
+    from zppo_trl.recipe import parse_recipe_args
+
+    script_args, args, model_args = parse_recipe_args(["--config", "recipes/rows/grpo_dagger.yaml"])
+
+A recipe YAML sets fields of three dataclasses: `ScriptArguments` (the dataset and what the
+script does besides training), `zppo_trl.ZPPOConfig` (training and the ZPPO method) and
+`trl.ModelConfig` (the student). A YAML with a ``base:`` key (the paper's comparison rows in
+``recipes/rows/``) is its base recipe with the YAML's own fields on top.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import torch
+import transformers
+import yaml
+from trl import GRPOConfig, ModelConfig, TrlParser
+
+from .config import ZPPOConfig
+from .processing import load_processor
+from .rewards import boxed_accuracy_reward, judged_accuracy_reward
+from .teacher import TeacherClient
+
+__all__ = [
+    "RecipeError",
+    "ScriptArguments",
+    "build_parser",
+    "endpoints",
+    "is_vision_language",
+    "load_recipe",
+    "load_student",
+    "parse_recipe_args",
+    "resolve_base",
+    "reward_functions",
+    "student_config",
+    "wait_for_servers",
+]
+
+logger = logging.getLogger("zppo")
+
+
+@dataclass
+class ScriptArguments:
+    """What to train on, and what the recipe script does besides training."""
+
+    dataset_name: str = field(
+        default="zppo-trl/ZPPO-77K",
+        metadata={
+            "help": "Hub dataset id, or a local .parquet/.jsonl file, a folder of them, or a save_to_disk folder "
+            "(schema of zppo_trl.data)."
+        },
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset config name."})
+    dataset_split: str = field(default="train", metadata={"help": "Split to train on."})
+    skip_invalid: bool = field(
+        default=False,
+        metadata={
+            "help": "Drop rows that break the schema (counted and logged) instead of stopping at the first one."
+        },
+    )
+    use_judge: bool = field(
+        default=True,
+        metadata={
+            "help": "Send answers the boxed grader scores 0 to the judge (judge_base_url, by default the teacher's "
+            "server)."
+        },
+    )
+    teacher_wait_s: float = field(
+        default=900.0,
+        metadata={
+            "help": "Seconds to wait for the teacher (and judge) to answer /v1/models before training; 0 skips the "
+            "check."
+        },
+    )
+    num_training_ranks: int | None = field(
+        default=None,
+        metadata={
+            "help": "Training processes the recipe is sized for; a dry run plans for it, a real run warns when the "
+            "launch differs."
+        },
+    )
+    dry_run: bool = field(
+        default=False,
+        metadata={
+            "help": "Validate config, dataset, model config and servers without loading weights; print the step "
+            "composition and process layout."
+        },
+    )
+    model_license: str | None = field(
+        default=None,
+        metadata={
+            "help": "License id for the model card's metadata, e.g. apache-2.0 (the student's license; left out "
+            "when unset)."
+        },
+    )
+    print_server_lengths: bool = field(
+        default=False,
+        metadata={
+            "help": "Print the student's and the teacher's server --max-model-len for this recipe (two numbers) and "
+            "exit; recipes/launch uses it."
+        },
+    )
+
+
+class RecipeError(ValueError):
+    """A recipe or command line that cannot be used; the message is one line naming what to fix."""
+
+
+# ---------------------------------------------------------------------- recipe YAMLs and the parser
+
+
+def load_recipe(path: str | os.PathLike, _seen: tuple[str, ...] = ()) -> dict:
+    """The fields of a recipe YAML; a ``base:`` (relative to the YAML) is loaded first and overridden."""
+    path = os.path.abspath(path)
+    if path in _seen:
+        raise ValueError(f"{path}: base recipes form a cycle ({' -> '.join(_seen + (path,))})")
+    if not os.path.isfile(path):
+        raise ValueError(f"config {path} does not exist" + (f" (the base of {_seen[-1]})" if _seen else ""))
+    with open(path) as f:
+        fields = yaml.safe_load(f) or {}
+    if not isinstance(fields, dict):
+        raise ValueError(f"{path}: a recipe is a mapping of field: value")
+    base = fields.pop("base", None)
+    if base is None:
+        return fields
+    return {**load_recipe(os.path.join(os.path.dirname(path), base), (*_seen, path)), **fields}
+
+
+def resolve_base(argv: list[str]) -> list[str]:
+    """``argv`` with a ``--config`` that has a ``base:`` replaced by the merged recipe (a temporary file)."""
+    if "--config" not in argv or argv.index("--config") + 1 >= len(argv):
+        return argv
+    at = argv.index("--config") + 1
+    with open(argv[at]) as f:
+        if "base" not in (yaml.safe_load(f) or {}):
+            return argv
+    merged = tempfile.NamedTemporaryFile("w", prefix="zppo-recipe-", suffix=".yaml", delete=False)
+    with merged:
+        yaml.safe_dump(load_recipe(argv[at]), merged)
+    return [*argv[:at], merged.name, *argv[at + 1 :]]
+
+
+def build_parser() -> TrlParser:
+    """The recipe's parser, its ``--help`` grouped: ZPPO's own fields first, then the script's, the TRL
+    fields whose defaults the paper changes, the student's, and every other training field last."""
+    parser = TrlParser((ScriptArguments, ZPPOConfig, ModelConfig))
+    zppo_own = set(ZPPOConfig.__annotations__)
+    groups = [
+        ("ZPPO (zppo_trl.ZPPOConfig)", zppo_own - set(GRPOConfig.__dataclass_fields__)),
+        ("this script (recipes/zppo.py)", set(ScriptArguments.__dataclass_fields__)),
+        ("TRL fields at the paper's values", zppo_own & set(GRPOConfig.__dataclass_fields__)),
+        (
+            "the student (trl.ModelConfig)",
+            set(ModelConfig.__dataclass_fields__) - set(ZPPOConfig.__dataclass_fields__),
+        ),
+    ]
+    parser.usage = (
+        "accelerate launch recipes/zppo.py --config YAML [--FIELD VALUE ...]\n"
+        "       python recipes/zppo.py --config YAML --dry_run     (check it, print the plan; trains nothing)"
+    )
+    by_dest: dict[str, list] = {}  # --flag and --no_flag share a dest
+    for action in parser._actions:
+        by_dest.setdefault(action.dest, []).append(action)
+    ordered = []
+    for title, names in groups:
+        group = parser.add_argument_group(title)
+        for name in [dest for dest in by_dest if dest in names]:
+            for action in by_dest.pop(name):
+                for container in parser._action_groups:
+                    if action in container._group_actions:
+                        container._group_actions.remove(action)
+                group._group_actions.append(action)
+        ordered.append(group)
+    rest = [group for group in parser._action_groups if group not in ordered]
+    for group in rest:
+        if group.title == "options":
+            group.title = "training (trl.GRPOConfig, transformers.TrainingArguments)"
+    parser._action_groups[:] = ordered + rest  # argparse prints groups in this order
+    return parser
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0]
+
+
+def parse_recipe_args(argv: list[str]) -> tuple[ScriptArguments, ZPPOConfig, ModelConfig]:
+    """The recipe's three argument objects from a command line (``--config YAML`` and overrides).
+
+    A ``base:`` in the YAML is resolved first; a dry run (or ``--print_server_lengths``) on a machine
+    without CUDA adds ``--use_cpu true`` so a GPU recipe validates here. A bad recipe, field or value
+    (an unknown flag included) raises `RecipeError` with one line naming it; argparse's own errors (a flag
+    without its value) exit with its usage line, as usual.
+    """
+    argv = list(argv)
+    try:
+        argv = resolve_base(argv)
+    except (OSError, ValueError, yaml.YAMLError) as err:
+        raise RecipeError(_first_line(err)) from err
+    if any(flag in argv for flag in ("--dry_run", "--print_server_lengths")) and "--use_cpu" not in argv:
+        if not torch.cuda.is_available():  # validate a GPU recipe here: bf16 on CPU needs use_cpu
+            argv += ["--use_cpu", "true"]
+    try:
+        script_args, args, model_args = build_parser().parse_args_and_config(argv)
+    except (ValueError, TypeError) as err:  # a bad field or value: one line naming it, not a traceback
+        raise RecipeError(_first_line(err)) from err
+    if not model_args.model_name_or_path:
+        raise RecipeError("model_name_or_path is required (the student, e.g. Qwen/Qwen3.5-0.8B)")
+    return script_args, args, model_args
+
+
+# ---------------------------------------------------------------------- the student and the rewards
+
+
+def _hub_kwargs(model_args: ModelConfig) -> dict:
+    return {
+        "revision": model_args.model_revision,
+        "trust_remote_code": getattr(model_args, "trust_remote_code", False),
+    }
+
+
+def student_config(model_args: ModelConfig, local_files_only: bool = False):
+    """The student's `transformers` config (no weights); ``local_files_only`` reads only the local cache."""
+    kwargs = _hub_kwargs(model_args)
+    if local_files_only:
+        kwargs["local_files_only"] = True
+    return transformers.AutoConfig.from_pretrained(model_args.model_name_or_path, **kwargs)
+
+
+def is_vision_language(config) -> bool:
+    """Whether a `transformers` config has a vision tower (the student is then loaded as a VLM)."""
+    return getattr(config, "vision_config", None) is not None
+
+
+def load_student(model_args: ModelConfig):
+    """The student model (VLM or causal LM, from its config) and its processor."""
+    config = student_config(model_args)
+    if is_vision_language(config):
+        model_class = transformers.AutoModelForImageTextToText
+    else:
+        model_class = transformers.AutoModelForCausalLM
+    kwargs = _hub_kwargs(model_args)
+    if model_args.attn_implementation:
+        kwargs["attn_implementation"] = model_args.attn_implementation
+    if model_args.dtype not in (None, "auto"):
+        kwargs["dtype"] = getattr(torch, model_args.dtype)
+    model = model_class.from_pretrained(model_args.model_name_or_path, **kwargs)
+    processor = load_processor(model_args.model_name_or_path, **_hub_kwargs(model_args))
+    return model, processor
+
+
+def reward_functions(script_args: ScriptArguments, args: ZPPOConfig) -> list:
+    """The boxed grader, routed to the judge on zeros when a judge endpoint is configured."""
+    if script_args.use_judge and args.judge_base_url and args.judge_model:
+        return [judged_accuracy_reward(TeacherClient.from_config(args, role="judge"))]
+    return [boxed_accuracy_reward]
+
+
+# ---------------------------------------------------------------------- servers
+
+
+def endpoints(script_args: ScriptArguments, args: ZPPOConfig) -> list[tuple[str, str, str]]:
+    """(role, base_url, model) of every server the run talks to besides the student's vLLM."""
+    out = []
+    if args.reformulations or args.distillation == "off":
+        out.append(("teacher", args.teacher_base_url, args.teacher_model))
+    if script_args.use_judge and args.judge_base_url and args.judge_model:
+        if not out or (args.judge_base_url, args.judge_model) != (out[0][1], out[0][2]):
+            out.append(("judge", args.judge_base_url, args.judge_model))
+    return out
+
+
+def wait_for_servers(script_args: ScriptArguments, args: ZPPOConfig) -> None:
+    """Block until the teacher/judge answer, or raise naming the field to fix."""
+    if script_args.teacher_wait_s <= 0:
+        return
+    for role, url, model in endpoints(script_args, args):
+        client = TeacherClient(url, model, api_key_env=args.teacher_api_key_env)
+        deadline = time.monotonic() + script_args.teacher_wait_s
+        try:
+            while not client.health(timeout=10.0):
+                if time.monotonic() > deadline:
+                    fields = f"{role}_base_url / {role}_model"
+                    raise SystemExit(
+                        f"the {role} at {url} (model {model!r}) did not answer within "
+                        f"teacher_wait_s={script_args.teacher_wait_s:g} s; start it (recipes/launch/) or fix {fields}"
+                    )
+                logger.info("waiting for the %s at %s ...", role, url)
+                time.sleep(5.0)
+        finally:
+            client.close()
+        logger.info("%s at %s is up (model %s)", role, url, model)
