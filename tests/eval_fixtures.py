@@ -17,9 +17,10 @@ Schemas. Column names and types follow the upstream datasets: option lists vs. o
 the gold as an index, a letter or text, images as ``datasets.Image()`` (small drawn PIL
 images). Marked per builder: ``confirmed`` where the upstream dataset card's features were read
 for this module (DynaMath_Sample, OCRBench_v2, vlmsareblind, Video-MME); elsewhere the schema
-that `tasks.py` / `scorers.py` record (``# upstream`` there), with the remaining columns from
-the published dataset as remembered, marked ``assumed``. Every gold is consistent with its row,
-so a response built from the gold scores 1 on the setting's deterministic path.
+that the benchmark modules (`zppo_trl/evaluation/benchmarks/`) record (``# upstream`` there),
+with the remaining columns from the published dataset as remembered, marked ``assumed``. Every
+gold is consistent with its row, so a response built from the gold scores 1 on the setting's
+deterministic path.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ CONFIGS: dict[str, tuple[str, ...]] = {
 """The configs the fixture writes for the ``ALL_CONFIGS`` settings (sorted, as the loader lists them)."""
 
 OCR_TYPES: dict[str, tuple[tuple[str, str | None, list[str]], ...]] = {
-    # (type, eval, answers): task types scorers.ocrbench_v2_score implements
+    # (type, eval, answers): task types benchmarks.ocrbench_v2.ocrbench_v2_score implements
     "en": (
         ("text recognition en", None, ["HELLO"]),
         ("text counting en", "regression", ["5"]),
@@ -102,12 +103,12 @@ def _options(i: int, count: int = 4) -> list[str]:
 # Each builder returns ``(rows, features)`` for one table (features None: a JSON-lines table).
 
 
-def _ai2d(i: int, config, split):  # lmms-lab/ai2d: answer is the option index, as a string (scorers: "index")
+def _ai2d(i: int, config, split):  # lmms-lab/ai2d: answer is the option index, as a string (gold_form "index")
     return {"question": f"Which shape is in diagram {i}?", "options": _options(i), "answer": str(i % 4), "image": _image(i)}, \
         {"question": _S, "options": _STRS, "answer": _S, "image": _IMG}
 
 
-def _babyv(i: int, config, split):  # assumed beyond tasks.py's columns; ansType picks the filled answer column
+def _babyv(i: int, config, split):  # assumed beyond the spec's columns; ansType picks the filled answer column
     choice = i % 2 == 0
     row = {
         "taskId": i, "type": "Fine-grained Discrimination", "subtype": "Find the different",
@@ -119,7 +120,7 @@ def _babyv(i: int, config, split):  # assumed beyond tasks.py's columns; ansType
                  "ansType": _S, "choiceAns": _I64, "blankAns": _S}  # fmt: skip
 
 
-def _charxiv(i: int, config, split):  # descriptive_q<k>: template ids 1..19; reasoning_a_type 1..4 (judges.py)
+def _charxiv(i: int, config, split):  # descriptive_q<k>: template ids 1..19; reasoning_a_type 1..4 (charxiv.py)
     row = {"image": _image(i), "category": "cs", "figure_path": f"images/{i}.jpg",
            "reasoning_q": f"Which curve peaks first in chart {i}?", "reasoning_q_source": 1 + i % 3,
            "reasoning_a": f"curve {i}", "reasoning_a_type": 1 + i % 4}  # fmt: skip
@@ -144,7 +145,7 @@ def _dynamath(i: int, config, split):  # confirmed (dataset card): id is a strin
                  "subject": _S, "knowledge_level": _S}  # fmt: skip
 
 
-def _embspatial(i: int, config, split):  # answer indexes answer_options (scorers: "index", assumed there)
+def _embspatial(i: int, config, split):  # answer indexes answer_options (gold_form "index", assumed there)
     row = {"question_id": f"mp3d_{i}", "question": f"Where is the chair in scene {i}?", "answer_options": _options(i),
            "answer": i % 4, "image": _image(i), "relation": "left", "data_source": "mp3d"}  # fmt: skip
     return row, {"question_id": _S, "question": _S, "answer_options": _STRS, "answer": _I64, "image": _IMG,
@@ -159,7 +160,7 @@ def _infovqa(i: int, config, split):  # lmms-lab/DocVQA InfographicVQA: answers 
                  "operation/reasoning": _STRS, "ocr": _S, "data_split": _S}  # fmt: skip
 
 
-def _mathverse(i: int, config, split):  # CaraJ/MathVerse-lmmseval testmini (assumed beyond tasks.py's columns)
+def _mathverse(i: int, config, split):  # CaraJ/MathVerse-lmmseval testmini (assumed beyond the spec's columns)
     choice = i % 2 == 0
     row = {"sample_index": str(i + 1), "problem_index": str(i // 5 + 1), "problem_version": "Text Dominant",
            "question": f"Find the angle in figure {i}." + (" Choices: A:30 B:45 C:60 D:90" if choice else ""),
@@ -193,7 +194,7 @@ def _mathvista(i: int, config, split):
                  "precision": _F64, "answer": _S, "question_type": _S, "answer_type": _S, "query": _S}  # fmt: skip
 
 
-def _mmmu_pro(i: int, config, split):  # options is the string repr of a list (scorers: _as_list); answer a letter
+def _mmmu_pro(i: int, config, split):  # options is the string repr of a list (metrics.as_list); answer a letter
     count = 10 if "10" in config else 4
     options = str(_options(i, count))
     if config == "vision":  # the question is rendered inside the image: no question, no image_<i> columns
@@ -307,7 +308,7 @@ def _mmlu_redux(i: int, config, split):  # answer: the index into choices
                  "correct_answer": _S, "potential_reason": _S}  # fmt: skip
 
 
-def _multich(i: int, config, split):  # lower-cased columns as tasks.py assumes; conversation: role/content turns
+def _multich(i: int, config, split):  # lower-cased columns as its spec assumes; conversation: role/content turns
     row = {"question_id": f"q{i}", "axis": ("INSTRUCTION_RETENTION", "SELF_COHERENCE")[i % 2],
            "conversation": [{"role": "user", "content": f"Always answer in French. Question {i}?"},
                             {"role": "assistant", "content": "D'accord."},

@@ -7,24 +7,19 @@ import re
 import pytest
 
 from zppo_trl.evaluation import judges
-from zppo_trl.evaluation.judges import (
+from zppo_trl.evaluation.benchmarks import charxiv
+from zppo_trl.evaluation.benchmarks.charxiv import (
     CHARXIV_DESCRIPTIVE_RUBRICS,
     CHARXIV_DESCRIPTIVE_TEMPLATE,
     CHARXIV_REASONING_RULES,
     CHARXIV_REASONING_TEMPLATE,
-    HLE_TEMPLATE,
-    MMVET_TEMPLATE,
-    MMVU_TEMPLATE,
-    MULTICH_TEMPLATE,
-    JudgeScore,
     parse_charxiv,
-    parse_hle,
-    parse_mmvet,
-    parse_mmvu,
-    parse_multich,
-    render_bench_judge,
-    score_bench_judge,
 )
+from zppo_trl.evaluation.benchmarks.hle import HLE_TEMPLATE, parse_hle
+from zppo_trl.evaluation.benchmarks.mmvet import MMVET_TEMPLATE, parse_mmvet
+from zppo_trl.evaluation.benchmarks.mmvu import MMVU_TEMPLATE, parse_mmvu
+from zppo_trl.evaluation.benchmarks.multichallenge import MULTICH_TEMPLATE, parse_multich
+from zppo_trl.evaluation.judges import JudgeScore, render_bench_judge, score_bench_judge
 from zppo_trl.evaluation.tasks import SUITE
 
 # --------------------------------------------------------------------------------------------
@@ -133,7 +128,7 @@ def test_charxiv_rubric_bodies_are_complete():
     for body in CHARXIV_DESCRIPTIVE_RUBRICS.values():
         assert body.startswith("Rubric:") and "### Example End ###" in body
         assert not re.search(r"[\x00-\x08]", body)  # upstream's "\alpha"/"\beta" are not control characters here
-    assert set(judges.CHARXIV_RUBRIC_CLASS) == set(judges.CHARXIV_DESCRIPTIVE_QUESTIONS) == set(range(1, 20))
+    assert set(charxiv.CHARXIV_RUBRIC_CLASS) == set(charxiv.CHARXIV_DESCRIPTIVE_QUESTIONS) == set(range(1, 20))
 
 
 def _digest(value) -> str:
@@ -142,13 +137,13 @@ def _digest(value) -> str:
 
 def test_reconstructed_blocks_are_pinned():
     # The upstream evaluators are not reachable from CI. These digests were taken from constants
-    # that were checked equal to the upstream text at the commits cited in judges.py (after the
+    # that were checked equal to the upstream text at the commits cited in benchmarks/charxiv.py (after the
     # transformations stated there); an edit to a reconstructed block must be re-checked upstream.
     assert _digest(MMVET_TEMPLATE.split("\n")[4:11]) == "c0655cdda2209db8"  # the seven exemplar rows
     assert _digest({str(k): v for k, v in CHARXIV_REASONING_RULES.items()}) == "07bb4f0cd4135969"
     assert _digest(CHARXIV_DESCRIPTIVE_RUBRICS) == "08899187dc65a29b"
-    assert _digest({str(k): v for k, v in judges.CHARXIV_DESCRIPTIVE_QUESTIONS.items()}) == "b594cdcdf322bec9"
-    assert _digest({str(k): v for k, v in judges.CHARXIV_RUBRIC_CLASS.items()}) == "f5bb2eff87ab6147"
+    assert _digest({str(k): v for k, v in charxiv.CHARXIV_DESCRIPTIVE_QUESTIONS.items()}) == "b594cdcdf322bec9"
+    assert _digest({str(k): v for k, v in charxiv.CHARXIV_RUBRIC_CLASS.items()}) == "f5bb2eff87ab6147"
 
 
 # --------------------------------------------------------------------------------------------
@@ -190,8 +185,8 @@ def test_rendering_fills_every_field_with_the_rows_values(name, part):
         expected = ["* Question: Which curve peaks first?\n* Ground Truth: red\n* Response: my answer", CHARXIV_REASONING_RULES[1]]
     elif name == "CharXiv":
         qid, answer = row[f"descriptive_q{part}"], row[f"descriptive_a{part}"]
-        rubric = CHARXIV_DESCRIPTIVE_RUBRICS[judges.CHARXIV_RUBRIC_CLASS[qid]]
-        question = judges.CHARXIV_DESCRIPTIVE_QUESTIONS[qid]
+        rubric = CHARXIV_DESCRIPTIVE_RUBRICS[charxiv.CHARXIV_RUBRIC_CLASS[qid]]
+        question = charxiv.CHARXIV_DESCRIPTIVE_QUESTIONS[qid]
         expected = [f"Overarching Question: {question}\n\n{rubric}\n\n", f"Ground Truth: {answer}\n\nRespond with ONLY"]
     for text in expected:
         assert text in prompt, text

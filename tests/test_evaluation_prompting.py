@@ -10,7 +10,7 @@ import pytest
 from PIL import Image, ImageStat
 
 from zppo_trl.evaluation import scorers
-from zppo_trl.evaluation.judges import CHARXIV_DESCRIPTIVE_QUESTIONS
+from zppo_trl.evaluation.benchmarks.charxiv import CHARXIV_DESCRIPTIVE_QUESTIONS
 from zppo_trl.evaluation.media import MediaError, load_image, read_subtitles, video_frames
 from zppo_trl.evaluation.prompting import (
     IMAGE_ONLY_QUESTION,
@@ -198,7 +198,7 @@ def test_loader_fixture_rows_build_and_gold_letters_grade(tmp_path):
                 if spec.scoring == "exact+judge":
                     gold = scorers.exact_gold(spec, request.row)
                 elif spec.scoring == "rule+judge":
-                    gold = scorers._rule_gold(spec, request.row)
+                    gold = scorers.rule_gold(spec, request.row)
                 else:
                     continue
                 verdict = scorers.score_deterministic(spec, f"<think>.</think> \\boxed{{{gold}}}", request.row)

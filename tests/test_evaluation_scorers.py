@@ -1,13 +1,14 @@
 """The deterministic scorers: Exact gold normalisation, the benchmarks' Rules, Det. metrics,
 judge routing and the official aggregation rules. Cases follow each upstream evaluator's
-documented behaviour (cited in `zppo_trl/evaluation/scorers.py`), including the quirks that
+documented behaviour (cited in each module of `zppo_trl/evaluation/benchmarks/`), including the quirks that
 decide verdicts."""
 
 from __future__ import annotations
 
 import pytest
 
-from zppo_trl.evaluation import scorers as S
+from zppo_trl.evaluation import metrics, scorers as S
+from zppo_trl.evaluation.benchmarks import mathvista, mvbench, ocrbench_v2, videomme, videommmu
 from zppo_trl.evaluation.tasks import SUITE
 
 
@@ -26,7 +27,7 @@ def spy():
 
     def grader(response: str, gold: str) -> bool:
         calls.append((response, gold))
-        return S.extract_boxed(response) == gold
+        return metrics.extract_boxed(response) == gold
 
     grader.calls = calls
     return grader
@@ -165,15 +166,15 @@ MV_CHOICE = {"answer": "145°", "question_type": "multi_choice", "answer_type": 
     ],
 )
 def test_mathvista_rule(row, span, ok):
-    assert S.mathvista_rule(span, row)[0] is ok
+    assert mathvista.mathvista_rule(span, row)[0] is ok
     assert S.score_deterministic("MVista", boxed(span), row, grader=never).score == float(ok)
 
 
 def test_mathvista_malformed_rows():
     with pytest.raises(ValueError, match="'precision'"):
-        S.mathvista_rule("1.2", {**MV_FLOAT, "precision": None})
+        mathvista.mathvista_rule("1.2", {**MV_FLOAT, "precision": None})
     with pytest.raises(ValueError, match="'choices'"):
-        S.mathvista_rule("A", {**MV_CHOICE, "choices": None})
+        mathvista.mathvista_rule("A", {**MV_CHOICE, "choices": None})
     with pytest.raises(ValueError, match="'answer'"):
         S.score_deterministic("MVista", "no box", {k: v for k, v in MV_INT.items() if k != "answer"})
 
@@ -200,7 +201,7 @@ MVB = {"candidates": ["dog", "cat", "bird", "fish"], "answer": "cat"}
     ],
 )
 def test_mvbench_rule(span, ok):
-    assert S.mvbench_rule(span, MVB)[0] is ok
+    assert mvbench.mvbench_rule(span, MVB)[0] is ok
 
 
 def test_mvbench_gold_must_be_a_candidate():
@@ -229,7 +230,7 @@ VMME = {"answer": "B", "options": ["A. red", "B. blue", "C. green", "D. black"]}
     ],
 )
 def test_videomme_rule(span, ok):
-    assert S.videomme_rule(span, VMME)[0] is ok
+    assert videomme.videomme_rule(span, VMME)[0] is ok
     for setting in ("VMME", "VMME-S"):  # the same rule with and without subtitles
         assert S.score_deterministic(setting, boxed(span), VMME, grader=never).score == float(ok)
 
@@ -260,7 +261,7 @@ VMMMU_OPEN = {"answer": "3.5", "options": [], "question_type": "open"}
     ],
 )
 def test_videommmu_rule(row, span, ok):
-    assert S.videommmu_rule(span, row)[0] is ok
+    assert videommmu.videommmu_rule(span, row)[0] is ok
 
 
 # ------------------------------------------------------------------ Det.: ANLS
@@ -279,7 +280,7 @@ def test_videommmu_rule(row, span, ok):
     ],
 )
 def test_anls(prediction, answers, expected):
-    assert S.anls(prediction, answers) == pytest.approx(expected)
+    assert metrics.anls(prediction, answers) == pytest.approx(expected)
 
 
 def test_infovqa_scores_the_boxed_span():
@@ -323,27 +324,27 @@ def ocr(task, answers, eval=None, **extra):
     ],
 )
 def test_ocrbench_v2_metrics(prediction, row, expected):
-    assert S.ocrbench_v2_score(prediction, row)[0] == expected
+    assert ocrbench_v2.ocrbench_v2_score(prediction, row)[0] == expected
 
 
 def test_ocrbench_v2_unimplemented_types_raise_naming_the_type(monkeypatch):
     # Every type of the official eval.py is scored now (tests/test_evaluation_ocrbench.py);
     # the mechanism stays for types a future upstream adds.
-    assert S.OCR_UNIMPLEMENTED == {}
-    monkeypatch.setitem(S.OCR_UNIMPLEMENTED, "new task en", "a new metric")
+    assert ocrbench_v2.OCR_UNIMPLEMENTED == {}
+    monkeypatch.setitem(ocrbench_v2.OCR_UNIMPLEMENTED, "new task en", "a new metric")
     with pytest.raises(NotImplementedError, match="new task en"):
         S.score_deterministic("OCR-EN", boxed("x"), ocr("new task en", ["x"]))
 
 
 def test_ocrbench_v2_malformed_rows():
     with pytest.raises(ValueError, match="empty answer"):
-        S.ocrbench_v2_score("x", ocr("handwritten answer extraction cn", [""], question="简答：..."))
+        ocrbench_v2.ocrbench_v2_score("x", ocr("handwritten answer extraction cn", [""], question="简答：..."))
     with pytest.raises(ValueError, match="'type'"):
-        S.ocrbench_v2_score("x", ocr("no such task en", ["x"]))
+        ocrbench_v2.ocrbench_v2_score("x", ocr("no such task en", ["x"]))
     with pytest.raises(ValueError, match="'eval'"):
-        S.ocrbench_v2_score("x", ocr("text recognition en", ["x"], eval="fuzzy"))
+        ocrbench_v2.ocrbench_v2_score("x", ocr("text recognition en", ["x"], eval="fuzzy"))
     with pytest.raises(ValueError, match="'answers'"):
-        S.ocrbench_v2_score("x", {"type": "text recognition en"})
+        ocrbench_v2.ocrbench_v2_score("x", {"type": "text recognition en"})
 
 
 # ------------------------------------------------------------------ aggregation

@@ -50,13 +50,6 @@ DATA_SUFFIXES = (".parquet", ".jsonl")
 
 _BUILDERS = {".parquet": "parquet", ".jsonl": "json"}
 
-# Columns a config does not have by upstream design: the row gets None there. MMMU-Pro's vision
-# config renders the question (and options) inside its one image, so it has no question column.
-_ABSENT_BY_DESIGN: dict[tuple[str, str | None], frozenset[str]] = {
-    ("MMMU-Pro", "vision"): frozenset({"question"}),
-}
-
-
 def _as_tuple(value: str | Sequence[str] | None) -> tuple[str, ...]:
     if value is None:
         return ()
@@ -88,7 +81,10 @@ def spec_columns(spec: TaskSpec) -> tuple[list[str], list[str]]:
 def _validate_columns(spec: TaskSpec, columns: Iterable[str], config: str | None, split: str, where: str) -> list[str]:
     """Check a table against the spec; returns the named columns it lacks by design (filled with None)."""
     present = set(columns)
-    absent_ok = _ABSENT_BY_DESIGN.get((spec.name, config), frozenset())
+    # Columns a config does not have by upstream design: the row gets None there. An image-only
+    # config (MMMU-Pro's vision) renders the question (and options) inside its one image, so it
+    # has no question column.
+    absent_ok = {spec.question_field} if config in spec.image_only_configs else set()
     required, any_images = spec_columns(spec)
     for column in required:
         if column not in present and column not in absent_ok:

@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 from ..prompts import render_judge
 from ..teacher import TeacherClient, parse_verdict
 from .data import load_setting
-from .judges import render_bench_judge, score_bench_judge
+from .judges import request_judge_prompt
 from .prompting import build_requests
 from .scorers import ItemRecord, aggregate, score_deterministic
 from .stats import family_macro_averages, mean_and_stderr
@@ -200,10 +200,7 @@ def _prompt_text(messages: Sequence[Mapping[str, Any]]) -> str:
 def _judge_prompt(spec: TaskSpec, request: Any, response: str, verdict: Any) -> str | None:
     """The judge prompt this item needs, or None where the deterministic verdict stands."""
     if spec.scoring == "benchjudge":
-        part = request.part
-        if spec.name == "CharXiv" and part and part.startswith("descriptive_"):
-            part = int(part.rsplit("_", 1)[1])
-        return render_bench_judge(spec.name, request.row, response, part)
+        return request_judge_prompt(spec, request, response)
     if verdict is None or not verdict.consult_judge:
         return None
     return render_judge(request.question, verdict.judge_input, verdict.gold, request.options)
@@ -212,7 +209,7 @@ def _judge_prompt(spec: TaskSpec, request: Any, response: str, verdict: Any) -> 
 def _judge_score(spec: TaskSpec, row: Mapping[str, Any], reply: str) -> tuple[float, bool]:
     """(score, parsed) of a judge reply, by the setting's parser (strict: unparsed scores 0)."""
     if spec.scoring == "benchjudge":
-        result = score_bench_judge(spec.name, row, reply)
+        result = spec.bench_judge.parse(row, reply)
         return float(result.score), bool(result.parsed)
     verdict = parse_verdict(reply)
     return (1.0 if verdict is True else 0.0), verdict is not None
@@ -285,8 +282,7 @@ class _SettingRun:
                 self.spec, row, pass_index=pass_index, seed=self.options.seed, max_frames=self.options.max_frames, condition=self.options.condition
             )
         except (ValueError, OSError) as err:  # MediaError is a ValueError: unreadable image, missing video
-            parts = ("reasoning", *(f"descriptive_{i}" for i in range(1, 5))) if self.spec.name == "CharXiv" else (None,)
-            for part in parts:  # one skip per question the row carries, so counts are in items
+            for part in self.spec.parts:  # one skip per question the row carries, so counts are in items
                 self._skip(item_key(pass_index, row["_id"], part), f"prompt: {err}", row)
             return
         for request in requests:
@@ -376,16 +372,10 @@ class _SettingRun:
 
 
 def _pass_score(spec: TaskSpec, items: list[dict]) -> float:
-    """One pass's setting score in [0, 1]; CharXiv: the mean of its Reasoning and Descriptive accuracies.
-
-    CharXiv's single cell combining its two halves is this package's choice (the paper prints one
-    CharXiv column and does not say how): each half weighs one, as each setting does in a family.
-    """
-    if spec.name == "CharXiv":
-        reasoning = [item for item in items if item["part"] == "reasoning"]
-        descriptive = [item for item in items if item["part"] != "reasoning"]
-        parts = [aggregate(spec, [ItemRecord(i["score"]) for i in group]) for group in (reasoning, descriptive) if group]
-        return sum(parts) / len(parts)
+    """One pass's setting score in [0, 1]: the spec's aggregation, or its `TaskSpec.pass_score`
+    (CharXiv: the mean of its Reasoning and Descriptive accuracies)."""
+    if spec.pass_score is not None:
+        return spec.pass_score(spec, items)
     return aggregate(spec, [ItemRecord(item["score"], item.get("group")) for item in items])
 
 
@@ -474,10 +464,8 @@ def summarize_setting(spec: TaskSpec, store: RecordStore, passes: int, complete_
         passes=[round(score, 4) for score in pass_scores],
         complete=complete_rows and not store.skips and len(scored) == passes,
     )  # fmt: skip
-    if spec.name == "CharXiv":  # the two halves the combined score averages
-        items = [item for p in scored for item in by_pass[p]]
-        halves = {"reasoning": [i for i in items if i["part"] == "reasoning"], "descriptive": [i for i in items if i["part"] != "reasoning"]}
-        entry["parts"] = {name: round(100.0 * sum(i["score"] for i in group) / len(group), 4) for name, group in halves.items() if group}
+    if spec.parts_report is not None:  # sub-scores (CharXiv: the two halves the combined score averages)
+        entry["parts"] = spec.parts_report([item for p in scored for item in by_pass[p]])
     return entry, _details(store)
 
 
