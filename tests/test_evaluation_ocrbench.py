@@ -44,7 +44,10 @@ def test_teds_edited_table_matches_hand_computation():
     pred = GOLD_TABLE.replace("<td>a</td>", '<td colspan="2">a</td>')
     assert O.teds(O.wrap_html_table(pred), O.wrap_html_table(GOLD_TABLE)) == pytest.approx(1 - 1 / 6)
     # Structure only: the text edit costs nothing.
-    assert O.teds(O.wrap_html_table(GOLD_TABLE.replace("dd", "zz")), O.wrap_html_table(GOLD_TABLE), structure_only=True) == 1.0
+    assert (
+        O.teds(O.wrap_html_table(GOLD_TABLE.replace("dd", "zz")), O.wrap_html_table(GOLD_TABLE), structure_only=True)
+        == 1.0
+    )
 
 
 def test_teds_without_a_table_or_input_scores_zero():
@@ -54,7 +57,10 @@ def test_teds_without_a_table_or_input_scores_zero():
 
 def test_wrap_and_markdown_conversion():
     assert O.wrap_html_table("<tr><td>x</td></tr>") == "<html><body><table><tr><td>x</td></tr></table></body></html>"
-    assert O.wrap_html_table("<table><tr><td>x</td></tr>") == "<html><body><table><tr><td>x</td></tr></table></body></html>"
+    assert (
+        O.wrap_html_table("<table><tr><td>x</td></tr>")
+        == "<html><body><table><tr><td>x</td></tr></table></body></html>"
+    )
     md = "| h1 | h2 |\n| --- | --- |\n| 1 |  |"
     assert O.markdown_table_to_html(md) == (
         "<html><body><table><tr><td>h1</td><td>h2</td></tr><tr><td>1</td><td> </td></tr></table></body></html>"
@@ -98,7 +104,9 @@ def test_chart_parsing_dispatch():
     # 2 rows of (tr, td, td): 6 nodes. Values become space-separated characters: "5" -> "6" is
     # one token of one: rename cost 1.
     assert ocrbench_v2.ocrbench_v2_score("{'title': 'Sales', '2020': 6}", row)[0] == pytest.approx(1 - 1 / 6)
-    assert O.chart_to_html({"k": 12}) == "<html><body><table>\n  <tr><td>k</td><td>1 2</td></tr>\n</table></body></html>"
+    assert (
+        O.chart_to_html({"k": 12}) == "<html><body><table>\n  <tr><td>k</td><td>1 2</td></tr>\n</table></body></html>"
+    )
     assert ocrbench_v2.ocrbench_v2_score("", row)[0] == 0.0
     assert ocrbench_v2.ocrbench_v2_score("not a dict", row)[0] == 0.0
 
@@ -169,7 +177,9 @@ def test_ocr_text_metrics_on_hand_made_strings():
     # words match in 1 chunk: Fmean 1, penalty 0.5 * (1/4)^3.
     assert O.ocr_text_metrics("my auto is red", "my car is red")["meteor"] == pytest.approx(1 - 0.5 / 64)
     # "pear" is not: 3 of 4 match (P = R = 3/4) in 2 chunks: 0.75 * (1 - 0.5 * (2/3)^3).
-    assert O.ocr_text_metrics("my pear is red", "my car is red")["meteor"] == pytest.approx(0.75 * (1 - 0.5 * (2 / 3) ** 3))
+    assert O.ocr_text_metrics("my pear is red", "my car is red")["meteor"] == pytest.approx(
+        0.75 * (1 - 0.5 * (2 / 3) ** 3)
+    )
     zh = O.ocr_text_metrics("我爱北京天安门", "我爱北京")  # jieba: 我/爱/北京/天安门 vs 我/爱/北京
     assert zh["precision"] == pytest.approx(3 / 4) and zh["recall"] == 1.0
     assert zh["edit_dist"] == pytest.approx(3 / 7)
@@ -188,7 +198,10 @@ def test_ocr_text_types_dispatch():
         row = ocr(task, [text])
         metrics = O.ocr_text_metrics("the quick brown cat", text)
         expected = (metrics["bleu"] + metrics["meteor"] + metrics["f_measure"] + 1 - metrics["edit_dist"]) / 4
-        assert ocrbench_v2.ocrbench_v2_score("the quick brown cat", row) == (pytest.approx(expected), f"ocrbench:{task}")
+        assert ocrbench_v2.ocrbench_v2_score("the quick brown cat", row) == (
+            pytest.approx(expected),
+            f"ocrbench:{task}",
+        )
         assert ocrbench_v2.ocrbench_v2_score("", row)[0] == 0.0
     row = ocr("full-page OCR cn", ["我爱北京"])
     # jieba: 我/爱/北京, 3 tokens, no 4-gram: BLEU ~0 even for an exact copy (upstream's quirk)
@@ -201,7 +214,9 @@ def test_ocr_text_types_dispatch():
     assert 0 < ocrbench_v2.ocrbench_v2_score("I love Beijing very much", row)[0] < 1
     row = ocr("handwritten answer extraction cn", ["光合作用"], question="简答：植物如何制造养分？")
     score, branch = ocrbench_v2.ocrbench_v2_score("光合作用", row)
-    assert branch.endswith("简答") and score == pytest.approx(ocrbench_v2.ocrbench_v2_score("光合作用", ocr("full-page OCR cn", ["光合作用"]))[0])
+    assert branch.endswith("简答") and score == pytest.approx(
+        ocrbench_v2.ocrbench_v2_score("光合作用", ocr("full-page OCR cn", ["光合作用"]))[0]
+    )
 
 
 # ------------------------------------------------------------------ VQA with position
@@ -210,7 +225,10 @@ def test_ocr_text_types_dispatch():
 def test_vqa_with_position():
     row = ocr("VQA with position en", ["STOP"], bbox=[0, 0, 100, 100])
     # the answer by containment (1) and the box IoU 50*100/100*100 = 0.5: 0.5 + 0.25
-    assert ocrbench_v2.ocrbench_v2_score('{"answer": "stop", "bbox": [0, 0, 50, 100]}', row) == (0.75, "ocrbench:VQA with position en")
+    assert ocrbench_v2.ocrbench_v2_score('{"answer": "stop", "bbox": [0, 0, 50, 100]}', row) == (
+        0.75,
+        "ocrbench:VQA with position en",
+    )
     assert ocrbench_v2.ocrbench_v2_score('{"answer": "go"}', row)[0] == 0.0
     assert ocrbench_v2.ocrbench_v2_score('{"answer": "STOP", "bbox": "nonsense"}', row)[0] == 0.5
     assert metrics.box_iou([0, 0, 10, 10], [5, 0, 15, 10]) == pytest.approx(50 / 150)
@@ -264,9 +282,19 @@ _ROWS = [
     ocr("text spotting en", [""], bbox_list=[[0, 0, 10, 10]], content=["x"]),
     ocr("handwritten answer extraction cn", ["光合作用"], question="简答"),
 ]
-_GARBAGE = ["", "   ", "}{][", "<table><td colspan='x'>", "```json\n{1: [\n```", "[[" * 300, "1" * 5000,
-            "<html><body><table><tr><td rowspan=zz>a</td></tr></table></body></html>", "| a |\n| - |\n| <td colspan=q> |",
-            "[(1, 2, 3, 4, 5, 6)] {'answer': ['x'], 'bbox': '(1,'}", "\x00\ud800"]  # fmt: skip
+_GARBAGE = [
+    "",
+    "   ",
+    "}{][",
+    "<table><td colspan='x'>",
+    "```json\n{1: [\n```",
+    "[[" * 300,
+    "1" * 5000,
+    "<html><body><table><tr><td rowspan=zz>a</td></tr></table></body></html>",
+    "| a |\n| - |\n| <td colspan=q> |",
+    "[(1, 2, 3, 4, 5, 6)] {'answer': ['x'], 'bbox': '(1,'}",
+    "\x00\ud800",
+]
 
 
 @pytest.mark.parametrize("row", _ROWS, ids=lambda r: r["type"])

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from zppo_trl.evaluation import metrics, scorers as S
+from zppo_trl.evaluation import metrics
+from zppo_trl.evaluation import scorers as S
 from zppo_trl.evaluation.benchmarks import mathvista, mvbench, ocrbench_v2, videomme, videommmu
 from zppo_trl.evaluation.tasks import SUITE
 
@@ -101,7 +102,12 @@ def test_judge_reads_the_snippet_when_a_box_parsed_else_the_full_response():
     grader = spy()
     no_box = "I think the answer is seven."
     unparsed = S.score_deterministic("AIME25", no_box, row, grader=grader)
-    assert (unparsed.extracted, unparsed.score, unparsed.consult_judge, unparsed.judge_input) == (None, 0.0, True, no_box)
+    assert (unparsed.extracted, unparsed.score, unparsed.consult_judge, unparsed.judge_input) == (
+        None,
+        0.0,
+        True,
+        no_box,
+    )
     truncated = "\\boxed{7} ... on second thought \\boxed{\\frac{7"  # last box unclosed: no strict span
     assert S.score_deterministic("AIME25", truncated, row, grader=grader).judge_input == truncated
     mismatch = S.score_deterministic("AIME25", boxed("8"), row, grader=grader)
@@ -114,7 +120,12 @@ def test_rule_without_a_box_scores_zero_and_goes_to_the_judge_whole():
     row = {"answer": "B", "options": ["A. x", "B. y", "C. z", "D. w"]}
     response = "The best answer is B"  # the Video-MME rule would read B, but no box parsed
     verdict = S.score_deterministic("VMME", response, row, grader=never)
-    assert (verdict.score, verdict.consult_judge, verdict.judge_input, verdict.rule) == (0.0, True, response, "rule:no-span")
+    assert (verdict.score, verdict.consult_judge, verdict.judge_input, verdict.rule) == (
+        0.0,
+        True,
+        response,
+        "rule:no-span",
+    )
     assert S.score_deterministic("VMME", boxed("B"), row, grader=never).consult_judge is False
 
 
@@ -136,7 +147,12 @@ def test_benchjudge_settings_have_no_deterministic_step():
 
 MV_FLOAT = {"answer": "1.2", "question_type": "free_form", "answer_type": "float", "precision": 1.0}
 MV_INT = {"answer": "7", "question_type": "free_form", "answer_type": "integer", "precision": None}
-MV_CHOICE = {"answer": "145°", "question_type": "multi_choice", "answer_type": "text", "choices": ["125°", "145°", "155°", "165°"]}
+MV_CHOICE = {
+    "answer": "145°",
+    "question_type": "multi_choice",
+    "answer_type": "text",
+    "choices": ["125°", "145°", "155°", "165°"],
+}
 
 
 @pytest.mark.parametrize(
@@ -157,7 +173,11 @@ MV_CHOICE = {"answer": "145°", "question_type": "multi_choice", "answer_type": 
         (MV_CHOICE, "B", True),  # letter -> choice text
         (MV_CHOICE, "(B) 145°", True),
         (MV_CHOICE, "(B) 125°", True),  # the "(X)" letter wins over the closer text
-        (MV_CHOICE, "b", False),  # only upper-case letters index; "b" goes to edit distance ("125°" is first of the ties)
+        (
+            MV_CHOICE,
+            "b",
+            False,
+        ),  # only upper-case letters index; "b" goes to edit distance ("125°" is first of the ties)
         (MV_CHOICE, "145°", True),
         (MV_CHOICE, "145", True),  # closest choice by edit distance
         (MV_CHOICE, "E", False),  # out of range: closest choice, first on ties -> "125°"
@@ -303,7 +323,11 @@ def ocr(task, answers, eval=None, **extra):
     [
         ("The sign says STOP here", ocr("text recognition en", ["stop"]), 1.0),  # < 5 words: containment
         ("sto", ocr("text recognition en", ["stop"]), 0.0),  # short answers get no ANLS credit
-        ("the quick brown fox jumps", ocr("reasoning VQA en", ["the quick brown fox jumped"]), pytest.approx(1 - 2 / 26)),
+        (
+            "the quick brown fox jumps",
+            ocr("reasoning VQA en", ["the quick brown fox jumped"]),
+            pytest.approx(1 - 2 / 26),
+        ),
         ("totally unrelated words here", ocr("reasoning VQA en", ["the quick brown fox jumped"]), 0.0),
         ("Stop", ocr("text recognition en", ["STOP"], eval="case sensitive"), 0.0),
         ("STOP", ocr("text recognition en", ["STOP"], eval="case sensitive"), 1.0),
@@ -366,7 +390,9 @@ def test_mean_of_tasks_weights_each_task_equally():
 def test_aggregate_uses_the_verdicts_group_keys():
     grader = spy()
     rows = [{"ground_truth": "2", "id": "s1"}, {"ground_truth": "3", "id": "s1"}, {"ground_truth": "4", "id": "s2"}]
-    verdicts = [S.score_deterministic("DynaM", boxed(a), row, grader=grader) for a, row in zip("234", rows)]
+    verdicts = [
+        S.score_deterministic("DynaM", boxed(a), row, grader=grader) for a, row in zip("234", rows, strict=False)
+    ]
     assert [v.group for v in verdicts] == ["s1", "s1", "s2"]
     assert S.aggregate("DynaM", verdicts) == 1.0
     with pytest.raises(ValueError, match="'id'"):

@@ -53,7 +53,9 @@ def render_bench_judge(spec_name: str, row: Mapping[str, Any], response: str | N
     if judge is not None and judge.takes_part:
         return judge.render(row, response, part)
     if part is not None:
-        with_parts = [name for name, each in SUITE.items() if each.bench_judge is not None and each.bench_judge.takes_part]
+        with_parts = [
+            name for name, each in SUITE.items() if each.bench_judge is not None and each.bench_judge.takes_part
+        ]
         raise ValueError(f"part is for {', '.join(with_parts)} only, not {spec_name!r}")
     return _judged(spec_name).bench_judge.render(row, response)
 

@@ -261,4 +261,3 @@ def judge_response(response: str | None) -> str:
     """The student's response as a judge prompt shows it, stripped."""
     # A failed generation (None) is an empty response; CharXiv's rubric scores that 0 itself.
     return "" if response is None else str(response).strip()
-

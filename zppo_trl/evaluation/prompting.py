@@ -90,16 +90,23 @@ GENERIC_DIRECTIVES: tuple[re.Pattern, ...] = (
     # lmms-eval post-prompts: ai2d/mathvision/VisualPuzzles "Answer (the question) with the option's
     # letter from the given choices directly.", mmmu_pro "Answer with the option letter from the
     # given choices directly.", mmmu_pro qwen3_vl "Answer with the option letter only."
-    re.compile(r"\s*Answer(?:\s+the\s+question)?\s+with\s+the\s+option(?:'s)?\s+letter\s+"
-               r"(?:from\s+the\s+given\s+choices\s+directly|only)\s*\.?", _I),
+    re.compile(
+        r"\s*Answer(?:\s+the\s+question)?\s+with\s+the\s+option(?:'s)?\s+letter\s+"
+        r"(?:from\s+the\s+given\s+choices\s+directly|only)\s*\.?",
+        _I,
+    ),
     # lmms-eval's short-answer VQA post-prompt (docvqa, infovqa, ...).
     re.compile(r"\s*Answer\s+the\s+question\s+using\s+a\s+single\s+word\s+or\s+phrase\s*\.?", _I),
     # simple-evals / MMMU-Pro CoT / VisualPuzzles CoT answer-line format.
-    re.compile(r"\s*The\s+last\s+line\s+of\s+your\s+response\s+should\s+be\s+of\s+the\s+following\s+format:\s*"
-               r"'Answer:\s*\$LETTER'\s*\(without\s+quotes\)\s*where\s+LETTER\s+is\s+one\s+of\s+[^.\n]*\.?", _I),
+    re.compile(
+        r"\s*The\s+last\s+line\s+of\s+your\s+response\s+should\s+be\s+of\s+the\s+following\s+format:\s*"
+        r"'Answer:\s*\$LETTER'\s*\(without\s+quotes\)\s*where\s+LETTER\s+is\s+one\s+of\s+[^.\n]*\.?",
+        _I,
+    ),
 )
 """Directives stripped in every setting, after its own (`TaskSpec.directives`), except where
 `TaskSpec.keeps_directives` (MultiCh, whose instructions are the test)."""
+
 
 def strip_directives(spec_name: str, text: str) -> str:
     """``text`` with the upstream answer-format and reasoning directives of `spec_name` removed.
@@ -297,12 +304,14 @@ def build_requests(
 
     A row carries one question (part None), or where the setting has `TaskSpec.questions` several
     (CharXiv: the reasoning question and four descriptive ones, parts ``"reasoning"`` and
-    ``"descriptive_1"`` .. ``"descriptive_4"``). Each user turn is the media (images in column order, or ``max_frames`` video frames
-    in time order), then one text part: the question with its upstream directives stripped
-    (`strip_directives`), the lettered option lines, and `prompts.RL_CLOSER` last, exactly once.
-    Options of a `TaskSpec.shuffle_options` setting (GPQA-D) are shuffled per (``seed``,
-    ``pass_index``, row ``_id``); the order shown is in the returned row under `spec.PRESENTED_OPTIONS`. See the module docstring for
-    the choices the paper leaves open. ``condition`` (e.g. ``"<correct>"`` for a Correction-SFT
+    ``"descriptive_1"`` .. ``"descriptive_4"``). A setting with `TaskSpec.request_builder`
+    (MultiCh) builds its own. Each user turn is the media (images in column order, or
+    ``max_frames`` video frames in time order), then one text part: the question with its
+    upstream directives stripped (`strip_directives`), the lettered option lines, and
+    `prompts.RL_CLOSER` last, exactly once. Options of a `TaskSpec.shuffle_options` setting
+    (GPQA-D) are shuffled per (``seed``, ``pass_index``, row ``_id``); the order shown is in the
+    returned row under `spec.PRESENTED_OPTIONS`. See the module docstring for the choices the
+    paper leaves open. ``condition`` (e.g. ``"<correct>"`` for a Correction-SFT
     checkpoint, the one row the paper evaluates under its training tag) goes before the closer.
 
     Raises ValueError naming the setting and field for a row without its question (MultiCh:

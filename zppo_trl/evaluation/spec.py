@@ -236,7 +236,11 @@ class TaskSpec:
             raise ValueError(f"{self.name}: aggregation {self.aggregation!r} needs a group_field")
         if self.gold_form is not None and self.gold_form not in GOLD_FORMS:
             raise ValueError(f"{self.name}: gold_form {self.gold_form!r} is not one of {GOLD_FORMS}")
-        needs = {"rule+judge": ("rule", self.rule), "det": ("det", self.det), "benchjudge": ("bench_judge", self.bench_judge)}
+        needs = {
+            "rule+judge": ("rule", self.rule),
+            "det": ("det", self.det),
+            "benchjudge": ("bench_judge", self.bench_judge),
+        }
         if self.scoring in needs and needs[self.scoring][1] is None:
             raise ValueError(f"{self.name}: scoring {self.scoring!r} needs its {needs[self.scoring][0]!r} hook")
 

@@ -233,7 +233,9 @@ def _paired_differences(a: Mapping[str, float], b: Mapping[str, float]) -> np.nd
 def _check_same_settings(a: Mapping[str, float], b: Mapping[str, float], what: str) -> None:
     if set(a) != set(b):
         only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
-        raise ValueError(f"{what} must score the same settings; only in the first: {only_a}, only in the second: {only_b}")
+        raise ValueError(
+            f"{what} must score the same settings; only in the first: {only_a}, only in the second: {only_b}"
+        )
 
 
 def _check_confidence(confidence: float) -> None:

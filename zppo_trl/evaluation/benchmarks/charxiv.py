@@ -185,11 +185,12 @@ CHARXIV_REASONING_RULES[4] = CHARXIV_REASONING_RULES[3]
 
 # Descriptive `rubric` bodies, keyed by the paper's seven classes: upstream's
 # DESCRIPTIVE_GRADING_ICL, outer whitespace stripped, otherwise as written (their in-context
-# examples keep upstream's batched T1..T3 layout and its JSON slips). One deliberate deviation:
+# examples keep upstream's batched T1..T3 layout and its JSON slips; a trailing space is written
+# \x20). One deliberate deviation:
 # upstream's 'enum' body is a non-raw Python string, so its "\alpha" and "\beta" reach the judge
 # as the control characters BEL and BS; this keeps the source's visible text "\alpha, \beta".
 CHARXIV_DESCRIPTIVE_RUBRICS: dict[str, str] = {
-    'title': """Rubric: 
+    "title": """Rubric:\x20
     * Give a score of 1 if and only if the extracted answer and the ground truth answer are referring to the same \
 term. It's acceptable to have different grammar or form (e.g., α and alpha; $R^2_{t,h,v,m}$ and R^2_t,h,v,m). It's \
 acceptable to omit letter prefixes (e.g., (a) Increment over time and Increment over time).
@@ -218,7 +219,7 @@ acceptable to omit letter prefixes (e.g., (a) Increment over time and Increment 
         "score_T3": 1
     }
     ### Example End ###""",
-    'ocr': """Rubric: 
+    "ocr": """Rubric:\x20
     * Give a score of 1 if and only if the extracted answer and the ground truth answer are referring to the same \
 term. It's acceptable to have equivalent grammar or form (e.g., α and alpha; $R^2_{t,h,v,m}$ and R^2_t,h,v,m). If the \
 ground truth is a number, the extracted answer should be the number with the exact same value.
@@ -248,7 +249,7 @@ extracted number is different in value from the ground truth number.
         "score_T3": 1
     }
     ### Example End ###""",
-    'quant': """Rubric:
+    "quant": """Rubric:
     * Give a score of 1 if and only if the extracted answer and the ground truth answer are numbers with the exact \
 same value.
     * Give a score of 0 if the extracted answer is different in value from the ground truth answer.
@@ -276,7 +277,7 @@ same value.
         "score_T3": 1
     }
     ### Example End ###""",
-    'bool': """Rubric:
+    "bool": """Rubric:
     * Give a score of 1 if and only if the extracted answer and the ground truth answer are the same.
     * Give a score of 0 if the extracted answer and the ground truth answer are different.
     * When ground truth answer is "Not Applicable", the response must express "Not Applicable" to receive a score of 1.
@@ -303,7 +304,7 @@ same value.
         "score_T3": 1
     }
     ### Example End ###""",
-    'enum': """Rubric:
+    "enum": """Rubric:
     * Give a score of 1 if and only if the extracted answer and the ground truth answer are referring to the same \
 term. It's acceptable to have equivalent grammar or form (e.g., α and alpha; $R^2_{t,h,v,m}$ and R^2_t,h,v,m). The \
 order of the terms must be the same.
@@ -333,7 +334,7 @@ order of the terms is different.
         "score_T3": 1
     }
     ### Example End ###""",
-    'trend': """Rubric:
+    "trend": """Rubric:
     * Give a score of 1 if and only if the extracted answer and the ground truth answer share the same general trend.
     * Give a score of 0 if the extracted answer and the ground truth answer are different in trend expression.
 
@@ -359,7 +360,7 @@ order of the terms is different.
         "score_T3": 0
     }
     ### Example End ###""",
-    'layout': """Rubric:
+    "layout": """Rubric:
     * Give a score of 1 if and only if the extracted answer and the ground truth answer are the same in terms of the \
 number of rows and columns (e.g., n by m).
     * Give a score of 0 if the extracted answer is different from the ground truth answer.

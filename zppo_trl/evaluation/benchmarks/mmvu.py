@@ -35,7 +35,7 @@ MMVU_TEMPLATE = (
     + _OPTIONS_SECTION
     + "## Ground Truth Answer\n{{ ground_truth }}\n\n"
     "## Model's Full Response\n{{ model_response }}\n\n"
-    'Output ONLY a valid JSON object with exactly this format (no prose, no code fences, no trailing '
+    "Output ONLY a valid JSON object with exactly this format (no prose, no code fences, no trailing "
     'commentary): {"verdict": "correct" or "wrong"}'
 )
 

@@ -54,7 +54,12 @@ def _ocr_box(text: str) -> list[int] | None:
 def _ocrbench():
     """`ocrbench_v2_metrics`, once the ``eval`` extra's packages it imports on use are there."""
     try:
-        import apted, jieba, lxml, nltk, zss  # noqa: F401, E401  (the metrics import them on use)
+        # the metrics import them on use
+        import apted  # noqa: F401
+        import jieba  # noqa: F401
+        import lxml  # noqa: F401
+        import nltk  # noqa: F401
+        import zss  # noqa: F401
     except ImportError as err:
         raise ImportError(f"OCRBench v2's structured task types need the zppo-trl[eval] extra ({err})") from err
     return ocrbench_v2_metrics
@@ -118,7 +123,9 @@ def ocrbench_v2_score(predict: str, row: Mapping[str, Any], spec: TaskSpec | Non
                 try:
                     target = int(gold)
                 except ValueError:
-                    raise ValueError(f"{spec.name}: regression gold {answer!r} in 'answers' is not an integer") from None
+                    raise ValueError(
+                        f"{spec.name}: regression gold {answer!r} in 'answers' is not an integer"
+                    ) from None
                 digits = number.group().lstrip("0") if number else ""  # no number, or 0: score 0
                 score = 0.0
                 # Longer than 2 * target means out of range (and int() refuses > 4300 digits).
@@ -190,7 +197,9 @@ def ocrbench_v2_score(predict: str, row: Mapping[str, Any], spec: TaskSpec | Non
             boxes = row.get("bbox")
         texts = row.get("content")
         if boxes is None or texts is None:
-            raise ValueError(f"{spec.name}: {task!r} row needs gold boxes ('bbox_list' or 'bbox') and texts ('content')")
+            raise ValueError(
+                f"{spec.name}: {task!r} row needs gold boxes ('bbox_list' or 'bbox') and texts ('content')"
+            )
         ob = _ocrbench()  # no gold box or text: the protocol scores 0, as upstream
         predicted = ob.spotting_boxes(predict)
         return (ob.spotting(predicted, boxes, [str(t) for t in texts]) if predicted else 0.0), f"ocrbench:{task}"

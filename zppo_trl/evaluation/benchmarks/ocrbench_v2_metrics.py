@@ -143,7 +143,9 @@ def teds(pred_html: str, gold_html: str, structure_only: bool = False) -> float:
     n_nodes = max(len(pred.xpath(".//*")), len(gold.xpath(".//*")))
     if n_nodes == 0:
         return 0.0
-    distance = APTED(_table_tree(pred, structure_only), _table_tree(gold, structure_only), _teds_config()).compute_edit_distance()
+    distance = APTED(
+        _table_tree(pred, structure_only), _table_tree(gold, structure_only), _teds_config()
+    ).compute_edit_distance()
     return 1.0 - float(distance) / n_nodes
 
 
@@ -171,7 +173,7 @@ def markdown_table_to_html(markdown: str) -> str:
     ends (so a trailing word like "known" goes too); the second line is dropped whatever it is; the
     cells are the ``|``-separated parts between the first and last ``|`` of each row, stripped, a
     cell of spaces only kept as one space; cell text goes into the HTML unescaped."""
-    markdown = markdown.strip("```markdown").strip("```").strip()
+    markdown = markdown.strip("```markdown").strip("```").strip()  # noqa: B005 (upstream quirk, above)
     lines = markdown.split("\n")
     rows = []
     for line in [lines[0], *lines[2:]]:
@@ -381,7 +383,7 @@ def kie_combinations(gold: Any) -> list[dict]:
     """
     if isinstance(gold, Mapping):
         keys = list(gold)
-        return [dict(zip(keys, values)) for values in product(*(gold[key] for key in keys))]
+        return [dict(zip(keys, values, strict=False)) for values in product(*(gold[key] for key in keys))]
     text = str(gold).strip('"')
     try:
         parsed = json.loads(text)
@@ -396,7 +398,7 @@ def kie_combinations(gold: Any) -> list[dict]:
         raise ValueError(f"key information gold does not parse to a dict: {text[:80]!r}")
     keys = list(parsed)
     value_lists = [parsed[key] if isinstance(parsed[key], list) else [parsed[key]] for key in keys]
-    return [dict(zip(keys, values)) for values in product(*value_lists)]
+    return [dict(zip(keys, values, strict=False)) for values in product(*value_lists)]
 
 
 def kie_f1(pred: Mapping[str, Any], gold: Mapping[str, Any]) -> float:
@@ -406,6 +408,7 @@ def kie_f1(pred: Mapping[str, Any], gold: Mapping[str, Any]) -> float:
     is None (or missing) on both sides is skipped; no keys at all scores 0.
     ValueError where a gold value is a non-empty non-string (upstream fails calling ``.lower()``).
     """
+
     def norm(value: Any) -> Any:
         if not value:  # upstream normalises only truthy values ('' stays '', None stays None)
             return value
@@ -553,6 +556,7 @@ def ocr_text_score(pred: str, gold: str) -> float:
 def ocr_vqa(predict: str, answers: Sequence[str], *, lower: bool, chinese: bool) -> float:
     """`vqa_evaluation` / `vqa_evaluation_case_sensitive` / `cn_vqa_evaluation`: short answers by
     containment, long ones (>= 5 words; >= 4 comma parts in Chinese) by ANLS kept at >= 0.5."""
+
     def clean(text: str) -> str:
         text = text.strip().replace("\n", " ")  # (upstream strips before \n -> " ")
         text = text.lower() if lower else text
@@ -671,7 +675,9 @@ def _transcription_match(gold: str, det: str) -> bool:
     return gold[0] in _SPECIAL and gold[-1] in _SPECIAL and gold[1:-1] == det
 
 
-def spotting(predictions: Sequence[Sequence[Any]], gold_boxes: Sequence[Sequence[int]], gold_texts: Sequence[str]) -> float:
+def spotting(
+    predictions: Sequence[Sequence[Any]], gold_boxes: Sequence[Sequence[int]], gold_texts: Sequence[str]
+) -> float:
     """Text spotting (``eval.py``, "text spotting en"): ``spotting_metric.py:spotting_evaluation``,
     which runs the ICDAR 2015 end-to-end protocol (``spotting_eval/script.py``, IOU_CONSTRAINT 0.5,
     no word-spotting filter) on this one image and returns its h-mean.
@@ -694,7 +700,7 @@ def spotting(predictions: Sequence[Sequence[Any]], gold_boxes: Sequence[Sequence
             continue
         dets.append(((x1, y1, x2, y2), _rrc_transcription(str(text))))
     golds = []
-    for box, text in zip(gold_boxes, gold_texts):
+    for box, text in zip(gold_boxes, gold_texts, strict=False):
         values = list(box)
         if not values or len(values) % 2 or any(isinstance(v, bool) or int(v) != v for v in values):
             raise ValueError(f"text spotting gold box {box!r} is not an even number of integer coordinates")

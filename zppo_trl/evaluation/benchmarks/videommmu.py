@@ -42,7 +42,7 @@ def _videommmu_choice(response: str, options: Sequence[str]) -> str:
     by_text = False
     if not candidates and len(padded.split()) > 5:
         lowered = padded.lower()
-        candidates = [choice for choice, text in zip(choices, options) if str(text).lower() in lowered]
+        candidates = [choice for choice, text in zip(choices, options, strict=False) if str(text).lower() in lowered]
         by_text = bool(candidates)
     if not candidates:
         return "No Answer Found."
