@@ -741,7 +741,8 @@ def test_multichallenge_history_with_the_closer_on_the_final_user_turn():
 
 @pytest.mark.parametrize("name", ["GPQA-D", "MultiCh"])
 def test_a_condition_tag_sits_right_before_the_closer(name):
-    """Correction-SFT is evaluated under <correct> (alg:correctionsft): the tag, then the closer, last."""
+    """Correction-SFT is evaluated under <correct> (the paper's Correction-SFT algorithm): the tag, then the
+    closer, last."""
     (plain,) = build_requests(name, _row(name))
     (tagged,) = build_requests(name, _row(name), condition="<correct>")
     last = lambda request: (lambda c: c if isinstance(c, str) else c[-1]["text"])(request.messages[-1]["content"])  # noqa: E731

@@ -1,10 +1,11 @@
 """zppo_trl.evaluation.stats: unit behaviour, and the paper's bootstrap tables reproduced from its cells.
 
-The acceptance tests parse the printed one-decimal cells of `tab:main`, `tab:main_4b9b`,
-`tab:generalization` and `tab:generalization_4b9b` out of the paper source, rerun the
-bootstrap, and compare with `tab:appendix:ci_main` as parsed from the same file; the exact
-(enumerated) bootstrap is compared with `tab:appendix:ci_backbones` on the cells of
-`tab:appendix:backbone_families`. Nothing expected is copied into this file.
+The acceptance tests parse the printed one-decimal cells of the paper's main and
+generalization tables (both backbones; `RESULT_TABLES` holds their LaTeX labels) out of the
+paper source, rerun the bootstrap, and compare with the appendix table of bootstrap intervals
+for the main comparison, parsed from the same file; the exact (enumerated) bootstrap is
+compared with the appendix table of bootstrap intervals across backbones, on the cells of the
+backbone-families table. Nothing expected is copied into this file.
 """
 
 from __future__ import annotations

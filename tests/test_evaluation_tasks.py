@@ -1,7 +1,7 @@
 """The suite in zppo_trl.evaluation.tasks is the paper's: checked against the .tex at test time.
 
-The three benchmark tables of the appendix (`tab:appendix:vlm_benchmarks`, `..._llm_...`,
-`..._video_...`) and its "Decoding configuration" paragraph are parsed from the paper source,
+The three benchmark tables of the appendix (VLM, LLM and Video; their LaTeX labels are in
+`TABLES`) and its "Decoding configuration" paragraph are parsed from the paper source,
 so an edit to either the paper or SUITE that makes them disagree fails here.
 """
 

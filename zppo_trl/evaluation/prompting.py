@@ -32,8 +32,8 @@ Choices the paper leaves open, made here (each also commented where it is made):
   `SUBTITLES_HEADER` (wording ours); a video without a subtitle file gets `NO_SUBTITLES`.
 * A benchmark whose request is not a question with options (MultiChallenge's conversations)
   builds its own (`TaskSpec.request_builder`).
-* Video frames are sent as JPEG (quality 90): 32 PNG frames of an HD video make a request of
-  tens of megabytes, and the server downsizes every frame to ``max_pixels`` anyway.
+* Video frames are sent as JPEG (quality 90; docs/evaluation.md, "Notes on the
+  re-implementations", says why).
 """
 
 from __future__ import annotations

@@ -3,11 +3,13 @@
 Input is the ``results.json`` a run of ``zppo-eval run`` leaves in its run directory (scores in
 percent, one entry per setting that was run). Output is markdown in the paper's layout:
 
-* `comparison_table`: one table per family, as `tab:main` (the 16 VLM settings) and
-  `tab:generalization` (the 10 LLM and 5 Video blocks, each with its own Avg) print them: rows
+* `comparison_table`: one table per family, as the paper's main results table (the 16 VLM
+  settings) and its generalization table (the 10 LLM and 5 Video blocks, each with its own Avg)
+  print them: rows
   are runs, columns the settings in suite order and the family's macro average, the column
   maxima in bold (shared by ties), and a signed Δ row (last run minus the baseline).
-* `bootstrap_table`: the `tab:appendix:ci_main` layout, one row per family block, one column per
+* `bootstrap_table`: the layout of the paper's appendix table of bootstrap intervals for the
+  main comparison, one row per family block, one column per
   comparator, ``Δ [low, high] (wins/n)`` from `stats.paired_bootstrap_table`.
 * `family_plot`: grouped bars of the family macro averages.
 
@@ -336,7 +338,7 @@ def bootstrap_table(
     confidence: float = 0.95,
     settings: Sequence[str] | None = None,
 ) -> str:
-    """The paper's `tab:appendix:ci_main` for `runs`, as markdown.
+    """The paper's appendix table of bootstrap intervals (main comparison) for `runs`, as markdown.
 
     One row per family block, one column per run other than `target` (a run name; default the
     last run), each cell ``Δ [low, high] (wins/n)``: the paired macro-average delta target minus

