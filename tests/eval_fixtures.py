@@ -17,9 +17,10 @@ Schemas. Column names and types follow the upstream datasets: option lists vs. o
 the gold as an index, a letter or text, images as ``datasets.Image()`` (small drawn PIL
 images). Marked per builder: ``confirmed`` where the upstream dataset card's features were read
 for this module (DynaMath_Sample, OCRBench_v2, vlmsareblind, Video-MME); elsewhere the schema
-that `tasks.py` / `scorers.py` record (``# upstream`` there), with the remaining columns from
-the published dataset as remembered, marked ``assumed``. Every gold is consistent with its row,
-so a response built from the gold scores 1 on the setting's deterministic path.
+that the benchmark modules (`zppo_trl/evaluation/benchmarks/`) record (``# upstream`` there),
+with the remaining columns from the published dataset as remembered, marked ``assumed``. Every
+gold is consistent with its row, so a response built from the gold scores 1 on the setting's
+deterministic path.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ CONFIGS: dict[str, tuple[str, ...]] = {
 """The configs the fixture writes for the ``ALL_CONFIGS`` settings (sorted, as the loader lists them)."""
 
 OCR_TYPES: dict[str, tuple[tuple[str, str | None, list[str]], ...]] = {
-    # (type, eval, answers): task types scorers.ocrbench_v2_score implements
+    # (type, eval, answers): task types benchmarks.ocrbench_v2.ocrbench_v2_score implements
     "en": (
         ("text recognition en", None, ["HELLO"]),
         ("text counting en", "regression", ["5"]),
@@ -102,12 +103,16 @@ def _options(i: int, count: int = 4) -> list[str]:
 # Each builder returns ``(rows, features)`` for one table (features None: a JSON-lines table).
 
 
-def _ai2d(i: int, config, split):  # lmms-lab/ai2d: answer is the option index, as a string (scorers: "index")
-    return {"question": f"Which shape is in diagram {i}?", "options": _options(i), "answer": str(i % 4), "image": _image(i)}, \
-        {"question": _S, "options": _STRS, "answer": _S, "image": _IMG}
+def _ai2d(i: int, config, split):  # lmms-lab/ai2d: answer is the option index, as a string (gold_form "index")
+    return {
+        "question": f"Which shape is in diagram {i}?",
+        "options": _options(i),
+        "answer": str(i % 4),
+        "image": _image(i),
+    }, {"question": _S, "options": _STRS, "answer": _S, "image": _IMG}
 
 
-def _babyv(i: int, config, split):  # assumed beyond tasks.py's columns; ansType picks the filled answer column
+def _babyv(i: int, config, split):  # assumed beyond the spec's columns; ansType picks the filled answer column
     choice = i % 2 == 0
     row = {
         "taskId": i, "type": "Fine-grained Discrimination", "subtype": "Find the different",
@@ -119,7 +124,7 @@ def _babyv(i: int, config, split):  # assumed beyond tasks.py's columns; ansType
                  "ansType": _S, "choiceAns": _I64, "blankAns": _S}  # fmt: skip
 
 
-def _charxiv(i: int, config, split):  # descriptive_q<k>: template ids 1..19; reasoning_a_type 1..4 (judges.py)
+def _charxiv(i: int, config, split):  # descriptive_q<k>: template ids 1..19; reasoning_a_type 1..4 (charxiv.py)
     row = {"image": _image(i), "category": "cs", "figure_path": f"images/{i}.jpg",
            "reasoning_q": f"Which curve peaks first in chart {i}?", "reasoning_q_source": 1 + i % 3,
            "reasoning_a": f"curve {i}", "reasoning_a_type": 1 + i % 4}  # fmt: skip
@@ -136,15 +141,26 @@ def _charxiv(i: int, config, split):  # descriptive_q<k>: template ids 1..19; re
 def _dynamath(i: int, config, split):  # confirmed (dataset card): id is a string, one row per seed in each split
     variant = int(split.removeprefix("sample_variant"))
     kind = ("multiple choice", "float", "free form")[i % 3]
-    gold = {"multiple choice": _LETTERS[(i + variant) % 4], "float": f"{i + variant}.5", "free form": str(10 * i + variant)}[kind]
-    row = {"id": str(i + 1), "question": f"Seed {i + 1}, variant {variant}: read the plot.", "image": f"images/{split}image{i + 1}.png",
-           "decoded_image": _image(i + variant), "ground_truth": gold, "answer_type": kind,
-           "subject": "graph theory", "knowledge_level": "undergraduate"}  # fmt: skip
+    gold = {
+        "multiple choice": _LETTERS[(i + variant) % 4],
+        "float": f"{i + variant}.5",
+        "free form": str(10 * i + variant),
+    }[kind]
+    row = {
+        "id": str(i + 1),
+        "question": f"Seed {i + 1}, variant {variant}: read the plot.",
+        "image": f"images/{split}image{i + 1}.png",
+        "decoded_image": _image(i + variant),
+        "ground_truth": gold,
+        "answer_type": kind,
+        "subject": "graph theory",
+        "knowledge_level": "undergraduate",
+    }
     return row, {"id": _S, "question": _S, "image": _S, "decoded_image": _IMG, "ground_truth": _S, "answer_type": _S,
                  "subject": _S, "knowledge_level": _S}  # fmt: skip
 
 
-def _embspatial(i: int, config, split):  # answer indexes answer_options (scorers: "index", assumed there)
+def _embspatial(i: int, config, split):  # answer indexes answer_options (gold_form "index", assumed there)
     row = {"question_id": f"mp3d_{i}", "question": f"Where is the chair in scene {i}?", "answer_options": _options(i),
            "answer": i % 4, "image": _image(i), "relation": "left", "data_source": "mp3d"}  # fmt: skip
     return row, {"question_id": _S, "question": _S, "answer_options": _STRS, "answer": _I64, "image": _IMG,
@@ -152,30 +168,82 @@ def _embspatial(i: int, config, split):  # answer indexes answer_options (scorer
 
 
 def _infovqa(i: int, config, split):  # lmms-lab/DocVQA InfographicVQA: answers is the accepted-strings list
-    row = {"questionId": str(9000 + i), "question": f"What share voted in region {i}?", "answers": [f"{20 + i}%", f"{20 + i} percent"],
-           "answer_type": ["single span"], "image": _image(i), "image_url": f"https://example.org/{i}.png",
-           "operation/reasoning": [], "ocr": "[]", "data_split": "val"}  # fmt: skip
-    return row, {"questionId": _S, "question": _S, "answers": _STRS, "answer_type": _STRS, "image": _IMG, "image_url": _S,
-                 "operation/reasoning": _STRS, "ocr": _S, "data_split": _S}  # fmt: skip
+    row = {
+        "questionId": str(9000 + i),
+        "question": f"What share voted in region {i}?",
+        "answers": [f"{20 + i}%", f"{20 + i} percent"],
+        "answer_type": ["single span"],
+        "image": _image(i),
+        "image_url": f"https://example.org/{i}.png",
+        "operation/reasoning": [],
+        "ocr": "[]",
+        "data_split": "val",
+    }
+    return row, {
+        "questionId": _S,
+        "question": _S,
+        "answers": _STRS,
+        "answer_type": _STRS,
+        "image": _IMG,
+        "image_url": _S,
+        "operation/reasoning": _STRS,
+        "ocr": _S,
+        "data_split": _S,
+    }
 
 
-def _mathverse(i: int, config, split):  # CaraJ/MathVerse-lmmseval testmini (assumed beyond tasks.py's columns)
+def _mathverse(i: int, config, split):  # CaraJ/MathVerse-lmmseval testmini (assumed beyond the spec's columns)
     choice = i % 2 == 0
-    row = {"sample_index": str(i + 1), "problem_index": str(i // 5 + 1), "problem_version": "Text Dominant",
-           "question": f"Find the angle in figure {i}." + (" Choices: A:30 B:45 C:60 D:90" if choice else ""),
-           "image": _image(i), "answer": _LETTERS[i % 4] if choice else str(30 + i),
-           "question_type": "multi-choice" if choice else "free-form", "query_wo": "", "query_cot": "", "question_for_eval": ""}  # fmt: skip
-    return row, {"sample_index": _S, "problem_index": _S, "problem_version": _S, "question": _S, "image": _IMG, "answer": _S,
-                 "question_type": _S, "query_wo": _S, "query_cot": _S, "question_for_eval": _S}  # fmt: skip
+    row = {
+        "sample_index": str(i + 1),
+        "problem_index": str(i // 5 + 1),
+        "problem_version": "Text Dominant",
+        "question": f"Find the angle in figure {i}." + (" Choices: A:30 B:45 C:60 D:90" if choice else ""),
+        "image": _image(i),
+        "answer": _LETTERS[i % 4] if choice else str(30 + i),
+        "question_type": "multi-choice" if choice else "free-form",
+        "query_wo": "",
+        "query_cot": "",
+        "question_for_eval": "",
+    }
+    return row, {
+        "sample_index": _S,
+        "problem_index": _S,
+        "problem_version": _S,
+        "question": _S,
+        "image": _IMG,
+        "answer": _S,
+        "question_type": _S,
+        "query_wo": _S,
+        "query_cot": _S,
+        "question_for_eval": _S,
+    }
 
 
 def _mathvision(i: int, config, split):  # answer: the letter when options is non-empty, else the value
     choice = i % 2 == 0
-    row = {"id": str(i + 1), "question": f"How many triangles are in figure {i}?", "options": _options(i, 5) if choice else [],
-           "image": f"images/{i + 1}.jpg", "decoded_image": _image(i), "answer": _LETTERS[i % 5] if choice else str(3 + i),
-           "solution": None, "level": 1 + i % 5, "subject": "counting"}  # fmt: skip
-    return row, {"id": _S, "question": _S, "options": _STRS, "image": _S, "decoded_image": _IMG, "answer": _S,
-                 "solution": _S, "level": _I64, "subject": _S}  # fmt: skip
+    row = {
+        "id": str(i + 1),
+        "question": f"How many triangles are in figure {i}?",
+        "options": _options(i, 5) if choice else [],
+        "image": f"images/{i + 1}.jpg",
+        "decoded_image": _image(i),
+        "answer": _LETTERS[i % 5] if choice else str(3 + i),
+        "solution": None,
+        "level": 1 + i % 5,
+        "subject": "counting",
+    }
+    return row, {
+        "id": _S,
+        "question": _S,
+        "options": _STRS,
+        "image": _S,
+        "decoded_image": _IMG,
+        "answer": _S,
+        "solution": _S,
+        "level": _I64,
+        "subject": _S,
+    }
 
 
 # The gold of a multi_choice row is the choice text. Never the first choice: MathVista's rule maps
@@ -193,11 +261,17 @@ def _mathvista(i: int, config, split):
                  "precision": _F64, "answer": _S, "question_type": _S, "answer_type": _S, "query": _S}  # fmt: skip
 
 
-def _mmmu_pro(i: int, config, split):  # options is the string repr of a list (scorers: _as_list); answer a letter
+def _mmmu_pro(i: int, config, split):  # options is the string repr of a list (metrics.as_list); answer a letter
     count = 10 if "10" in config else 4
     options = str(_options(i, count))
     if config == "vision":  # the question is rendered inside the image: no question, no image_<i> columns
-        row = {"id": f"test_Art_{i}", "image": _image(i), "options": options, "answer": _LETTERS[i % count], "subject": "Art"}
+        row = {
+            "id": f"test_Art_{i}",
+            "image": _image(i),
+            "options": options,
+            "answer": _LETTERS[i % count],
+            "subject": "Art",
+        }
         return row, {"id": _S, "image": _IMG, "options": _S, "answer": _S, "subject": _S}
     row = {"id": f"test_Art_{i}", "question": f"<image 1> Which style is shown in work {i}?", "options": options,
            "explanation": "", "img_type": "['Paintings']", "answer": _LETTERS[i % count],
@@ -212,15 +286,32 @@ def _mmmu_pro(i: int, config, split):  # options is the string repr of a list (s
 def _mmvet(i: int, config, split):  # the answer may hold <AND>/<OR>; capability assumed a list of strings
     row = {"question_id": f"v1_{i}", "image": _image(i), "question": f"What is written on sign {i}?",
            "answer": f"STOP<OR>stop {i}", "image_source": "web", "capability": ["ocr", "rec"]}  # fmt: skip
-    return row, {"question_id": _S, "image": _IMG, "question": _S, "answer": _S, "image_source": _S, "capability": _STRS}
+    return row, {
+        "question_id": _S,
+        "image": _IMG,
+        "question": _S,
+        "answer": _S,
+        "image_source": _S,
+        "capability": _STRS,
+    }
 
 
 def _ocrbench(i: int, config, split):  # confirmed (dataset card); rows alternate English / Chinese task types
     language = ("en", "cn")[i % 2]
     kinds = OCR_TYPES[language]
     task, method, answers = kinds[(i // 2) % len(kinds)]
-    row = {"id": i, "dataset_name": "fixture", "question": f"Read the text in image {i}.", "type": task,
-           "answers": answers, "image": _image(i), "eval": method, "bbox": [], "bbox_list": [], "content": []}  # fmt: skip
+    row = {
+        "id": i,
+        "dataset_name": "fixture",
+        "question": f"Read the text in image {i}.",
+        "type": task,
+        "answers": answers,
+        "image": _image(i),
+        "eval": method,
+        "bbox": [],
+        "bbox_list": [],
+        "content": [],
+    }
     return row, {"id": datasets.Value("int32"), "dataset_name": _S, "question": _S, "type": _S, "answers": _STRS,
                  "image": _IMG, "eval": _S, "bbox": datasets.List(datasets.Value("int32")),
                  "bbox_list": datasets.List(datasets.List(datasets.Value("int32"))), "content": _STRS}  # fmt: skip
@@ -246,8 +337,18 @@ def _wemath(i: int, config, split):  # option is one string "A. ...; B. ..."; im
            "question": f"What is the area of rectangle {i}?", "option": "A. 6; B. 8; C. 12; D. 24",
            "answer": _LETTERS[i % 4], "image_path": _image(i), "key": "1", "question number": i + 1,
            "knowledge concept description": "length times width"}  # fmt: skip
-    return row, {"ID": _S, "split": _S, "knowledge concept": _S, "question": _S, "option": _S, "answer": _S,
-                 "image_path": _IMG, "key": _S, "question number": _I64, "knowledge concept description": _S}  # fmt: skip
+    return row, {
+        "ID": _S,
+        "split": _S,
+        "knowledge concept": _S,
+        "question": _S,
+        "option": _S,
+        "answer": _S,
+        "image_path": _IMG,
+        "key": _S,
+        "question number": _I64,
+        "knowledge concept description": _S,
+    }
 
 
 def _aime25(i: int, config, split):  # opencompass/AIME2025 ships JSON lines of question/answer strings
@@ -268,34 +369,69 @@ def _ceval(i: int, config, split):  # one column per option (A..D), the answer a
 
 
 def _gpqa(i: int, config, split):  # upstream is a CSV of string columns; the correct text is a column of its own
-    row = {"Record ID": f"rec{i}", "Question": f"Which particle mediates force {i}?", "Correct Answer": f"boson {i}",
-           "Incorrect Answer 1": f"lepton {i}", "Incorrect Answer 2": f"quark {i}", "Incorrect Answer 3": f"hadron {i}",
-           "Explanation": "", "Subdomain": "Physics (general)", "High-level domain": "Physics"}  # fmt: skip
+    row = {
+        "Record ID": f"rec{i}",
+        "Question": f"Which particle mediates force {i}?",
+        "Correct Answer": f"boson {i}",
+        "Incorrect Answer 1": f"lepton {i}",
+        "Incorrect Answer 2": f"quark {i}",
+        "Incorrect Answer 3": f"hadron {i}",
+        "Explanation": "",
+        "Subdomain": "Physics (general)",
+        "High-level domain": "Physics",
+    }
     return row, {key: _S for key in row}
 
 
 def _hle(i: int, config, split):  # image: a base64 data URI string, "" on text-only rows (upstream)
-    row = {"id": f"hle{i}", "question": f"State the exact value of constant {i}.", "image": _data_uri(_image(i)) if i % 2 == 0 else "",
-           "answer": str(i + 1), "answer_type": "exactMatch", "author_name": "fixture", "rationale": "",
-           "raw_subject": "Mathematics", "category": "Math", "canary": ""}  # fmt: skip
+    row = {
+        "id": f"hle{i}",
+        "question": f"State the exact value of constant {i}.",
+        "image": _data_uri(_image(i)) if i % 2 == 0 else "",
+        "answer": str(i + 1),
+        "answer_type": "exactMatch",
+        "author_name": "fixture",
+        "rationale": "",
+        "raw_subject": "Mathematics",
+        "category": "Math",
+        "canary": "",
+    }
     return row, {key: _S for key in row}
 
 
 def _imo(i: int, config, split):  # OpenEvals/IMO-AnswerBench: capitalised column names with spaces
-    row = {"Problem ID": f"imo-bench-algebra-{i:03d}", "Problem": f"Find all n such that n^2 = {(i + 2) ** 2}.",
-           "Short Answer": str(i + 2), "Category": "Algebra", "Subcategory": "Equations", "Source": "fixture"}  # fmt: skip
+    row = {
+        "Problem ID": f"imo-bench-algebra-{i:03d}",
+        "Problem": f"Find all n such that n^2 = {(i + 2) ** 2}.",
+        "Short Answer": str(i + 2),
+        "Category": "Algebra",
+        "Subcategory": "Equations",
+        "Source": "fixture",
+    }
     return row, {key: _S for key in row}
 
 
 def _mmlu(i: int, config, split):  # cais/mmlu: answer is a ClassLabel (the option index)
-    row = {"question": f"Which statement about topic {i} is true?", "subject": "abstract_algebra", "choices": _options(i),
-           "answer": i % 4}  # fmt: skip
+    row = {
+        "question": f"Which statement about topic {i} is true?",
+        "subject": "abstract_algebra",
+        "choices": _options(i),
+        "answer": i % 4,
+    }
     return row, {"question": _S, "subject": _S, "choices": _STRS, "answer": datasets.ClassLabel(names=list("ABCD"))}
 
 
 def _mmlu_pro(i: int, config, split):  # TIGER-Lab/MMLU-Pro: answer letter and answer_index, up to 10 options
-    row = {"question_id": i, "question": f"Which law applies in case {i}?", "options": _options(i, 10),
-           "answer": _LETTERS[i % 10], "answer_index": i % 10, "cot_content": "", "category": "law", "src": "fixture"}  # fmt: skip
+    row = {
+        "question_id": i,
+        "question": f"Which law applies in case {i}?",
+        "options": _options(i, 10),
+        "answer": _LETTERS[i % 10],
+        "answer_index": i % 10,
+        "cot_content": "",
+        "category": "law",
+        "src": "fixture",
+    }
     return row, {"question_id": _I64, "question": _S, "options": _STRS, "answer": _S, "answer_index": _I64,
                  "cot_content": _S, "category": _S, "src": _S}  # fmt: skip
 
@@ -307,7 +443,7 @@ def _mmlu_redux(i: int, config, split):  # answer: the index into choices
                  "correct_answer": _S, "potential_reason": _S}  # fmt: skip
 
 
-def _multich(i: int, config, split):  # lower-cased columns as tasks.py assumes; conversation: role/content turns
+def _multich(i: int, config, split):  # lower-cased columns as its spec assumes; conversation: role/content turns
     row = {"question_id": f"q{i}", "axis": ("INSTRUCTION_RETENTION", "SELF_COHERENCE")[i % 2],
            "conversation": [{"role": "user", "content": f"Always answer in French. Question {i}?"},
                             {"role": "assistant", "content": "D'accord."},
@@ -334,20 +470,42 @@ def _mvbench(i: int, config, split):  # the gold is the candidate text (the MVBe
 
 
 def _videomme(i: int, config, split):  # confirmed (dataset card); options read "A. ...", the answer a letter
-    row = {"video_id": f"{i + 1:03d}", "duration": "short", "domain": "Knowledge", "sub_category": "Humanity & History",
-           "url": f"https://www.youtube.com/watch?v=vid{i:05d}", "videoID": f"vid{i:05d}", "question_id": f"{i + 1:03d}-1",
-           "task_type": "Counting Problem", "question": f"How many squares appear in video {i}?",
-           "options": [f"{letter}. {k + 1}" for k, letter in enumerate("ABCD")], "answer": _LETTERS[i % 4]}  # fmt: skip
+    row = {
+        "video_id": f"{i + 1:03d}",
+        "duration": "short",
+        "domain": "Knowledge",
+        "sub_category": "Humanity & History",
+        "url": f"https://www.youtube.com/watch?v=vid{i:05d}",
+        "videoID": f"vid{i:05d}",
+        "question_id": f"{i + 1:03d}-1",
+        "task_type": "Counting Problem",
+        "question": f"How many squares appear in video {i}?",
+        "options": [f"{letter}. {k + 1}" for k, letter in enumerate("ABCD")],
+        "answer": _LETTERS[i % 4],
+    }
     return row, {key: _STRS if key == "options" else _S for key in row}
 
 
 def _videommmu(i: int, config, split):  # the video file is named after id; answer a letter (MC) or a value
     choice = i % 2 == 0
-    row = {"id": f"{config}_Art_{i}", "question": f"What does lecture {i} derive?", "options": _options(i, 5) if choice else [],
-           "answer": _LETTERS[i % 5] if choice else str(12 + i), "link_selected": "", "image": None,
-           "question_type": "multiple-choice" if choice else "open"}  # fmt: skip
-    return row, {"id": _S, "question": _S, "options": _STRS, "answer": _S, "link_selected": _S, "image": _IMG,
-                 "question_type": _S}  # fmt: skip
+    row = {
+        "id": f"{config}_Art_{i}",
+        "question": f"What does lecture {i} derive?",
+        "options": _options(i, 5) if choice else [],
+        "answer": _LETTERS[i % 5] if choice else str(12 + i),
+        "link_selected": "",
+        "image": None,
+        "question_type": "multiple-choice" if choice else "open",
+    }
+    return row, {
+        "id": _S,
+        "question": _S,
+        "options": _STRS,
+        "answer": _S,
+        "link_selected": _S,
+        "image": _IMG,
+        "question_type": _S,
+    }
 
 
 _BUILDERS: dict[str, Callable[[int, Any, str], tuple[dict, dict | None]]] = {
@@ -477,6 +635,7 @@ def write_fixture(name: str, root: str | Path, rows: int = 3) -> Path:
 
 
 def write_suite(root: str | Path, names: Iterable[str] | None = None, rows: int = 3) -> dict[str, Path]:
-    """Write the fixtures of ``names`` (default: all 31 settings), each under ``<root>/<name>``; returns name -> root."""
+    """Write the fixtures of ``names`` (default: all 31 settings), each under ``<root>/<name>``;
+    returns name -> root."""
     root = Path(root)
     return {name: write_fixture(name, root / name, rows) for name in (names if names is not None else SUITE)}

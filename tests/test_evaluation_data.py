@@ -64,7 +64,7 @@ def test_every_setting_loads_its_named_fields(name, suite, loaded):
         missing = [column for column in [*required, *any_images] if column not in row]
         assert not missing, f"{name}: row {row['_id']} lacks {missing}"
         prefix = f"{row['_config']}/{row['_split']}/" if spec.subset is not None else f"{row['_split']}/"
-        assert row["_id"].startswith(prefix) and row["_id"][len(prefix):].isdigit()
+        assert row["_id"].startswith(prefix) and row["_id"][len(prefix) :].isdigit()
         assert "#" not in row["_id"]  # the runner's item keys split on it
     assert len({row["_id"] for row in rows}) == len(rows)
     if spec.video_field is not None:
@@ -73,7 +73,9 @@ def test_every_setting_loads_its_named_fields(name, suite, loaded):
         assert all(row["_subtitle_path"] and Path(row["_subtitle_path"]).read_text().startswith("1\n") for row in rows)
 
 
-@pytest.mark.parametrize("name", [name for name, spec in SUITE.items() if isinstance(spec.image_field, str) and name != "HLE"])
+@pytest.mark.parametrize(
+    "name", [name for name, spec in SUITE.items() if isinstance(spec.image_field, str) and name != "HLE"]
+)
 def test_image_columns_come_back_as_pil_images(name, suite, loaded):
     rows = _rows(name, suite, loaded)
     column = SUITE[name].image_field
@@ -95,7 +97,9 @@ def test_mmmu_pro_configs_fill_the_columns_they_lack_by_design(suite, loaded):
     vision = [row for row in rows if row["_config"] == "vision"]
     standard = [row for row in rows if row["_config"] != "vision"]
     assert all(row["question"] is None and _is_image(row["image"]) and row["image_1"] is None for row in vision)
-    assert all(isinstance(row["question"], str) and _is_image(row["image_1"]) and row["image"] is None for row in standard)
+    assert all(
+        isinstance(row["question"], str) and _is_image(row["image_1"]) and row["image"] is None for row in standard
+    )
 
 
 def _correct_response(name: str, row: dict) -> str:
@@ -237,7 +241,9 @@ def test_missing_local_sources_are_clear_errors(tmp_path, suite):
         load_setting("AI2D", "data/ai2d.parquet")  # path-like, not an org/name Hub id
     with pytest.raises(ValueError, match="is a file; expected a folder"):
         load_setting("AI2D", suite["AI2D"] / "test.parquet")
-    with pytest.raises(FileNotFoundError, match=r"AI2D: no data file for config None, split 'test': expected .*test\.parquet"):
+    with pytest.raises(
+        FileNotFoundError, match=r"AI2D: no data file for config None, split 'test': expected .*test\.parquet"
+    ):
         load_setting("AI2D", tmp_path)  # exists, but holds no split file
     with pytest.raises(FileNotFoundError, match="CEval: .* has no config folder holding val"):
         load_setting("CEval", tmp_path)
@@ -259,10 +265,17 @@ def test_hub_ids_go_through_datasets_load_dataset(monkeypatch, suite):
         return real_load("parquet", data_files=str(suite["CEval"] / name / f"{split}.parquet"), split="train")
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
-    monkeypatch.setattr(datasets, "get_dataset_config_names", lambda path, **kwargs: ["high_school_physics", "computer_network"])
+    monkeypatch.setattr(
+        datasets, "get_dataset_config_names", lambda path, **kwargs: ["high_school_physics", "computer_network"]
+    )
     rows = load_setting("CEval", max_samples=ROWS + 1)
-    assert calls == [("ceval/ceval-exam", "high_school_physics", "val"), ("ceval/ceval-exam", "computer_network", "val")]
-    assert [row["_id"] for row in rows] == [f"high_school_physics/val/{i}" for i in range(ROWS)] + ["computer_network/val/0"]
+    assert calls == [
+        ("ceval/ceval-exam", "high_school_physics", "val"),
+        ("ceval/ceval-exam", "computer_network", "val"),
+    ]
+    assert [row["_id"] for row in rows] == [f"high_school_physics/val/{i}" for i in range(ROWS)] + [
+        "computer_network/val/0"
+    ]
     calls.clear()
     load_setting("CEval", "someone/ceval-mirror")
     assert {path for path, _, _ in calls} == {"someone/ceval-mirror"}

@@ -7,24 +7,19 @@ import re
 import pytest
 
 from zppo_trl.evaluation import judges
-from zppo_trl.evaluation.judges import (
+from zppo_trl.evaluation.benchmarks import charxiv
+from zppo_trl.evaluation.benchmarks.charxiv import (
     CHARXIV_DESCRIPTIVE_RUBRICS,
     CHARXIV_DESCRIPTIVE_TEMPLATE,
     CHARXIV_REASONING_RULES,
     CHARXIV_REASONING_TEMPLATE,
-    HLE_TEMPLATE,
-    MMVET_TEMPLATE,
-    MMVU_TEMPLATE,
-    MULTICH_TEMPLATE,
-    JudgeScore,
     parse_charxiv,
-    parse_hle,
-    parse_mmvet,
-    parse_mmvu,
-    parse_multich,
-    render_bench_judge,
-    score_bench_judge,
 )
+from zppo_trl.evaluation.benchmarks.hle import HLE_TEMPLATE, parse_hle
+from zppo_trl.evaluation.benchmarks.mmvet import MMVET_TEMPLATE, parse_mmvet
+from zppo_trl.evaluation.benchmarks.mmvu import MMVU_TEMPLATE, parse_mmvu
+from zppo_trl.evaluation.benchmarks.multichallenge import MULTICH_TEMPLATE, parse_multich
+from zppo_trl.evaluation.judges import JudgeScore, render_bench_judge, score_bench_judge
 from zppo_trl.evaluation.tasks import SUITE
 
 # --------------------------------------------------------------------------------------------
@@ -133,7 +128,7 @@ def test_charxiv_rubric_bodies_are_complete():
     for body in CHARXIV_DESCRIPTIVE_RUBRICS.values():
         assert body.startswith("Rubric:") and "### Example End ###" in body
         assert not re.search(r"[\x00-\x08]", body)  # upstream's "\alpha"/"\beta" are not control characters here
-    assert set(judges.CHARXIV_RUBRIC_CLASS) == set(judges.CHARXIV_DESCRIPTIVE_QUESTIONS) == set(range(1, 20))
+    assert set(charxiv.CHARXIV_RUBRIC_CLASS) == set(charxiv.CHARXIV_DESCRIPTIVE_QUESTIONS) == set(range(1, 20))
 
 
 def _digest(value) -> str:
@@ -142,13 +137,13 @@ def _digest(value) -> str:
 
 def test_reconstructed_blocks_are_pinned():
     # The upstream evaluators are not reachable from CI. These digests were taken from constants
-    # that were checked equal to the upstream text at the commits cited in judges.py (after the
+    # that were checked equal to the upstream text at the commits cited in benchmarks/charxiv.py (after the
     # transformations stated there); an edit to a reconstructed block must be re-checked upstream.
     assert _digest(MMVET_TEMPLATE.split("\n")[4:11]) == "c0655cdda2209db8"  # the seven exemplar rows
     assert _digest({str(k): v for k, v in CHARXIV_REASONING_RULES.items()}) == "07bb4f0cd4135969"
     assert _digest(CHARXIV_DESCRIPTIVE_RUBRICS) == "08899187dc65a29b"
-    assert _digest({str(k): v for k, v in judges.CHARXIV_DESCRIPTIVE_QUESTIONS.items()}) == "b594cdcdf322bec9"
-    assert _digest({str(k): v for k, v in judges.CHARXIV_RUBRIC_CLASS.items()}) == "f5bb2eff87ab6147"
+    assert _digest({str(k): v for k, v in charxiv.CHARXIV_DESCRIPTIVE_QUESTIONS.items()}) == "b594cdcdf322bec9"
+    assert _digest({str(k): v for k, v in charxiv.CHARXIV_RUBRIC_CLASS.items()}) == "f5bb2eff87ab6147"
 
 
 # --------------------------------------------------------------------------------------------
@@ -159,14 +154,30 @@ PLACEHOLDER = re.compile(r"\{\{\s*\w+\s*\}\}")
 ROWS = {
     "MM-Vet": {"question": "What is x?", "answer": "-1<AND>-5", "capability": ["math"]},
     "HLE": {"question": "What is 6*7?", "answer": "42", "answer_type": "exactMatch", "image": ""},
-    "MultiCh": {"conversation": [], "pass_criteria": "YES", "target_question": "Does it avoid nuts?", "axis": "RECOLLECTION"},
-    "MMVU": {"question": "Which gas?", "answer": "B", "choices": {"A": "O2", "B": "CO2"}, "question_type": "multiple-choice"},
-    "CharXiv": {
-        "reasoning_q": "Which curve peaks first?", "reasoning_a": "red", "reasoning_a_type": 1, "reasoning_q_source": 1,
-        **{f"descriptive_q{i}": q for i, q in zip(range(1, 5), (1, 13, 16, 18))},
-        **{f"descriptive_a{i}": a for i, a in zip(range(1, 5), ("Loss curves", "A, B", "increases", "2 by 3"))},
+    "MultiCh": {
+        "conversation": [],
+        "pass_criteria": "YES",
+        "target_question": "Does it avoid nuts?",
+        "axis": "RECOLLECTION",
     },
-}  # fmt: skip
+    "MMVU": {
+        "question": "Which gas?",
+        "answer": "B",
+        "choices": {"A": "O2", "B": "CO2"},
+        "question_type": "multiple-choice",
+    },
+    "CharXiv": {
+        "reasoning_q": "Which curve peaks first?",
+        "reasoning_a": "red",
+        "reasoning_a_type": 1,
+        "reasoning_q_source": 1,
+        **{f"descriptive_q{i}": q for i, q in zip(range(1, 5), (1, 13, 16, 18), strict=False)},
+        **{
+            f"descriptive_a{i}": a
+            for i, a in zip(range(1, 5), ("Loss curves", "A, B", "increases", "2 by 3"), strict=False)
+        },
+    },
+}
 PARTS = {"CharXiv": ["reasoning", 1, 2, 3, 4]}
 
 
@@ -183,16 +194,25 @@ def test_rendering_fills_every_field_with_the_rows_values(name, part):
     expected = {
         "MM-Vet": ["What is x? | -1 <AND> -5 | my answer is \\boxed{7} | "],
         "HLE": ["[question]: What is 6*7?", "[correct_answer]: 42"],
-        "MultiCh": ["<CRITERIA>\nDoes it avoid nuts?\n</CRITERIA>", "<MODEL_RESPONSE>\nmy answer is \\boxed{7}\n</MODEL_RESPONSE>"],
+        "MultiCh": [
+            "<CRITERIA>\nDoes it avoid nuts?\n</CRITERIA>",
+            "<MODEL_RESPONSE>\nmy answer is \\boxed{7}\n</MODEL_RESPONSE>",
+        ],
         "MMVU": ["## Question\nWhich gas?", "## Options\nA: O2\nB: CO2", "## Ground Truth Answer\nB"],
     }.get(name)
     if name == "CharXiv" and part == "reasoning":
-        expected = ["* Question: Which curve peaks first?\n* Ground Truth: red\n* Response: my answer", CHARXIV_REASONING_RULES[1]]
+        expected = [
+            "* Question: Which curve peaks first?\n* Ground Truth: red\n* Response: my answer",
+            CHARXIV_REASONING_RULES[1],
+        ]
     elif name == "CharXiv":
         qid, answer = row[f"descriptive_q{part}"], row[f"descriptive_a{part}"]
-        rubric = CHARXIV_DESCRIPTIVE_RUBRICS[judges.CHARXIV_RUBRIC_CLASS[qid]]
-        question = judges.CHARXIV_DESCRIPTIVE_QUESTIONS[qid]
-        expected = [f"Overarching Question: {question}\n\n{rubric}\n\n", f"Ground Truth: {answer}\n\nRespond with ONLY"]
+        rubric = CHARXIV_DESCRIPTIVE_RUBRICS[charxiv.CHARXIV_RUBRIC_CLASS[qid]]
+        question = charxiv.CHARXIV_DESCRIPTIVE_QUESTIONS[qid]
+        expected = [
+            f"Overarching Question: {question}\n\n{rubric}\n\n",
+            f"Ground Truth: {answer}\n\nRespond with ONLY",
+        ]
     for text in expected:
         assert text in prompt, text
 
@@ -209,7 +229,10 @@ def test_mmvu_renders_one_branch_per_question_type():
     paragraph = "However, it should ONLY be considered correct"
     assert "## Options" in mcq and paragraph not in mcq
     assert "## Options" not in open_ended and paragraph in open_ended
-    assert "## Question\nWhich gas?\n\n## Ground Truth Answer\nPhotosynthesis\n\n## Model's Full Response\nr\n\n" in open_ended
+    assert (
+        "## Question\nWhich gas?\n\n## Ground Truth Answer\nPhotosynthesis\n\n## Model's Full Response\nr\n\n"
+        in open_ended
+    )
     with pytest.raises(ValueError, match="question_type"):
         render_bench_judge("MMVU", dict(ROWS["MMVU"], question_type="essay"), "r")
     with pytest.raises(ValueError, match="choices"):
@@ -309,7 +332,9 @@ def test_parse_multich_needs_a_yes_no_criterion():
     with pytest.raises(ValueError, match="pass_criteria"):
         parse_multich("YES", "maybe")
     assert score_bench_judge("MultiCh", ROWS["MultiCh"], "ok\nYES").score == 1.0
-    assert score_bench_judge("MultiCh", dict(ROWS["MultiCh"], pass_criteria="NO"), "ok\nYES") == JudgeScore(0.0, True, "YES")
+    assert score_bench_judge("MultiCh", dict(ROWS["MultiCh"], pass_criteria="NO"), "ok\nYES") == JudgeScore(
+        0.0, True, "YES"
+    )
 
 
 @pytest.mark.parametrize(
@@ -333,16 +358,29 @@ def _hle(**overrides):
 @pytest.mark.parametrize(
     "reply, score",
     [
-        (_hle(), 1.0), (_hle(correct="no", extracted_final_answer="None"), 0.0), (_hle(confidence=0), 1.0),
+        (_hle(), 1.0),
+        (_hle(correct="no", extracted_final_answer="None"), 0.0),
+        (_hle(confidence=0), 1.0),
         (_hle(confidence=100), 1.0),
-        (_hle(correct="Yes"), None), (_hle(correct=True), None), (_hle(correct="maybe"), None),
-        (_hle(confidence=101), None), (_hle(confidence="90%"), None), (_hle(confidence=90.5), None),
-        (_hle(confidence=True), None), (_hle(reasoning=...), None), (_hle(extra="x"), None),
+        (_hle(correct="Yes"), None),
+        (_hle(correct=True), None),
+        (_hle(correct="maybe"), None),
+        (_hle(confidence=101), None),
+        (_hle(confidence="90%"), None),
+        (_hle(confidence=90.5), None),
+        (_hle(confidence=True), None),
+        (_hle(reasoning=...), None),
+        (_hle(extra="x"), None),
         (_hle(extracted_final_answer=42), None),
-        ("```json\n" + _hle() + "\n```", None), ("correct: yes", None),
-        ('{"extracted_final_answer": "1", "extracted_final_answer": "2", "reasoning": "", "correct": "yes", "confidence": 1}', None),
+        ("```json\n" + _hle() + "\n```", None),
+        ("correct: yes", None),
+        (
+            '{"extracted_final_answer": "1", "extracted_final_answer": "2", "reasoning": "", "correct": "yes", '
+            '"confidence": 1}',
+            None,
+        ),
     ],
-)  # fmt: skip
+)
 def test_parse_hle(reply, score):
     result = parse_hle(reply)
     assert (result.score, result.parsed) == ((score, True) if score is not None else (0.0, False))
@@ -351,23 +389,45 @@ def test_parse_hle(reply, score):
 @pytest.mark.parametrize(
     "reply, score, extracted",
     [
-        ('{"extracted_answer": "b", "score": 1}', 1.0, "b"), ('{"extracted_answer": "", "score": 0}', 0.0, ""),
+        ('{"extracted_answer": "b", "score": 1}', 1.0, "b"),
+        ('{"extracted_answer": "", "score": 0}', 0.0, ""),
         ('{"extracted_answer": 1.5, "score": 1}', 1.0, "1.5"),
         ('{"extract_answer": "b", "score": 1}', None, None),  # upstream's prefix typo is not the paper's key
-        ('{"extracted_answer": "b", "score": 2}', None, None), ('{"extracted_answer": "b", "score": -1}', None, None),
-        ('{"extracted_answer": "b", "score": true}', None, None), ('{"extracted_answer": "b", "score": 1.0}', None, None),
-        ('{"extracted_answer": "b", "score": "1"}', None, None), ('{"extracted_answer": null, "score": 1}', None, None),
+        ('{"extracted_answer": "b", "score": 2}', None, None),
+        ('{"extracted_answer": "b", "score": -1}', None, None),
+        ('{"extracted_answer": "b", "score": true}', None, None),
+        ('{"extracted_answer": "b", "score": 1.0}', None, None),
+        ('{"extracted_answer": "b", "score": "1"}', None, None),
+        ('{"extracted_answer": null, "score": 1}', None, None),
         ('{"extracted_answer": "b", "score": 1, "note": "x"}', None, None),
-        ('{"extracted_answer_T1": "b", "score_T1": 1}', None, None), ("score: 1", None, None),
+        ('{"extracted_answer_T1": "b", "score_T1": 1}', None, None),
+        ("score: 1", None, None),
     ],
-)  # fmt: skip
+)
 def test_parse_charxiv(reply, score, extracted):
     result = parse_charxiv(reply)
     assert result == (JudgeScore(score, True, extracted) if score is not None else JudgeScore(0.0, False))
 
 
-GARBAGE = [None, "", " ", "garbage", "[" * 100_000, "{" * 50_000, '{"a": ' * 10_000, "1" * 10_000, "\x00\ud800", "{}", "[]",
-           "null", '"YES"', "0.5" * 1000, 7, b"0.5", ["YES"]]  # fmt: skip
+GARBAGE = [
+    None,
+    "",
+    " ",
+    "garbage",
+    "[" * 100_000,
+    "{" * 50_000,
+    '{"a": ' * 10_000,
+    "1" * 10_000,
+    "\x00\ud800",
+    "{}",
+    "[]",
+    "null",
+    '"YES"',
+    "0.5" * 1000,
+    7,
+    b"0.5",
+    ["YES"],
+]
 
 
 @pytest.mark.parametrize("name", judges.BENCH_JUDGE_SETTINGS)

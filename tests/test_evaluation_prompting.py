@@ -10,7 +10,7 @@ import pytest
 from PIL import Image, ImageStat
 
 from zppo_trl.evaluation import scorers
-from zppo_trl.evaluation.judges import CHARXIV_DESCRIPTIVE_QUESTIONS
+from zppo_trl.evaluation.benchmarks.charxiv import CHARXIV_DESCRIPTIVE_QUESTIONS
 from zppo_trl.evaluation.media import MediaError, load_image, read_subtitles, video_frames
 from zppo_trl.evaluation.prompting import (
     IMAGE_ONLY_QUESTION,
@@ -85,59 +85,155 @@ def _row(name: str, video: str | None = None, srt: str | None = None) -> dict:
     base = {"_id": f"{name}/test/0", "_config": None, "_split": "test"}
     rows = {
         "AI2D": {"question": "Which colour is the arrow?", "options": _OPTS, "answer": "2", "image": image},
-        "BabyV": {"question": "Which panel differs?", "options": _OPTS, "choiceAns": 1, "blankAns": None,
-                  "ansType": "choice", "image": image},
-        "CharXiv": {"reasoning_q": "Which line peaks first?", "reasoning_a": "blue", "image": image,
-                    "reasoning_q_source": 1, "reasoning_a_type": 1, "descriptive_q1": 1, "descriptive_a1": "T",
-                    "descriptive_q2": 2, "descriptive_a2": "x", "descriptive_q3": 18, "descriptive_a3": "1 by 2",
-                    "descriptive_q4": 10, "descriptive_a4": "3"},
-        "DynaM": {"question": "What is f(2)?", "ground_truth": "4", "decoded_image": image, "id": "7",
-                  "answer_type": "float"},
+        "BabyV": {
+            "question": "Which panel differs?",
+            "options": _OPTS,
+            "choiceAns": 1,
+            "blankAns": None,
+            "ansType": "choice",
+            "image": image,
+        },
+        "CharXiv": {
+            "reasoning_q": "Which line peaks first?",
+            "reasoning_a": "blue",
+            "image": image,
+            "reasoning_q_source": 1,
+            "reasoning_a_type": 1,
+            "descriptive_q1": 1,
+            "descriptive_a1": "T",
+            "descriptive_q2": 2,
+            "descriptive_a2": "x",
+            "descriptive_q3": 18,
+            "descriptive_a3": "1 by 2",
+            "descriptive_q4": 10,
+            "descriptive_a4": "3",
+        },
+        "DynaM": {
+            "question": "What is f(2)?",
+            "ground_truth": "4",
+            "decoded_image": image,
+            "id": "7",
+            "answer_type": "float",
+        },
         "EmbSp": {"question": "What is left of the lamp?", "answer_options": _OPTS, "answer": 3, "image": image},
         "InfoVQA": {"question": "What year is shown?", "answers": ["1999"], "image": image},
-        "MVerse": {"question": "Find x.\nChoices:\nA:1\nB:2", "answer": "B", "image": image,
-                   "problem_version": "Text Dominant", "question_type": "multi-choice"},
-        "MVision": {"question": "Which shape is <image1> missing?", "options": _OPTS, "answer": "C",
-                    "decoded_image": image},
-        "MVista": {"question": "Which is largest?", "choices": _OPTS, "answer": "blue", "decoded_image": image,
-                   "question_type": "multi_choice", "answer_type": "text", "precision": None, "unit": None},
-        "MMMU-Pro": {"question": "Compare <image 1> and <image 2>.", "options": str(_OPTS), "answer": "D",
-                     "image_1": image, "image_2": _pil((0, 0, 255)), "_config": "standard (4 options)"},
+        "MVerse": {
+            "question": "Find x.\nChoices:\nA:1\nB:2",
+            "answer": "B",
+            "image": image,
+            "problem_version": "Text Dominant",
+            "question_type": "multi-choice",
+        },
+        "MVision": {
+            "question": "Which shape is <image1> missing?",
+            "options": _OPTS,
+            "answer": "C",
+            "decoded_image": image,
+        },
+        "MVista": {
+            "question": "Which is largest?",
+            "choices": _OPTS,
+            "answer": "blue",
+            "decoded_image": image,
+            "question_type": "multi_choice",
+            "answer_type": "text",
+            "precision": None,
+            "unit": None,
+        },
+        "MMMU-Pro": {
+            "question": "Compare <image 1> and <image 2>.",
+            "options": str(_OPTS),
+            "answer": "D",
+            "image_1": image,
+            "image_2": _pil((0, 0, 255)),
+            "_config": "standard (4 options)",
+        },
         "MM-Vet": {"question": "What is written?", "answer": "hello", "image": image, "capability": ["ocr"]},
-        "OCR-EN": {"question": "Read the text.", "answers": ["HELLO"], "image": image, "type": "text recognition en",
-                   "eval": None},
-        "OCR-ZH": {"question": "图中写了什么？", "answers": ["你好"], "image": image, "type": "cognition VQA cn",
-                   "eval": None},
+        "OCR-EN": {
+            "question": "Read the text.",
+            "answers": ["HELLO"],
+            "image": image,
+            "type": "text recognition en",
+            "eval": None,
+        },
+        "OCR-ZH": {
+            "question": "图中写了什么？",
+            "answers": ["你好"],
+            "image": image,
+            "type": "cognition VQA cn",
+            "eval": None,
+        },
         "VisP": {"question": "Which piece fits?", "options": _OPTS, "answer": "A", "image": image},
-        "VBlind": {"prompt": "How many times do the blue and red lines touch each other? Answer with a number "
-                             "in curly brackets, e.g., {5}.", "groundtruth": "2", "image": image,
-                   "task": "Line Plot Intersections"},
-        "WeMath": {"question": "What is the area?", "option": "A. 6; B. 8; C. 12; D. 24", "answer": "C",
-                   "image_path": image},
+        "VBlind": {
+            "prompt": "How many times do the blue and red lines touch each other? Answer with a number "
+            "in curly brackets, e.g., {5}.",
+            "groundtruth": "2",
+            "image": image,
+            "task": "Line Plot Intersections",
+        },
+        "WeMath": {
+            "question": "What is the area?",
+            "option": "A. 6; B. 8; C. 12; D. 24",
+            "answer": "C",
+            "image_path": image,
+        },
         "AIME25": {"question": "Find the remainder of 2^10 mod 7.", "answer": "2"},
         "AIME26": {"problem": "Compute 3 + 4.", "answer": 7},
         "CEval": {"question": "1+1=?", "A": "1", "B": "2", "C": "3", "D": "4", "answer": "B"},
-        "GPQA-D": {"Question": "Which particle is a lepton?", "Correct Answer": "electron",
-                   "Incorrect Answer 1": "proton", "Incorrect Answer 2": "neutron", "Incorrect Answer 3": "pion"},
+        "GPQA-D": {
+            "Question": "Which particle is a lepton?",
+            "Correct Answer": "electron",
+            "Incorrect Answer 1": "proton",
+            "Incorrect Answer 2": "neutron",
+            "Incorrect Answer 3": "pion",
+        },
         "HLE": {"question": "State the constant.", "answer": "42", "image": "", "answer_type": "exactMatch"},
         "IMO-AB": {"Problem": "Find all n such that n^2 = 4, n > 0.", "Short Answer": "2"},
         "MMLU": {"question": "What is H2O?", "choices": ["salt", "water", "air", "fire"], "answer": 1},
         "MMLU-Pro": {"question": "Pick the prime.", "options": ["4", "6", "7", "8", "9"], "answer": "C"},
         "MMLU-Rd": {"question": "Pick the even number.", "choices": ["1", "3", "4", "5"], "answer": 2},
-        "MultiCh": {"conversation": [{"role": "user", "content": "Always answer in French."},
-                                     {"role": "assistant", "content": "D'accord."},
-                                     {"role": "user", "content": "Capital of Italy?"}],
-                    "pass_criteria": "YES", "target_question": "Is the answer in French?", "axis": "retention"},
-        "MMVU": {"question": "Which technique is shown?", "choices": {"A": "weld", "B": "rivet"}, "answer": "A",
-                 "question_type": "multiple-choice", "video": "https://x/videos/a.mp4"},
-        "MVBench": {"question": "What happens first?", "candidates": ["sit", "stand", "run"], "answer": "stand",
-                    "video": "a.mp4"},
-        "VMME": {"question": "How many people appear?", "options": ["A. 1", "B. 2", "C. 3", "D. 4"],
-                 "answer": "B", "videoID": "abc"},
-        "VMME-S": {"question": "How many people appear?", "options": ["A. 1", "B. 2", "C. 3", "D. 4"],
-                   "answer": "B", "videoID": "abc"},
-        "VMMMU": {"question": "What is computed?", "options": _OPTS, "answer": "A", "id": "v1",
-                  "question_type": "multiple-choice"},
+        "MultiCh": {
+            "conversation": [
+                {"role": "user", "content": "Always answer in French."},
+                {"role": "assistant", "content": "D'accord."},
+                {"role": "user", "content": "Capital of Italy?"},
+            ],
+            "pass_criteria": "YES",
+            "target_question": "Is the answer in French?",
+            "axis": "retention",
+        },
+        "MMVU": {
+            "question": "Which technique is shown?",
+            "choices": {"A": "weld", "B": "rivet"},
+            "answer": "A",
+            "question_type": "multiple-choice",
+            "video": "https://x/videos/a.mp4",
+        },
+        "MVBench": {
+            "question": "What happens first?",
+            "candidates": ["sit", "stand", "run"],
+            "answer": "stand",
+            "video": "a.mp4",
+        },
+        "VMME": {
+            "question": "How many people appear?",
+            "options": ["A. 1", "B. 2", "C. 3", "D. 4"],
+            "answer": "B",
+            "videoID": "abc",
+        },
+        "VMME-S": {
+            "question": "How many people appear?",
+            "options": ["A. 1", "B. 2", "C. 3", "D. 4"],
+            "answer": "B",
+            "videoID": "abc",
+        },
+        "VMMMU": {
+            "question": "What is computed?",
+            "options": _OPTS,
+            "answer": "A",
+            "id": "v1",
+            "question_type": "multiple-choice",
+        },
     }
     row = {**base, **rows[name]}
     if SUITE[name].video_field is not None:
@@ -198,7 +294,7 @@ def test_loader_fixture_rows_build_and_gold_letters_grade(tmp_path):
                 if spec.scoring == "exact+judge":
                     gold = scorers.exact_gold(spec, request.row)
                 elif spec.scoring == "rule+judge":
-                    gold = scorers._rule_gold(spec, request.row)
+                    gold = scorers.rule_gold(spec, request.row)
                 else:
                     continue
                 verdict = scorers.score_deterministic(spec, f"<think>.</think> \\boxed{{{gold}}}", request.row)
@@ -208,7 +304,20 @@ def test_loader_fixture_rows_build_and_gold_letters_grade(tmp_path):
 # ------------------------------------------------------------------ options
 
 
-_MC = ["AI2D", "BabyV", "EmbSp", "MVision", "MMMU-Pro", "VisP", "WeMath", "CEval", "GPQA-D", "MMLU", "MMLU-Pro", "MMLU-Rd"]
+_MC = [
+    "AI2D",
+    "BabyV",
+    "EmbSp",
+    "MVision",
+    "MMMU-Pro",
+    "VisP",
+    "WeMath",
+    "CEval",
+    "GPQA-D",
+    "MMLU",
+    "MMLU-Pro",
+    "MMLU-Rd",
+]
 
 
 @pytest.mark.parametrize("name", _MC)
@@ -258,7 +367,9 @@ def test_gpqa_shuffle_is_deterministic_per_seed_pass_and_id():
     assert sorted(order(seed=0, pass_index=0)) == sorted(["electron", "proton", "neutron", "pion"])
     across_passes = {tuple(order(seed=0, pass_index=p)) for p in range(6)}
     across_seeds = {tuple(order(seed=s, pass_index=0)) for s in range(6)}
-    across_ids = {tuple(build_requests("GPQA-D", {**row, "_id": f"r{i}"})[0].row[scorers.PRESENTED_OPTIONS]) for i in range(6)}
+    across_ids = {
+        tuple(build_requests("GPQA-D", {**row, "_id": f"r{i}"})[0].row[scorers.PRESENTED_OPTIONS]) for i in range(6)
+    }
     assert len(across_passes) > 1 and len(across_seeds) > 1 and len(across_ids) > 1
     assert scorers.PRESENTED_OPTIONS not in row  # the input row is not modified
     (request,) = build_requests("GPQA-D", row, pass_index=4)
@@ -305,7 +416,9 @@ def test_images_become_png_data_urls_in_column_order():
     (request,) = build_requests("MMMU-Pro", _row("MMMU-Pro"))
     urls = _image_urls(request)
     assert len(urls) == 2 and all(url.startswith("data:image/png;base64,") for url in urls)
-    colours = [Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB").getpixel((0, 0)) for url in urls]
+    colours = [
+        Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB").getpixel((0, 0)) for url in urls
+    ]
     assert colours == [(200, 30, 30), (0, 0, 255)]  # image_1 then image_2, as <image 1>, <image 2>
     assert "<image 1>" in request.question  # placeholders stay as references
 
@@ -418,53 +531,128 @@ def test_subtitles_come_before_the_question_only_with_subtitles(video, srt):
 
 _STRIPPED = [
     # (setting, upstream text, what the student sees)
-    ("VBlind", "How many times do the blue and red lines touch each other? Answer with a number in curly "
-               "brackets, e.g., {5}.", "How many times do the blue and red lines touch each other?"),
-    ("VBlind", "Count the intersection points where the blue and red lines meet. Put your answer in curly "
-               "brackets, e.g., {2}.", "Count the intersection points where the blue and red lines meet."),
-    ("VBlind", "Count total number of squares in the image. Answer with only the number in numerical format in "
-               "curly brackets e.g. {3}.", "Count total number of squares in the image."),
-    ("VBlind", "How many squares are in the image? Please answer with a number in curly brackets e.g., {10}.",
-     "How many squares are in the image?"),
-    ("VBlind", "How many single-colored paths go from A to C? Answer with a number in curly brackets, e.g., {3}",
-     "How many single-colored paths go from A to C?"),
-    ("VBlind", "Count the number of rows and columns and answer with numbers in curly brackets. For example, "
-               "rows={5} columns={6}", "Count the number of rows and columns."),
-    ("VBlind", "How many rows and columns are in the table? Answer with only the numbers in a pair (row, column), "
-               "e.g., (5,6)", "How many rows and columns are in the table?"),
-    ("VBlind", "How many circles are in the image? Answer with only the number in numerical format.",
-     "How many circles are in the image?"),
-    ("VBlind", "Are the two circles touching each other? Answer with Yes/No.", "Are the two circles touching each other?"),
-    ("DynaM", "What is the period of this function? Answer the question with a floating-point number.",
-     "What is the period of this function?"),
+    (
+        "VBlind",
+        "How many times do the blue and red lines touch each other? Answer with a number in curly "
+        "brackets, e.g., {5}.",
+        "How many times do the blue and red lines touch each other?",
+    ),
+    (
+        "VBlind",
+        "Count the intersection points where the blue and red lines meet. Put your answer in curly "
+        "brackets, e.g., {2}.",
+        "Count the intersection points where the blue and red lines meet.",
+    ),
+    (
+        "VBlind",
+        "Count total number of squares in the image. Answer with only the number in numerical format in "
+        "curly brackets e.g. {3}.",
+        "Count total number of squares in the image.",
+    ),
+    (
+        "VBlind",
+        "How many squares are in the image? Please answer with a number in curly brackets e.g., {10}.",
+        "How many squares are in the image?",
+    ),
+    (
+        "VBlind",
+        "How many single-colored paths go from A to C? Answer with a number in curly brackets, e.g., {3}",
+        "How many single-colored paths go from A to C?",
+    ),
+    (
+        "VBlind",
+        "Count the number of rows and columns and answer with numbers in curly brackets. For example, "
+        "rows={5} columns={6}",
+        "Count the number of rows and columns.",
+    ),
+    (
+        "VBlind",
+        "How many rows and columns are in the table? Answer with only the numbers in a pair (row, column), "
+        "e.g., (5,6)",
+        "How many rows and columns are in the table?",
+    ),
+    (
+        "VBlind",
+        "How many circles are in the image? Answer with only the number in numerical format.",
+        "How many circles are in the image?",
+    ),
+    (
+        "VBlind",
+        "Are the two circles touching each other? Answer with Yes/No.",
+        "Are the two circles touching each other?",
+    ),
+    (
+        "DynaM",
+        "What is the period of this function? Answer the question with a floating-point number.",
+        "What is the period of this function?",
+    ),
     ("DynaM", "How many apples are left? Answer the question with an integer.", "How many apples are left?"),
-    ("MVerse", "Please directly answer the question and provide the correct option letter, e.g., A, B, C, D.\n"
-               "Question: Find x.\nChoices:\nA:1\nB:2", "Find x.\nChoices:\nA:1\nB:2"),
-    ("MVerse", "Please first conduct reasoning, and then answer the question and provide the final value, e.g., "
-               "1, 2.5, 300, at the end.\nQuestion: Find the area.", "Find the area."),
-    ("MVerse", "According to the question shown in the image, please directly answer the question and provide "
-               "the correct option letter, e.g., A, B, C, D.", ""),
-    ("MVista", "Hint: Please answer the question requiring an integer answer and provide the final value, e.g., "
-               "1, 2, 3, at the end.\nQuestion: How many bars?", "How many bars?"),
-    ("BabyV", "Which panel differs?\nThink about the question and give your final answer in \\boxed{Answer} format.",
-     "Which panel differs?"),
-    ("EmbSp", "Note: You only need to respond with A, B, C, D without providing any additional information.\n"
-              "What is left of the lamp?", "What is left of the lamp?"),
-    ("VisP", "Which piece fits?\nSolve the multiple-choice question and then answer with the option letter from "
-             "the given choices. The last line of your response should be of the following format: 'Answer: "
-             "$LETTER' (without quotes) where LETTER is one of options. Think step by step before answering.",
-     "Which piece fits?"),
-    ("HLE", "Your response should be in the following format:\nExplanation: {your explanation}\nAnswer: {your "
-            "chosen answer}\nConfidence: {your confidence score between 0% and 100% for your answer}\nWhat is 2+2?",
-     "What is 2+2?"),
+    (
+        "MVerse",
+        "Please directly answer the question and provide the correct option letter, e.g., A, B, C, D.\n"
+        "Question: Find x.\nChoices:\nA:1\nB:2",
+        "Find x.\nChoices:\nA:1\nB:2",
+    ),
+    (
+        "MVerse",
+        "Please first conduct reasoning, and then answer the question and provide the final value, e.g., "
+        "1, 2.5, 300, at the end.\nQuestion: Find the area.",
+        "Find the area.",
+    ),
+    (
+        "MVerse",
+        "According to the question shown in the image, please directly answer the question and provide "
+        "the correct option letter, e.g., A, B, C, D.",
+        "",
+    ),
+    (
+        "MVista",
+        "Hint: Please answer the question requiring an integer answer and provide the final value, e.g., "
+        "1, 2, 3, at the end.\nQuestion: How many bars?",
+        "How many bars?",
+    ),
+    (
+        "BabyV",
+        "Which panel differs?\nThink about the question and give your final answer in \\boxed{Answer} format.",
+        "Which panel differs?",
+    ),
+    (
+        "EmbSp",
+        "Note: You only need to respond with A, B, C, D without providing any additional information.\n"
+        "What is left of the lamp?",
+        "What is left of the lamp?",
+    ),
+    (
+        "VisP",
+        "Which piece fits?\nSolve the multiple-choice question and then answer with the option letter from "
+        "the given choices. The last line of your response should be of the following format: 'Answer: "
+        "$LETTER' (without quotes) where LETTER is one of options. Think step by step before answering.",
+        "Which piece fits?",
+    ),
+    (
+        "HLE",
+        "Your response should be in the following format:\nExplanation: {your explanation}\nAnswer: {your "
+        "chosen answer}\nConfidence: {your confidence score between 0% and 100% for your answer}\nWhat is 2+2?",
+        "What is 2+2?",
+    ),
     # generic directives, in any setting
     ("AIME25", "Find the sum. Let's think step by step.", "Find the sum."),
     ("IMO-AB", "Find all n. Please reason step by step, and put your final answer within \\boxed{}.", "Find all n."),
-    ("MMMU-Pro", "Which is bigger?\nAnswer with the option letter from the given choices directly.", "Which is bigger?"),
-    ("AI2D", "Which colour is the arrow? Answer with the option's letter from the given choices directly.",
-     "Which colour is the arrow?"),
-    ("MVision", "Which shape?\nAnswer the question with the option's letter from the given choices directly.",
-     "Which shape?"),
+    (
+        "MMMU-Pro",
+        "Which is bigger?\nAnswer with the option letter from the given choices directly.",
+        "Which is bigger?",
+    ),
+    (
+        "AI2D",
+        "Which colour is the arrow? Answer with the option's letter from the given choices directly.",
+        "Which colour is the arrow?",
+    ),
+    (
+        "MVision",
+        "Which shape?\nAnswer the question with the option's letter from the given choices directly.",
+        "Which shape?",
+    ),
     ("InfoVQA", "What year is shown?\nAnswer the question using a single word or phrase.", "What year is shown?"),
     ("MMLU-Pro", "Pick the prime. Think step by step before answering.", "Pick the prime."),
 ]
@@ -517,7 +705,14 @@ def test_a_row_without_its_question_field_is_named(name, video, srt):
 
 
 def test_mmmu_pro_vision_rows_have_the_image_only_question():
-    row = {**_row("MMMU-Pro"), "question": None, "_config": "vision", "image": _pil(), "image_1": None, "image_2": None}
+    row = {
+        **_row("MMMU-Pro"),
+        "question": None,
+        "_config": "vision",
+        "image": _pil(),
+        "image_1": None,
+        "image_2": None,
+    }
     (request,) = build_requests("MMMU-Pro", row)
     assert request.question == IMAGE_ONLY_QUESTION and request.options is None
     assert _texts(request)[-1] == f"{IMAGE_ONLY_QUESTION}\n\n{RL_CLOSER}"
@@ -546,7 +741,8 @@ def test_multichallenge_history_with_the_closer_on_the_final_user_turn():
 
 @pytest.mark.parametrize("name", ["GPQA-D", "MultiCh"])
 def test_a_condition_tag_sits_right_before_the_closer(name):
-    """Correction-SFT is evaluated under <correct> (alg:correctionsft): the tag, then the closer, last."""
+    """Correction-SFT is evaluated under <correct> (the paper's Correction-SFT algorithm): the tag, then the
+    closer, last."""
     (plain,) = build_requests(name, _row(name))
     (tagged,) = build_requests(name, _row(name), condition="<correct>")
     last = lambda request: (lambda c: c if isinstance(c, str) else c[-1]["text"])(request.messages[-1]["content"])  # noqa: E731

@@ -29,8 +29,14 @@ def write_run(root, name, scores, *, stderr=0.25, incomplete=(), directory=None,
     run_dir.mkdir(parents=True, exist_ok=True)
     settings = {
         setting: {
-            "family": SUITE[setting].family, "score": score, "stderr": stderr, "n": 50,
-            "passes": [score] * 3, "skipped": 0, "judge_unparsed": 0, "complete": setting not in incomplete,
+            "family": SUITE[setting].family,
+            "score": score,
+            "stderr": stderr,
+            "n": 50,
+            "passes": [score] * 3,
+            "skipped": 0,
+            "judge_unparsed": 0,
+            "complete": setting not in incomplete,
         }  # fmt: skip
         for setting, score in scores.items()
         if setting not in drop
@@ -78,7 +84,7 @@ def by_header(text):
 def three_runs(tmp_path):
     rng = np.random.default_rng(7)
     scores = [random_scores(rng) for _ in range(3)]
-    runs = [load_run(write_run(tmp_path, name, s)) for name, s in zip(("base", "grpo", "zppo"), scores)]
+    runs = [load_run(write_run(tmp_path, name, s)) for name, s in zip(("base", "grpo", "zppo"), scores, strict=False)]
     return runs, scores
 
 
@@ -117,7 +123,10 @@ def test_load_run_skips_unscored_settings(tmp_path):
         (lambda raw: raw["settings"]["AI2D"].update(score="71"), "'settings.AI2D.score' must be a number"),
         (lambda raw: raw["settings"]["AI2D"].update(score=171.0), "'settings.AI2D.score' must be a percentage"),
         (lambda raw: raw["settings"]["AI2D"].update(family="llm"), "'settings.AI2D.family' is 'llm'"),
-        (lambda raw: raw["settings"].update(NotABench={"score": 1.0, "complete": True}), "unknown setting 'NotABench'"),
+        (
+            lambda raw: raw["settings"].update(NotABench={"score": 1.0, "complete": True}),
+            "unknown setting 'NotABench'",
+        ),
     ],
 )
 def test_malformed_results_name_file_and_key(tmp_path, mutate, message):
@@ -151,7 +160,7 @@ def test_tables_follow_the_suite_by_family_and_are_well_formed(three_runs):
     text = comparison_table(runs, stderr=True)
     found = tables(text)
     assert [table[0][0] for table in found] == ["16 VLM benchmarks", "10 LLM benchmarks", "5 Video benchmarks"]
-    for table, names in zip(found, FAMILIES.values()):
+    for table, names in zip(found, FAMILIES.values(), strict=False):
         assert table[0][1:] == list(names) + ["Avg"]
         assert all(re.fullmatch(r"-{3,}:?", cell) for cell in table[1])
         assert all(len(row) == len(table[0]) for row in table)
@@ -160,8 +169,8 @@ def test_tables_follow_the_suite_by_family_and_are_well_formed(three_runs):
 
 def test_avg_is_the_macro_average_of_the_shown_settings(three_runs):
     runs, scores = three_runs
-    for family, table in zip(FAMILIES, tables(comparison_table(runs))):
-        for run_scores, row in zip(scores, table[2:5]):
+    for family, table in zip(FAMILIES, tables(comparison_table(runs)), strict=False):
+        for run_scores, row in zip(scores, table[2:5], strict=False):
             expected = macro_average(run_scores, family)
             assert abs(number(row[-1]) - expected) <= PRINTED
             # and each setting cell is that run's score
@@ -172,13 +181,13 @@ def test_avg_is_the_macro_average_of_the_shown_settings(three_runs):
 def test_delta_row_is_last_minus_baseline(three_runs, baseline):
     runs, scores = three_runs
     base = scores[0] if baseline is None else scores[1]
-    for family, table in zip(FAMILIES, tables(comparison_table(runs, baseline=baseline))):
+    for family, table in zip(FAMILIES, tables(comparison_table(runs, baseline=baseline)), strict=False):
         label, *cells = table[-1]
         assert label == f"Δ (zppo − {baseline or 'base'})"
         names = FAMILIES[family]
         expected = [scores[2][name] - base[name] for name in names]
         expected.append(macro_average(scores[2], family) - macro_average(base, family))
-        for cell, value in zip(cells, expected):
+        for cell, value in zip(cells, expected, strict=False):
             assert re.fullmatch(r"[+-]\d+\.\d\d|0\.00", cell), cell
             assert abs(float(cell) - value) <= PRINTED
             assert "**" not in cell
@@ -187,7 +196,9 @@ def test_delta_row_is_last_minus_baseline(three_runs, baseline):
 def test_bold_marks_every_column_maximum_including_ties(tmp_path):
     names = ["AI2D", "BabyV", "CharXiv"]
     rows = {"a": [50.0, 10.0, 70.0], "b": [60.0, 10.0, 20.0], "c": [60.0, 5.0, 69.99]}
-    runs = [load_run(write_run(tmp_path, name, dict(zip(names, values)))) for name, values in rows.items()]
+    runs = [
+        load_run(write_run(tmp_path, name, dict(zip(names, values, strict=False)))) for name, values in rows.items()
+    ]
     table = tables(comparison_table(runs))[0]
     body = table[2:5]
     bold_columns = 0
@@ -262,8 +273,8 @@ def test_bootstrap_table_reproduces_stats(three_runs):
     expected = paired_bootstrap_table(scores[2], {"base": scores[0], "grpo": scores[1]}, resamples=2_000, seed=5)
     assert [row[0] for row in table[2:]] == ["VLM (16)", "LLM (10)", "Video (5)"]
     cell = re.compile(r"([+-]\d+\.\d\d) \[([+-]\d+\.\d\d), ([+-]\d+\.\d\d)\] \((\d+)/(\d+)\)")
-    for row, family in zip(table[2:], FAMILIES):
-        for text_cell, column in zip(row[1:], ("base", "grpo")):
+    for row, family in zip(table[2:], FAMILIES, strict=False):
+        for text_cell, column in zip(row[1:], ("base", "grpo"), strict=False):
             delta, low, high, wins, n = cell.fullmatch(text_cell).groups()
             result = expected[family][column]
             assert abs(float(delta) - result.delta) <= PRINTED
@@ -279,7 +290,7 @@ def test_bootstrap_target_and_single_setting_block(three_runs):
     assert table[0] == ["Family", "base − grpo", "base − zppo"]
     assert [row[0] for row in table[2:]] == ["VLM (2)", "Video (1)"]
     video = table[3][1:]
-    for cell, other in zip(video, scores[1:]):
+    for cell, other in zip(video, scores[1:], strict=False):
         delta = scores[0]["MMVU"] - other["MMVU"]
         assert cell == f"{delta:+.2f} ({int(delta > 0)}/1)"
     assert "Video has one setting (MMVU): its Δ has no interval." in text
@@ -363,4 +374,6 @@ def test_one_run_pipes_in_names_and_a_family_with_nothing_common(tmp_path):
     other = load_run(write_run(tmp_path, "c", {"AI2D": 61.0}))
     text = comparison_table([lone, other])
     assert [table[0][0] for table in tables(text)] == ["1 VLM benchmark"]
-    assert "LLM: no setting is scored in every run. Not shown, not scored in every run: GPQA-D (missing from c)." in text
+    assert (
+        "LLM: no setting is scored in every run. Not shown, not scored in every run: GPQA-D (missing from c)." in text
+    )

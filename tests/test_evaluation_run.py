@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from eval_fixtures import write_fixture
+
 from zppo_trl.evaluation.cli import main
 from zppo_trl.evaluation.data import load_setting
 from zppo_trl.evaluation.prompting import build_requests
@@ -111,7 +111,9 @@ def _cli(args: list[str]) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
 
-def _wait_for_generations(run_dir: Path, name: str, count: int, process: subprocess.Popen, timeout: float = 120) -> None:
+def _wait_for_generations(
+    run_dir: Path, name: str, count: int, process: subprocess.Popen, timeout: float = 120
+) -> None:
     deadline = time.monotonic() + timeout
     records = run_dir / "records" / f"{name}.jsonl"
     while time.monotonic() < deadline:
@@ -143,7 +145,9 @@ def test_a_killed_run_resumes_without_regenerating(vlm_server, teacher_server, t
     assert json.loads((out / "results.json").read_text())["settings"]["AI2D"]["n"] == 24
 
 
-def test_an_endpoint_that_dies_mid_run_stops_with_the_way_to_resume(make_server, tiny_vlm_dir, teacher_server, tmp_path):
+def test_an_endpoint_that_dies_mid_run_stops_with_the_way_to_resume(
+    make_server, tiny_vlm_dir, teacher_server, tmp_path
+):
     student = make_server(model_dir=tiny_vlm_dir)
     data_dir = _data_dir(tmp_path / "data", ["AI2D"], rows=24)
     out = tmp_path / "run"

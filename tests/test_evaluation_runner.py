@@ -46,8 +46,17 @@ def _store(tmp_path, name: str, judgments: list[dict], skips: list[dict] = ()) -
     store = RecordStore(tmp_path / f"{name}.jsonl")
     for judgment in judgments:
         key = judgment["key"]
-        store.add({"kind": "generation", "key": key, "pass": int(key[1]), "row_id": key.split("/", 1)[1], "part": None,
-                   "prompt": "q", "response": "r"})
+        store.add(
+            {
+                "kind": "generation",
+                "key": key,
+                "pass": int(key[1]),
+                "row_id": key.split("/", 1)[1],
+                "part": None,
+                "prompt": "q",
+                "response": "r",
+            }
+        )
         store.add(judgment)
     for skip in skips:
         store.add({"kind": "skip", **skip})
@@ -56,11 +65,15 @@ def _store(tmp_path, name: str, judgments: list[dict], skips: list[dict] = ()) -
 
 def test_passes_average_to_the_score_with_its_standard_error(tmp_path):
     judgments = [_judgment(item_key(p, f"test/{i}", None), float(i < p + 1)) for p in range(2) for i in range(4)]
-    entry, details = summarize_setting(SUITE["AI2D"], _store(tmp_path, "AI2D", judgments), passes=2, complete_rows=True)
+    entry, details = summarize_setting(
+        SUITE["AI2D"], _store(tmp_path, "AI2D", judgments), passes=2, complete_rows=True
+    )
     assert entry["passes"] == [25.0, 50.0] and entry["score"] == 37.5 and entry["stderr"] == 12.5
     assert entry["n"] == 4 and entry["complete"] is True and len(details) == 8
     (tmp_path / "one").mkdir()
-    one, _ = summarize_setting(SUITE["AI2D"], _store(tmp_path / "one", "AI2D", judgments[:4]), passes=1, complete_rows=True)
+    one, _ = summarize_setting(
+        SUITE["AI2D"], _store(tmp_path / "one", "AI2D", judgments[:4]), passes=1, complete_rows=True
+    )
     assert one["score"] == 25.0 and one["stderr"] is None  # undefined with one pass, never a made-up 0
 
 
@@ -69,7 +82,9 @@ def test_dynamath_leaves_out_a_seed_with_a_skipped_variant_and_says_so(tmp_path)
     judgments = [_judgment(item_key(0, f"v{v}/a", None), 1.0, "a") for v in range(1, 10)]
     judgments += [_judgment(item_key(0, f"v{v}/b", None), 1.0, "b") for v in range(1, 11)]
     skips = [{"key": item_key(0, "v10/a", None), "reason": "prompt: unreadable image", "group": "a"}]
-    entry, _ = summarize_setting(SUITE["DynaM"], _store(tmp_path, "DynaM", judgments, skips), passes=1, complete_rows=True)
+    entry, _ = summarize_setting(
+        SUITE["DynaM"], _store(tmp_path, "DynaM", judgments, skips), passes=1, complete_rows=True
+    )
     assert entry["score"] == 100.0 and entry["n"] == 10  # seed b alone
     assert entry["left_out_with_skipped_variants"] == 9 and entry["skipped"] == 1 and entry["complete"] is False
 
@@ -82,11 +97,19 @@ def test_vblind_is_the_mean_of_its_task_accuracies(tmp_path):
 
 
 def test_unparsed_judge_replies_are_counted(tmp_path):
-    judgments = [_judgment(item_key(0, "test/0", None), 0.0, parsed=False), _judgment(item_key(0, "test/1", None), 1.0, parsed=True)]
+    judgments = [
+        _judgment(item_key(0, "test/0", None), 0.0, parsed=False),
+        _judgment(item_key(0, "test/1", None), 1.0, parsed=True),
+    ]
     entry, _ = summarize_setting(SUITE["AI2D"], _store(tmp_path, "AI2D", judgments), passes=1, complete_rows=True)
     assert entry["judge_unparsed"] == 1 and entry["score"] == 50.0
 
 
 def test_the_paper_sampling_fields_and_their_openai_subset():
-    assert sampling_extra_body(PAPER_DECODING) == {"top_k": 20, "min_p": 0.0, "presence_penalty": 1.5, "repetition_penalty": 1.0}
+    assert sampling_extra_body(PAPER_DECODING) == {
+        "top_k": 20,
+        "min_p": 0.0,
+        "presence_penalty": 1.5,
+        "repetition_penalty": 1.0,
+    }
     assert sampling_extra_body(PAPER_DECODING, "openai") == {"presence_penalty": 1.5}

@@ -1,13 +1,15 @@
 """The deterministic scorers: Exact gold normalisation, the benchmarks' Rules, Det. metrics,
 judge routing and the official aggregation rules. Cases follow each upstream evaluator's
-documented behaviour (cited in `zppo_trl/evaluation/scorers.py`), including the quirks that
+documented behaviour (cited in each module of `zppo_trl/evaluation/benchmarks/`), including the quirks that
 decide verdicts."""
 
 from __future__ import annotations
 
 import pytest
 
+from zppo_trl.evaluation import metrics
 from zppo_trl.evaluation import scorers as S
+from zppo_trl.evaluation.benchmarks import mathvista, mvbench, ocrbench_v2, videomme, videommmu
 from zppo_trl.evaluation.tasks import SUITE
 
 
@@ -26,7 +28,7 @@ def spy():
 
     def grader(response: str, gold: str) -> bool:
         calls.append((response, gold))
-        return S.extract_boxed(response) == gold
+        return metrics.extract_boxed(response) == gold
 
     grader.calls = calls
     return grader
@@ -100,7 +102,12 @@ def test_judge_reads_the_snippet_when_a_box_parsed_else_the_full_response():
     grader = spy()
     no_box = "I think the answer is seven."
     unparsed = S.score_deterministic("AIME25", no_box, row, grader=grader)
-    assert (unparsed.extracted, unparsed.score, unparsed.consult_judge, unparsed.judge_input) == (None, 0.0, True, no_box)
+    assert (unparsed.extracted, unparsed.score, unparsed.consult_judge, unparsed.judge_input) == (
+        None,
+        0.0,
+        True,
+        no_box,
+    )
     truncated = "\\boxed{7} ... on second thought \\boxed{\\frac{7"  # last box unclosed: no strict span
     assert S.score_deterministic("AIME25", truncated, row, grader=grader).judge_input == truncated
     mismatch = S.score_deterministic("AIME25", boxed("8"), row, grader=grader)
@@ -113,7 +120,12 @@ def test_rule_without_a_box_scores_zero_and_goes_to_the_judge_whole():
     row = {"answer": "B", "options": ["A. x", "B. y", "C. z", "D. w"]}
     response = "The best answer is B"  # the Video-MME rule would read B, but no box parsed
     verdict = S.score_deterministic("VMME", response, row, grader=never)
-    assert (verdict.score, verdict.consult_judge, verdict.judge_input, verdict.rule) == (0.0, True, response, "rule:no-span")
+    assert (verdict.score, verdict.consult_judge, verdict.judge_input, verdict.rule) == (
+        0.0,
+        True,
+        response,
+        "rule:no-span",
+    )
     assert S.score_deterministic("VMME", boxed("B"), row, grader=never).consult_judge is False
 
 
@@ -135,7 +147,12 @@ def test_benchjudge_settings_have_no_deterministic_step():
 
 MV_FLOAT = {"answer": "1.2", "question_type": "free_form", "answer_type": "float", "precision": 1.0}
 MV_INT = {"answer": "7", "question_type": "free_form", "answer_type": "integer", "precision": None}
-MV_CHOICE = {"answer": "145°", "question_type": "multi_choice", "answer_type": "text", "choices": ["125°", "145°", "155°", "165°"]}
+MV_CHOICE = {
+    "answer": "145°",
+    "question_type": "multi_choice",
+    "answer_type": "text",
+    "choices": ["125°", "145°", "155°", "165°"],
+}
 
 
 @pytest.mark.parametrize(
@@ -156,7 +173,11 @@ MV_CHOICE = {"answer": "145°", "question_type": "multi_choice", "answer_type": 
         (MV_CHOICE, "B", True),  # letter -> choice text
         (MV_CHOICE, "(B) 145°", True),
         (MV_CHOICE, "(B) 125°", True),  # the "(X)" letter wins over the closer text
-        (MV_CHOICE, "b", False),  # only upper-case letters index; "b" goes to edit distance ("125°" is first of the ties)
+        (
+            MV_CHOICE,
+            "b",
+            False,
+        ),  # only upper-case letters index; "b" goes to edit distance ("125°" is first of the ties)
         (MV_CHOICE, "145°", True),
         (MV_CHOICE, "145", True),  # closest choice by edit distance
         (MV_CHOICE, "E", False),  # out of range: closest choice, first on ties -> "125°"
@@ -165,15 +186,15 @@ MV_CHOICE = {"answer": "145°", "question_type": "multi_choice", "answer_type": 
     ],
 )
 def test_mathvista_rule(row, span, ok):
-    assert S.mathvista_rule(span, row)[0] is ok
+    assert mathvista.mathvista_rule(span, row)[0] is ok
     assert S.score_deterministic("MVista", boxed(span), row, grader=never).score == float(ok)
 
 
 def test_mathvista_malformed_rows():
     with pytest.raises(ValueError, match="'precision'"):
-        S.mathvista_rule("1.2", {**MV_FLOAT, "precision": None})
+        mathvista.mathvista_rule("1.2", {**MV_FLOAT, "precision": None})
     with pytest.raises(ValueError, match="'choices'"):
-        S.mathvista_rule("A", {**MV_CHOICE, "choices": None})
+        mathvista.mathvista_rule("A", {**MV_CHOICE, "choices": None})
     with pytest.raises(ValueError, match="'answer'"):
         S.score_deterministic("MVista", "no box", {k: v for k, v in MV_INT.items() if k != "answer"})
 
@@ -200,7 +221,7 @@ MVB = {"candidates": ["dog", "cat", "bird", "fish"], "answer": "cat"}
     ],
 )
 def test_mvbench_rule(span, ok):
-    assert S.mvbench_rule(span, MVB)[0] is ok
+    assert mvbench.mvbench_rule(span, MVB)[0] is ok
 
 
 def test_mvbench_gold_must_be_a_candidate():
@@ -229,7 +250,7 @@ VMME = {"answer": "B", "options": ["A. red", "B. blue", "C. green", "D. black"]}
     ],
 )
 def test_videomme_rule(span, ok):
-    assert S.videomme_rule(span, VMME)[0] is ok
+    assert videomme.videomme_rule(span, VMME)[0] is ok
     for setting in ("VMME", "VMME-S"):  # the same rule with and without subtitles
         assert S.score_deterministic(setting, boxed(span), VMME, grader=never).score == float(ok)
 
@@ -260,7 +281,7 @@ VMMMU_OPEN = {"answer": "3.5", "options": [], "question_type": "open"}
     ],
 )
 def test_videommmu_rule(row, span, ok):
-    assert S.videommmu_rule(span, row)[0] is ok
+    assert videommmu.videommmu_rule(span, row)[0] is ok
 
 
 # ------------------------------------------------------------------ Det.: ANLS
@@ -279,7 +300,7 @@ def test_videommmu_rule(row, span, ok):
     ],
 )
 def test_anls(prediction, answers, expected):
-    assert S.anls(prediction, answers) == pytest.approx(expected)
+    assert metrics.anls(prediction, answers) == pytest.approx(expected)
 
 
 def test_infovqa_scores_the_boxed_span():
@@ -302,7 +323,11 @@ def ocr(task, answers, eval=None, **extra):
     [
         ("The sign says STOP here", ocr("text recognition en", ["stop"]), 1.0),  # < 5 words: containment
         ("sto", ocr("text recognition en", ["stop"]), 0.0),  # short answers get no ANLS credit
-        ("the quick brown fox jumps", ocr("reasoning VQA en", ["the quick brown fox jumped"]), pytest.approx(1 - 2 / 26)),
+        (
+            "the quick brown fox jumps",
+            ocr("reasoning VQA en", ["the quick brown fox jumped"]),
+            pytest.approx(1 - 2 / 26),
+        ),
         ("totally unrelated words here", ocr("reasoning VQA en", ["the quick brown fox jumped"]), 0.0),
         ("Stop", ocr("text recognition en", ["STOP"], eval="case sensitive"), 0.0),
         ("STOP", ocr("text recognition en", ["STOP"], eval="case sensitive"), 1.0),
@@ -323,27 +348,27 @@ def ocr(task, answers, eval=None, **extra):
     ],
 )
 def test_ocrbench_v2_metrics(prediction, row, expected):
-    assert S.ocrbench_v2_score(prediction, row)[0] == expected
+    assert ocrbench_v2.ocrbench_v2_score(prediction, row)[0] == expected
 
 
 def test_ocrbench_v2_unimplemented_types_raise_naming_the_type(monkeypatch):
     # Every type of the official eval.py is scored now (tests/test_evaluation_ocrbench.py);
     # the mechanism stays for types a future upstream adds.
-    assert S.OCR_UNIMPLEMENTED == {}
-    monkeypatch.setitem(S.OCR_UNIMPLEMENTED, "new task en", "a new metric")
+    assert ocrbench_v2.OCR_UNIMPLEMENTED == {}
+    monkeypatch.setitem(ocrbench_v2.OCR_UNIMPLEMENTED, "new task en", "a new metric")
     with pytest.raises(NotImplementedError, match="new task en"):
         S.score_deterministic("OCR-EN", boxed("x"), ocr("new task en", ["x"]))
 
 
 def test_ocrbench_v2_malformed_rows():
     with pytest.raises(ValueError, match="empty answer"):
-        S.ocrbench_v2_score("x", ocr("handwritten answer extraction cn", [""], question="简答：..."))
+        ocrbench_v2.ocrbench_v2_score("x", ocr("handwritten answer extraction cn", [""], question="简答：..."))
     with pytest.raises(ValueError, match="'type'"):
-        S.ocrbench_v2_score("x", ocr("no such task en", ["x"]))
+        ocrbench_v2.ocrbench_v2_score("x", ocr("no such task en", ["x"]))
     with pytest.raises(ValueError, match="'eval'"):
-        S.ocrbench_v2_score("x", ocr("text recognition en", ["x"], eval="fuzzy"))
+        ocrbench_v2.ocrbench_v2_score("x", ocr("text recognition en", ["x"], eval="fuzzy"))
     with pytest.raises(ValueError, match="'answers'"):
-        S.ocrbench_v2_score("x", {"type": "text recognition en"})
+        ocrbench_v2.ocrbench_v2_score("x", {"type": "text recognition en"})
 
 
 # ------------------------------------------------------------------ aggregation
@@ -365,7 +390,9 @@ def test_mean_of_tasks_weights_each_task_equally():
 def test_aggregate_uses_the_verdicts_group_keys():
     grader = spy()
     rows = [{"ground_truth": "2", "id": "s1"}, {"ground_truth": "3", "id": "s1"}, {"ground_truth": "4", "id": "s2"}]
-    verdicts = [S.score_deterministic("DynaM", boxed(a), row, grader=grader) for a, row in zip("234", rows)]
+    verdicts = [
+        S.score_deterministic("DynaM", boxed(a), row, grader=grader) for a, row in zip("234", rows, strict=False)
+    ]
     assert [v.group for v in verdicts] == ["s1", "s1", "s2"]
     assert S.aggregate("DynaM", verdicts) == 1.0
     with pytest.raises(ValueError, match="'id'"):

@@ -1,7 +1,7 @@
 """The suite in zppo_trl.evaluation.tasks is the paper's: checked against the .tex at test time.
 
-The three benchmark tables of the appendix (`tab:appendix:vlm_benchmarks`, `..._llm_...`,
-`..._video_...`) and its "Decoding configuration" paragraph are parsed from the paper source,
+The three benchmark tables of the appendix (VLM, LLM and Video; their LaTeX labels are in
+`TABLES`) and its "Decoding configuration" paragraph are parsed from the paper source,
 so an edit to either the paper or SUITE that makes them disagree fails here.
 """
 
@@ -14,7 +14,11 @@ import pytest
 
 from zppo_trl.evaluation.tasks import ALL_CONFIGS, FAMILIES, PAPER_DECODING, SUITE, select
 
-TABLES = {"vlm": "tab:appendix:vlm_benchmarks", "llm": "tab:appendix:llm_benchmarks", "video": "tab:appendix:video_benchmarks"}
+TABLES = {
+    "vlm": "tab:appendix:vlm_benchmarks",
+    "llm": "tab:appendix:llm_benchmarks",
+    "video": "tab:appendix:video_benchmarks",
+}
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +102,9 @@ def test_official_aggregation_rules(tex):
     special = {name: spec.aggregation for name, spec in SUITE.items() if spec.aggregation != "mean"}
     assert special == {"DynaM": "worst_case_variants", "VBlind": "mean_of_tasks", "MM-Vet": "graded"}
     assert len(SUITE["DynaM"].split) == 10  # "$10$ generated variants" per seed
-    assert SUITE["OCR-EN"].dataset == SUITE["OCR-ZH"].dataset and SUITE["OCR-EN"].row_filter != SUITE["OCR-ZH"].row_filter
+    assert (
+        SUITE["OCR-EN"].dataset == SUITE["OCR-ZH"].dataset and SUITE["OCR-EN"].row_filter != SUITE["OCR-ZH"].row_filter
+    )
 
 
 def test_decoding_configuration_is_the_papers(tex):
@@ -152,4 +158,6 @@ def test_the_repositorys_copy_of_the_paper_is_the_spec():
 
     if not PAPER_TEX.is_file():
         pytest.skip(f"no shared checkout of the paper at {PAPER_TEX} to compare tests/data's copy with")
-    assert PAPER_TEX_COPY.read_text() == PAPER_TEX.read_text(), "tests/data/zppo-paper.tex is stale: copy the paper again"
+    assert PAPER_TEX_COPY.read_text() == PAPER_TEX.read_text(), (
+        "tests/data/zppo-paper.tex is stale: copy the paper again"
+    )

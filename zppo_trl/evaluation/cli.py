@@ -52,36 +52,62 @@ def _run_parser() -> argparse.ArgumentParser:
     endpoint.add_argument("--model", required=True, help="the served model name of the student")
     endpoint.add_argument("--judge-base-url", help="the shared judge's endpoint (paper: Qwen3.5-27B-FP8)")
     endpoint.add_argument("--judge-model", help="the served model name of the judge")
-    endpoint.add_argument("--no-judge", action="store_true",
-                          help="deterministic scoring only; BenchJudge settings are skipped (not the paper's numbers)")  # fmt: skip
+    endpoint.add_argument(
+        "--no-judge",
+        action="store_true",
+        help="deterministic scoring only; BenchJudge settings are skipped (not the paper's numbers)",
+    )
     endpoint.add_argument("--sampling-fields", choices=("all", "openai"), default="all",
                           help="all: every paper decoding field (vLLM); openai: only OpenAI's, for servers that "
                                "reject the rest (transformers serve); not the paper's decoding")  # fmt: skip
     endpoint.add_argument("--extra-body", type=_json_object, help="JSON merged into every student request")
-    endpoint.add_argument("--judge-extra-body", type=_json_object,
-                          help='JSON merged into every judge request; a Qwen3.5 judge on vLLM: '
-                               '\'{"chat_template_kwargs": {"enable_thinking": false}}\' so its 512 tokens are the verdict')  # fmt: skip
+    endpoint.add_argument(
+        "--judge-extra-body",
+        type=_json_object,
+        help="JSON merged into every judge request; a Qwen3.5 judge on vLLM: "
+        '\'{"chat_template_kwargs": {"enable_thinking": false}}\' so its 512 tokens are the verdict',
+    )
     endpoint.add_argument("--api-key-env", help="environment variable holding the endpoints' API key")
     endpoint.add_argument("--timeout", type=float, default=3600.0, help="seconds one request may take (default 3600)")
     endpoint.add_argument("--max-retries", type=int, default=3, help="retries of a failed request (default 3)")
     run = parser.add_argument_group("what to run")
-    run.add_argument("--tasks", default="all", help="families (vlm, llm, video), setting names or all, comma-separated")
-    run.add_argument("--output-dir", required=True, type=Path, help="the run directory (created; resumed when it exists)")
+    run.add_argument(
+        "--tasks", default="all", help="families (vlm, llm, video), setting names or all, comma-separated"
+    )
+    run.add_argument(
+        "--output-dir", required=True, type=Path, help="the run directory (created; resumed when it exists)"
+    )
     run.add_argument("--run-name", help="the run's row label in comparisons (default: the directory's name)")
     run.add_argument("--data-dir", type=Path,
                      help="local copies: <data-dir>/<setting>/ in the Hub layout (videos/ and subtitles/ beside); "
                           "settings without one load from the Hub")  # fmt: skip
     run.add_argument("--max-samples", type=_positive, help="rows per setting (DynaMath: seeds); default all")
-    run.add_argument("--passes", type=_positive, default=PAPER_DECODING.passes, help=f"passes averaged (paper: {PAPER_DECODING.passes})")
-    run.add_argument("--concurrency", type=_positive, default=32,
-                     help="items in flight (default 32); each sends its student request, then its judge request")  # fmt: skip
+    run.add_argument(
+        "--passes",
+        type=_positive,
+        default=PAPER_DECODING.passes,
+        help=f"passes averaged (paper: {PAPER_DECODING.passes})",
+    )
+    run.add_argument(
+        "--concurrency",
+        type=_positive,
+        default=32,
+        help="items in flight (default 32); each sends its student request, then its judge request",
+    )
     run.add_argument("--seed", type=int, default=0, help="seeds the per-pass option shuffles (GPQA-D)")
     run.add_argument("--max-frames", type=_positive, default=32, help="frames sampled per video (default 32)")
-    run.add_argument("--condition", default=None,
-                     help="text before the closer of every question: '<correct>' for a Correction-SFT checkpoint (the tag it trained "
-                     "under, as the paper evaluates that row); default none, the paper's shared prompt")  # fmt: skip
-    run.add_argument("--max-new-tokens", type=_positive, default=PAPER_DECODING.max_new_tokens,
-                     help=f"the student's token budget (paper: {PAPER_DECODING.max_new_tokens}; lower only for smoke tests)")  # fmt: skip
+    run.add_argument(
+        "--condition",
+        default=None,
+        help="text before the closer of every question: '<correct>' for a Correction-SFT checkpoint (the tag it "
+        "trained under, as the paper evaluates that row); default none, the paper's shared prompt",
+    )
+    run.add_argument(
+        "--max-new-tokens",
+        type=_positive,
+        default=PAPER_DECODING.max_new_tokens,
+        help=f"the student's token budget (paper: {PAPER_DECODING.max_new_tokens}; lower only for smoke tests)",
+    )
     return parser
 
 
@@ -116,13 +142,30 @@ def run_main(argv: list[str] | None = None) -> int:
         sources, videos, subtitles = data_locations(args.data_dir, names)
         decoding = dataclasses.replace(PAPER_DECODING, max_new_tokens=args.max_new_tokens)
         options = EvalOptions(
-            passes=args.passes, decoding=decoding, max_samples=args.max_samples, seed=args.seed,
-            max_frames=args.max_frames, condition=args.condition, concurrency=args.concurrency, sources=sources, video_dir=videos,
-            subtitle_dir=subtitles, sampling_fields=args.sampling_fields,
-        )  # fmt: skip
-        client_args = dict(max_concurrency=args.concurrency, timeout=args.timeout, max_retries=args.max_retries, api_key_env=args.api_key_env)
+            passes=args.passes,
+            decoding=decoding,
+            max_samples=args.max_samples,
+            seed=args.seed,
+            max_frames=args.max_frames,
+            condition=args.condition,
+            concurrency=args.concurrency,
+            sources=sources,
+            video_dir=videos,
+            subtitle_dir=subtitles,
+            sampling_fields=args.sampling_fields,
+        )
+        client_args = dict(
+            max_concurrency=args.concurrency,
+            timeout=args.timeout,
+            max_retries=args.max_retries,
+            api_key_env=args.api_key_env,
+        )
         student = TeacherClient(args.base_url, args.model, extra_body=args.extra_body, **client_args)
-        judge = None if args.no_judge else TeacherClient(args.judge_base_url, args.judge_model, extra_body=args.judge_extra_body, **client_args)
+        judge = (
+            None
+            if args.no_judge
+            else TeacherClient(args.judge_base_url, args.judge_model, extra_body=args.judge_extra_body, **client_args)
+        )
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -152,7 +195,10 @@ def _print_summary(results: dict, run_dir: Path) -> None:
         notes += [] if entry["complete"] else ["partial"]
         print(f"  {name:<9} {score:>15}  n={entry['n']}" + (f"  ({', '.join(notes)})" if notes else ""))
     for family, entry in results["families"].items():
-        print(f"  {family.upper():<9} avg {entry['average']:.2f} over {entry['settings']} setting(s)" + ("" if entry["complete"] else " (partial)"))
+        print(
+            f"  {family.upper():<9} avg {entry['average']:.2f} over {entry['settings']} setting(s)"
+            + ("" if entry["complete"] else " (partial)")
+        )
     print(f"results: {run_dir / 'results.json'}; per-sample details: {run_dir / 'details'}/")
 
 

@@ -22,12 +22,13 @@ Where the rows come from (``source``):
 What the rows carry: every upstream column, image columns left encoded (``{"bytes", "path"}``
 dicts; HLE's base64 ``data:`` strings as they are): `zppo_trl.evaluation.media.load_image`
 decodes each when its request is built, so a suite's images are not all held in memory at once
-and one unreadable image skips its own item instead of failing the load. Plus ``_id`` (``"<config>/<split>/<index>"``, or
-``"<split>/<index>"`` without a subset; the index is the row's position in that split's file
-before `TaskSpec.row_filter`, so it is stable under filtering and `max_samples`), ``_config``
-and ``_split``. Video settings add ``_video_path`` and VMME-S ``_subtitle_path`` (a ``str`` path,
-or None where the file is not there: a missing video skips its item; a missing subtitle file is
-sent as "no subtitles", since some Video-MME videos have none).
+and one unreadable image skips its own item instead of failing the load. Plus ``_id``
+(``"<config>/<split>/<index>"``, or ``"<split>/<index>"`` without a subset; the index is the
+row's position in that split's file before `TaskSpec.row_filter`, so it is stable under
+filtering and `max_samples`), ``_config`` and ``_split``. Video settings add ``_video_path``
+and settings with subtitles (VMME-S) ``_subtitle_path`` (a ``str`` path, or None where the file
+is not there: a missing video skips its item; a missing subtitle file is sent as "no
+subtitles", since some Video-MME videos have none).
 """
 
 from __future__ import annotations
@@ -49,12 +50,6 @@ DATA_SUFFIXES = (".parquet", ".jsonl")
 """Local file formats, in order of preference where both exist for one split."""
 
 _BUILDERS = {".parquet": "parquet", ".jsonl": "json"}
-
-# Columns a config does not have by upstream design: the row gets None there. MMMU-Pro's vision
-# config renders the question (and options) inside its one image, so it has no question column.
-_ABSENT_BY_DESIGN: dict[tuple[str, str | None], frozenset[str]] = {
-    ("MMMU-Pro", "vision"): frozenset({"question"}),
-}
 
 
 def _as_tuple(value: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -88,13 +83,14 @@ def spec_columns(spec: TaskSpec) -> tuple[list[str], list[str]]:
 def _validate_columns(spec: TaskSpec, columns: Iterable[str], config: str | None, split: str, where: str) -> list[str]:
     """Check a table against the spec; returns the named columns it lacks by design (filled with None)."""
     present = set(columns)
-    absent_ok = _ABSENT_BY_DESIGN.get((spec.name, config), frozenset())
+    # Columns a config does not have by upstream design: the row gets None there. An image-only
+    # config (MMMU-Pro's vision) renders the question (and options) inside its one image, so it
+    # has no question column.
+    absent_ok = {spec.question_field} if config in spec.image_only_configs else set()
     required, any_images = spec_columns(spec)
     for column in required:
         if column not in present and column not in absent_ok:
-            raise ValueError(
-                f"{spec.name}: column {column!r} is missing from {where}; it has {sorted(present)}"
-            )
+            raise ValueError(f"{spec.name}: column {column!r} is missing from {where}; it has {sorted(present)}")
     if any_images and not present.intersection(any_images):
         raise ValueError(
             f"{spec.name}: none of the image columns {any_images} is in {where}; it has {sorted(present)}"
@@ -150,7 +146,9 @@ def _load_local(spec: TaskSpec, root: Path, config: str | None, split: str):
     path = _local_file(folder, split)
     if path is None:
         expected = " or ".join(str(folder / f"{split}{suffix}") for suffix in DATA_SUFFIXES)
-        raise FileNotFoundError(f"{spec.name}: no data file for config {config!r}, split {split!r}: expected {expected}")
+        raise FileNotFoundError(
+            f"{spec.name}: no data file for config {config!r}, split {split!r}: expected {expected}"
+        )
     return datasets.load_dataset(_BUILDERS[path.suffix], data_files=str(path), split="train"), path
 
 
@@ -232,7 +230,11 @@ def _select(spec: TaskSpec, tables: list[dict], max_samples: int | None) -> None
         if spec.row_filter:
             column, suffix = spec.row_filter
             values = list(table["dataset"][column])  # one column: no image is decoded
-            indices = [i for i, value in zip(indices, values) if isinstance(value, str) and value.endswith(suffix)]
+            indices = [
+                i
+                for i, value in zip(indices, values, strict=False)
+                if isinstance(value, str) and value.endswith(suffix)
+            ]
         table["keep"] = list(indices)
     if max_samples is None:
         return
@@ -294,7 +296,9 @@ def load_setting(
         if spec not in SUITE:
             raise ValueError(f"unknown setting {spec!r}; see zppo_trl.evaluation.tasks.SUITE")
         spec = SUITE[spec]
-    if max_samples is not None and (isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1):
+    if max_samples is not None and (
+        isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1
+    ):
         raise ValueError(f"{spec.name}: max_samples must be a positive integer or None, not {max_samples!r}")
     origin = _resolve_source(spec, source)
     local = isinstance(origin, Path)
@@ -320,7 +324,7 @@ def load_setting(
         config, split = table["config"], table["split"]
         prefix = f"{config}/{split}" if config is not None else split
         subset = _undecoded_images(table["dataset"].select(table["keep"]), image_columns)
-        for index, row in zip(table["keep"], subset):
+        for index, row in zip(table["keep"], subset, strict=False):
             row = dict(row)
             for column in table["absent"]:
                 row[column] = None

@@ -185,7 +185,9 @@ def video_frames(path: Any, max_frames: int = DEFAULT_MAX_FRAMES) -> list[Image.
             duration = float(stream.duration * time_base)
         elif container.duration:
             duration = container.duration / 1_000_000  # container.duration is in AV_TIME_BASE (microseconds)
-        count = stream.frames or (round(duration * float(stream.average_rate)) if duration and stream.average_rate else 0)
+        count = stream.frames or (
+            round(duration * float(stream.average_rate)) if duration and stream.average_rate else 0
+        )
         if not duration or not time_base or count <= max_frames:
             # Short (or duration-less) video: decode it once and sample by index.
             frames = _decode_all(container, stream, path)

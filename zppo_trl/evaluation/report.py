@@ -3,11 +3,13 @@
 Input is the ``results.json`` a run of ``zppo-eval run`` leaves in its run directory (scores in
 percent, one entry per setting that was run). Output is markdown in the paper's layout:
 
-* `comparison_table`: one table per family, as `tab:main` (the 16 VLM settings) and
-  `tab:generalization` (the 10 LLM and 5 Video blocks, each with its own Avg) print them: rows
+* `comparison_table`: one table per family, as the paper's main results table (the 16 VLM
+  settings) and its generalization table (the 10 LLM and 5 Video blocks, each with its own Avg)
+  print them: rows
   are runs, columns the settings in suite order and the family's macro average, the column
   maxima in bold (shared by ties), and a signed Δ row (last run minus the baseline).
-* `bootstrap_table`: the `tab:appendix:ci_main` layout, one row per family block, one column per
+* `bootstrap_table`: the layout of the paper's appendix table of bootstrap intervals for the
+  main comparison, one row per family block, one column per
   comparator, ``Δ [low, high] (wins/n)`` from `stats.paired_bootstrap_table`.
 * `family_plot`: grouped bars of the family macro averages.
 
@@ -65,7 +67,9 @@ def _results_path(path: str | Path) -> Path:
     if path.is_dir():
         path = path / RESULTS_FILE
         if not path.is_file():
-            raise FileNotFoundError(f"no {RESULTS_FILE} in run directory {path.parent} (has the run finished a setting?)")
+            raise FileNotFoundError(
+                f"no {RESULTS_FILE} in run directory {path.parent} (has the run finished a setting?)"
+            )
     elif not path.is_file():
         raise FileNotFoundError(f"{path}: no such results file or run directory")
     return path
@@ -112,12 +116,15 @@ def load_run(path: str | Path) -> RunResults:
         entry = settings[setting]
         where = f"settings.{setting}."
         if setting not in SUITE:
-            raise ValueError(f"{file}: unknown setting {setting!r} under 'settings' (not in the suite: {', '.join(SUITE)})")
+            raise ValueError(
+                f"{file}: unknown setting {setting!r} under 'settings' (not in the suite: {', '.join(SUITE)})"
+            )
         if not isinstance(entry, dict):
             raise ValueError(f"{file}: {where[:-1]!r} must be an object")
         if "family" in entry and entry["family"] != SUITE[setting].family:
             raise ValueError(
-                f"{file}: {where + 'family'!r} is {entry['family']!r}; the suite files {setting} under {SUITE[setting].family!r}"
+                f"{file}: {where + 'family'!r} is {entry['family']!r}; "
+                f"the suite files {setting} under {SUITE[setting].family!r}"
             )
         score = _field(entry, "score", where, file)
         flag = _field(entry, "complete", where, file)
@@ -133,7 +140,9 @@ def load_run(path: str | Path) -> RunResults:
         stderr[setting] = math.nan if error is None else _number(error, where + "stderr", file)
         complete[setting] = flag
     families = {
-        family: macro_average(scores, family) for family in FAMILY_NAMES if any(name in scores for name in FAMILIES[family])
+        family: macro_average(scores, family)
+        for family in FAMILY_NAMES
+        if any(name in scores for name in FAMILIES[family])
     }
     family_complete = {
         family: all(complete.get(setting, False) for setting in FAMILIES[family]) for family in families
@@ -151,7 +160,9 @@ def _check_runs(runs: Sequence[RunResults]) -> list[RunResults]:
     seen: dict[str, Path] = {}
     for run in runs:
         if run.name in seen:
-            raise ValueError(f"two runs are named {run.name!r} ({seen[run.name]} and {run.path}); rename one (run_name)")
+            raise ValueError(
+                f"two runs are named {run.name!r} ({seen[run.name]} and {run.path}); rename one (run_name)"
+            )
         seen[run.name] = run.path
     return runs
 
@@ -190,7 +201,9 @@ def _columns(runs: Sequence[RunResults], settings: Sequence[str] | None) -> _Col
         else:
             partial[name] = missing
     if not shown:
-        raise ValueError("no setting is scored in every run" + (f" (asked: {', '.join(settings)})" if settings else ""))
+        raise ValueError(
+            "no setting is scored in every run" + (f" (asked: {', '.join(settings)})" if settings else "")
+        )
     return _Columns(shown, partial, absent)
 
 
@@ -286,12 +299,14 @@ def _family_table(
     runs: Sequence[RunResults], family: str, names: list[str], base: RunResults | None, stderr: bool
 ) -> list[str]:
     header = [_family_title(family, len(names))] + names + ["Avg"]
-    values = [[run.scores[name] for name in names] + [macro_average({n: run.scores[n] for n in names})] for run in runs]
+    values = [
+        [run.scores[name] for name in names] + [macro_average({n: run.scores[n] for n in names})] for run in runs
+    ]
     printed = [[f"{value:.2f}" for value in row] for row in values]
     # the maximum as printed, so that two cells that read the same are both bold
     best = [max(float(row[col]) for row in printed) for col in range(len(header) - 1)]
     lines = [_row(header), _row(["---"] + ["---:"] * (len(header) - 1))]
-    for run, row in zip(runs, printed):
+    for run, row in zip(runs, printed, strict=False):
         cells = [_escape(run.name)]
         for col, text in enumerate(row):
             cell = f"**{text}**" if float(text) == best[col] else text
@@ -308,7 +323,7 @@ def _family_table(
     if base is not None:
         last, first = values[-1], values[runs.index(base)]
         label = f"Δ ({_escape(runs[-1].name)} − {_escape(base.name)})"
-        lines.append(_row([label] + [_delta(a - b) for a, b in zip(last, first)]))
+        lines.append(_row([label] + [_delta(a - b) for a, b in zip(last, first, strict=False)]))
     return lines
 
 
@@ -323,7 +338,7 @@ def bootstrap_table(
     confidence: float = 0.95,
     settings: Sequence[str] | None = None,
 ) -> str:
-    """The paper's `tab:appendix:ci_main` for `runs`, as markdown.
+    """The paper's appendix table of bootstrap intervals (main comparison) for `runs`, as markdown.
 
     One row per family block, one column per run other than `target` (a run name; default the
     last run), each cell ``Δ [low, high] (wins/n)``: the paired macro-average delta target minus
@@ -421,7 +436,7 @@ def family_plot(runs: Sequence[RunResults], path: str | Path) -> Path:
         heights = [run.families.get(family, math.nan) for family in families]
         incomplete = [family in run.families and not run.family_complete[family] for family in families]
         bars = axes.bar(xs, heights, width, label=run.name, color=f"C{index % 10}")
-        for bar, height, partial in zip(bars, heights, incomplete):
+        for bar, height, partial in zip(bars, heights, incomplete, strict=False):
             if math.isnan(height):
                 continue
             top = max(top, height)
@@ -450,7 +465,9 @@ def _compare_parser() -> argparse.ArgumentParser:
         "optionally the paired setting-bootstrap and a plot of the family averages.",
     )
     parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories or their results.json, in row order")
-    parser.add_argument("--baseline", metavar="NAME", help="the run Δ subtracts from the last run (default: the first)")
+    parser.add_argument(
+        "--baseline", metavar="NAME", help="the run Δ subtracts from the last run (default: the first)"
+    )
     parser.add_argument("--settings", nargs="+", metavar="SETTING",
                         help="settings or families to show, comma or space separated (default: every setting "
                              "any run has)")  # fmt: skip

@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 from ..prompts import render_judge
 from ..teacher import TeacherClient, parse_verdict
 from .data import load_setting
-from .judges import render_bench_judge, score_bench_judge
+from .judges import request_judge_prompt
 from .prompting import build_requests
 from .scorers import ItemRecord, aggregate, score_deterministic
 from .stats import family_macro_averages, mean_and_stderr
@@ -51,7 +51,15 @@ from .tasks import FAMILIES, JUDGE_DECODING, PAPER_DECODING, SUITE, DecodingConf
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EvalOptions", "EvaluationError", "RunDirectoryMismatch", "run_suite", "sampling_extra_body", "summarize_setting", "RecordStore"]
+__all__ = [
+    "EvalOptions",
+    "EvaluationError",
+    "RunDirectoryMismatch",
+    "run_suite",
+    "sampling_extra_body",
+    "summarize_setting",
+    "RecordStore",
+]
 
 RESULTS_FILE = "results.json"
 SAMPLING_FIELDS = ("all", "openai")
@@ -59,7 +67,17 @@ RUN_FILE = "run.json"
 
 # run.json fields that must match for a directory to be resumed (the rest may change: concurrency,
 # endpoints' URLs, the settings to run).
-_RESUME_KEYS = ("model", "passes", "decoding", "sampling_fields", "max_samples", "seed", "max_frames", "condition", "judge_model")
+_RESUME_KEYS = (
+    "model",
+    "passes",
+    "decoding",
+    "sampling_fields",
+    "max_samples",
+    "seed",
+    "max_frames",
+    "condition",
+    "judge_model",
+)
 
 
 class EvaluationError(RuntimeError):
@@ -121,7 +139,9 @@ def sampling_extra_body(decoding: DecodingConfig, fields: str = "all") -> dict[s
     per-request ``mm_processor_kwargs`` unless started with ``--trust-request-mm-kwargs``, so they
     belong on the server (``vllm serve --mm-processor-kwargs``, see docs/evaluation.md).
     """
-    names = ("presence_penalty",) if fields == "openai" else ("top_k", "min_p", "presence_penalty", "repetition_penalty")
+    names = (
+        ("presence_penalty",) if fields == "openai" else ("top_k", "min_p", "presence_penalty", "repetition_penalty")
+    )
     return {name: getattr(decoding, name) for name in names if getattr(decoding, name) is not None}
 
 
@@ -166,7 +186,9 @@ class RecordStore:
         """Append one record and flush it to disk before returning."""
         line = json.dumps(record, ensure_ascii=False) + "\n"
         with self._lock:
-            {"generation": self.generations, "judgment": self.judgments, "skip": self.skips}[record["kind"]][record["key"]] = record
+            {"generation": self.generations, "judgment": self.judgments, "skip": self.skips}[record["kind"]][
+                record["key"]
+            ] = record
             with self.path.open("a", encoding="utf-8") as handle:
                 handle.write(line)
 
@@ -200,10 +222,7 @@ def _prompt_text(messages: Sequence[Mapping[str, Any]]) -> str:
 def _judge_prompt(spec: TaskSpec, request: Any, response: str, verdict: Any) -> str | None:
     """The judge prompt this item needs, or None where the deterministic verdict stands."""
     if spec.scoring == "benchjudge":
-        part = request.part
-        if spec.name == "CharXiv" and part and part.startswith("descriptive_"):
-            part = int(part.rsplit("_", 1)[1])
-        return render_bench_judge(spec.name, request.row, response, part)
+        return request_judge_prompt(spec, request, response)
     if verdict is None or not verdict.consult_judge:
         return None
     return render_judge(request.question, verdict.judge_input, verdict.gold, request.options)
@@ -212,7 +231,7 @@ def _judge_prompt(spec: TaskSpec, request: Any, response: str, verdict: Any) -> 
 def _judge_score(spec: TaskSpec, row: Mapping[str, Any], reply: str) -> tuple[float, bool]:
     """(score, parsed) of a judge reply, by the setting's parser (strict: unparsed scores 0)."""
     if spec.scoring == "benchjudge":
-        result = score_bench_judge(spec.name, row, reply)
+        result = spec.bench_judge.parse(row, reply)
         return float(result.score), bool(result.parsed)
     verdict = parse_verdict(reply)
     return (1.0 if verdict is True else 0.0), verdict is not None
@@ -282,11 +301,15 @@ class _SettingRun:
             return
         try:
             requests = build_requests(
-                self.spec, row, pass_index=pass_index, seed=self.options.seed, max_frames=self.options.max_frames, condition=self.options.condition
+                self.spec,
+                row,
+                pass_index=pass_index,
+                seed=self.options.seed,
+                max_frames=self.options.max_frames,
+                condition=self.options.condition,
             )
         except (ValueError, OSError) as err:  # MediaError is a ValueError: unreadable image, missing video
-            parts = ("reasoning", *(f"descriptive_{i}" for i in range(1, 5))) if self.spec.name == "CharXiv" else (None,)
-            for part in parts:  # one skip per question the row carries, so counts are in items
+            for part in self.spec.parts:  # one skip per question the row carries, so counts are in items
                 self._skip(item_key(pass_index, row["_id"], part), f"prompt: {err}", row)
             return
         for request in requests:
@@ -326,7 +349,9 @@ class _SettingRun:
         if generation is None or generation["prompt"] != prompt:  # a changed prompt is a new item
             response, error = self._generate(request)
             if response is None:
-                if error.startswith("rejected: "):  # a request the server refuses (too long, bad image): retrying cannot help
+                if error.startswith(
+                    "rejected: "
+                ):  # a request the server refuses (too long, bad image): retrying cannot help
                     self._skip(key, f"endpoint {error}", request.row)
                 else:
                     self._failed("failed_generations")
@@ -352,8 +377,14 @@ class _SettingRun:
                             group=verdict.group, score=verdict.score)  # fmt: skip
         if prompt is not None:
             errors: list = []
-            (replies,) = self.judge.sample([prompt], n=1, max_tokens=JUDGE_DECODING.max_new_tokens, temperature=JUDGE_DECODING.temperature,
-                                           top_p=JUDGE_DECODING.top_p, errors=errors)  # fmt: skip
+            (replies,) = self.judge.sample(
+                [prompt],
+                n=1,
+                max_tokens=JUDGE_DECODING.max_new_tokens,
+                temperature=JUDGE_DECODING.temperature,
+                top_p=JUDGE_DECODING.top_p,
+                errors=errors,
+            )
             if not replies:
                 if (errors[0] or "").startswith("rejected: "):
                     self._skip(key, f"judge endpoint {errors[0]}", request.row)
@@ -376,16 +407,10 @@ class _SettingRun:
 
 
 def _pass_score(spec: TaskSpec, items: list[dict]) -> float:
-    """One pass's setting score in [0, 1]; CharXiv: the mean of its Reasoning and Descriptive accuracies.
-
-    CharXiv's single cell combining its two halves is this package's choice (the paper prints one
-    CharXiv column and does not say how): each half weighs one, as each setting does in a family.
-    """
-    if spec.name == "CharXiv":
-        reasoning = [item for item in items if item["part"] == "reasoning"]
-        descriptive = [item for item in items if item["part"] != "reasoning"]
-        parts = [aggregate(spec, [ItemRecord(i["score"]) for i in group]) for group in (reasoning, descriptive) if group]
-        return sum(parts) / len(parts)
+    """One pass's setting score in [0, 1]: the spec's aggregation, or its `TaskSpec.pass_score`
+    (CharXiv: the mean of its Reasoning and Descriptive accuracies)."""
+    if spec.pass_score is not None:
+        return spec.pass_score(spec, items)
     return aggregate(spec, [ItemRecord(item["score"], item.get("group")) for item in items])
 
 
@@ -410,8 +435,17 @@ def _details(store: RecordStore) -> list[dict]:
         judgment = store.judgments.get(key, {})
         pass_index, row_id, part = _parse_key(key)
         row = {column: judgment.get(column) for column in _DETAIL_COLUMNS}
-        row.update({"key": key, "pass": pass_index, "row_id": row_id, "part": part, "prompt": generation.get("prompt"),
-                    "response": generation.get("response"), "skipped": store.skips.get(key, {}).get("reason")})  # fmt: skip
+        row.update(
+            {
+                "key": key,
+                "pass": pass_index,
+                "row_id": row_id,
+                "part": part,
+                "prompt": generation.get("prompt"),
+                "response": generation.get("response"),
+                "skipped": store.skips.get(key, {}).get("reason"),
+            }
+        )
         if row["skipped"]:
             row["group"] = store.skips[key].get("group")
         if row["skipped"]:
@@ -420,7 +454,9 @@ def _details(store: RecordStore) -> list[dict]:
     return rows
 
 
-def _scored_by_pass(spec: TaskSpec, store: RecordStore, passes: int) -> tuple[dict[int, list[dict]], dict[int, int], int]:
+def _scored_by_pass(
+    spec: TaskSpec, store: RecordStore, passes: int
+) -> tuple[dict[int, list[dict]], dict[int, int], int]:
     """(pass -> its scored items, pass -> its skipped items, groups left out of worst-case scoring).
 
     Skipped items are never scored. Under ``worst_case_variants`` (DynaMath) a seed with a skipped
@@ -459,8 +495,11 @@ def summarize_setting(spec: TaskSpec, store: RecordStore, passes: int, complete_
     entry: dict[str, Any] = {
         "family": spec.family,
         "skipped": max(skipped.values()),
-        "judge_unparsed": sum(1 for key, judgment in store.judgments.items()
-                              if judgment.get("judge_parsed") is False and key not in store.skips),  # fmt: skip
+        "judge_unparsed": sum(
+            1
+            for key, judgment in store.judgments.items()
+            if judgment.get("judge_parsed") is False and key not in store.skips
+        ),  # fmt: skip
     }
     if left_out:
         entry["left_out_with_skipped_variants"] = left_out
@@ -474,10 +513,8 @@ def summarize_setting(spec: TaskSpec, store: RecordStore, passes: int, complete_
         passes=[round(score, 4) for score in pass_scores],
         complete=complete_rows and not store.skips and len(scored) == passes,
     )  # fmt: skip
-    if spec.name == "CharXiv":  # the two halves the combined score averages
-        items = [item for p in scored for item in by_pass[p]]
-        halves = {"reasoning": [i for i in items if i["part"] == "reasoning"], "descriptive": [i for i in items if i["part"] != "reasoning"]}
-        entry["parts"] = {name: round(100.0 * sum(i["score"] for i in group) / len(group), 4) for name, group in halves.items() if group}
+    if spec.parts_report is not None:  # sub-scores (CharXiv: the two halves the combined score averages)
+        entry["parts"] = spec.parts_report([item for p in scored for item in by_pass[p]])
     return entry, _details(store)
 
 
@@ -545,21 +582,33 @@ def run_suite(
         raise ValueError("the video settings decode their files with PyAV: pip install 'zppo-trl[eval]' (or av)")
     run_dir = Path(run_dir)
     manifest = {
-        "run_name": run_name or run_dir.name, "model": student.model, "base_url": student.base_url,
-        "judge_model": judge.model if judge else None, "judge_base_url": judge.base_url if judge else None,
-        "passes": options.passes, "decoding": dataclasses.asdict(options.decoding), "sampling_fields": options.sampling_fields,
+        "run_name": run_name or run_dir.name,
+        "model": student.model,
+        "base_url": student.base_url,
+        "judge_model": judge.model if judge else None,
+        "judge_base_url": judge.base_url if judge else None,
+        "passes": options.passes,
+        "decoding": dataclasses.asdict(options.decoding),
+        "sampling_fields": options.sampling_fields,
         "max_samples": options.max_samples,
-        "seed": options.seed, "max_frames": options.max_frames, "condition": options.condition, "settings": names,
+        "seed": options.seed,
+        "max_frames": options.max_frames,
+        "condition": options.condition,
+        "settings": names,
         "sources": {name: options.sources.get(name) or SUITE[name].dataset for name in names},
-    }  # fmt: skip
+    }
     _check_resume(run_dir, manifest)
     if options.sampling_fields != "all":
         logger.warning("sending only OpenAI's sampling fields: top-k, min-p and the repetition penalty are the "
                        "server's defaults, so this is not the paper's decoding")  # fmt: skip
     if not student.health(timeout=30):
-        raise EvaluationError(f"the student endpoint {student.base_url} (model {student.model!r}) does not answer; see the warning above")
+        raise EvaluationError(
+            f"the student endpoint {student.base_url} (model {student.model!r}) does not answer; see the warning above"
+        )
     if judge is not None and not judge.health(timeout=30):
-        raise EvaluationError(f"the judge endpoint {judge.base_url} (model {judge.model!r}) does not answer; see the warning above")
+        raise EvaluationError(
+            f"the judge endpoint {judge.base_url} (model {judge.model!r}) does not answer; see the warning above"
+        )
     (run_dir / "records").mkdir(parents=True, exist_ok=True)
     (run_dir / "details").mkdir(exist_ok=True)
     _write_json(run_dir / RUN_FILE, manifest)
@@ -576,7 +625,9 @@ def run_suite(
             video_dir=options.video_dir.get(name), subtitle_dir=options.subtitle_dir.get(name),
         )  # fmt: skip
         if not rows:
-            raise ValueError(f"{name}: no rows to evaluate in {options.sources.get(name) or spec.dataset} (after its row filter)")
+            raise ValueError(
+                f"{name}: no rows to evaluate in {options.sources.get(name) or spec.dataset} (after its row filter)"
+            )
         store = RecordStore(run_dir / "records" / f"{name}.jsonl")
         _SettingRun(spec, rows, store, student, judge, options).run()
         entry, details = summarize_setting(spec, store, options.passes, complete_rows=options.max_samples is None)
@@ -598,13 +649,19 @@ def _read_results(run_dir: Path) -> dict:
 def _write_results(run_dir: Path, manifest: dict, settings: Mapping[str, Any], judged: bool) -> dict:
     ordered = {name: settings[name] for name in SUITE if name in settings}
     results = {
-        "run_name": manifest["run_name"], "model": manifest["model"], "base_url": manifest["base_url"],
-        "judge_model": manifest["judge_model"], "judged": judged,
+        "run_name": manifest["run_name"],
+        "model": manifest["model"],
+        "base_url": manifest["base_url"],
+        "judge_model": manifest["judge_model"],
+        "judged": judged,
         "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "passes": manifest["passes"], "max_samples": manifest["max_samples"],
-        "paper_decoding": manifest["decoding"] == dataclasses.asdict(PAPER_DECODING) and manifest["sampling_fields"] == "all",
-        "settings": ordered, "families": family_summary(ordered),
-    }  # fmt: skip
+        "passes": manifest["passes"],
+        "max_samples": manifest["max_samples"],
+        "paper_decoding": manifest["decoding"] == dataclasses.asdict(PAPER_DECODING)
+        and manifest["sampling_fields"] == "all",
+        "settings": ordered,
+        "families": family_summary(ordered),
+    }
     _write_json(run_dir / RESULTS_FILE, results)
     return results
 

@@ -1,6 +1,6 @@
 """Macro averages and the paired setting-bootstrap of the paper's evaluation.
 
-The bootstrap follows the paper's appendix `sec:appendix:stat_reliability`: inside one
+The bootstrap follows the paper's appendix on statistical reliability: inside one
 (scale, family) block, redraw the reported settings with replacement, recompute the paired
 macro-average delta, and report the full-sample delta, a percentile interval and the win
 count. The unit is one setting (OCR-EN/OCR-ZH and VMME/VMME-S enter separately), and all
@@ -233,7 +233,9 @@ def _paired_differences(a: Mapping[str, float], b: Mapping[str, float]) -> np.nd
 def _check_same_settings(a: Mapping[str, float], b: Mapping[str, float], what: str) -> None:
     if set(a) != set(b):
         only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
-        raise ValueError(f"{what} must score the same settings; only in the first: {only_a}, only in the second: {only_b}")
+        raise ValueError(
+            f"{what} must score the same settings; only in the first: {only_a}, only in the second: {only_b}"
+        )
 
 
 def _check_confidence(confidence: float) -> None:

