@@ -123,7 +123,7 @@ def reward_functions(script_args: ScriptArguments, args: ZPPOConfig) -> list:
 def endpoints(script_args: ScriptArguments, args: ZPPOConfig) -> list[tuple[str, str, str]]:
     """(role, base_url, model) of every server the run talks to besides the student's vLLM."""
     out = []
-    if args.reformulations or args.distillation == "off":
+    if args.augmentations or args.distillation == "off":
         out.append(("teacher", args.teacher_base_url, args.teacher_model))
     if script_args.use_judge and args.judge_base_url and args.judge_model:
         if not out or (args.judge_base_url, args.judge_model) != (out[0][1], out[0][2]):
@@ -185,14 +185,14 @@ def dry_run(script_args: ScriptArguments, args: ZPPOConfig, model_args: ModelCon
         "(replayed and reformulated groups add rows)"
     )
     out(f"  student rollouts: {generation_backend(args)}")
-    if args.reformulations:
+    if args.augmentations:
         cap = args.compression_max_tokens
         use = {
             "hint": f"hints <= {cap} tokens",
             "prefix": f"response prefix alpha={args.prefix_fraction:g}",
             "correction": "corrects one wrong rollout per hard question; graded SFT targets",
             "reflection": "revises a correct draft with the wrong rollouts; graded SFT targets",
-        }.get(args.reformulations[0], f"compression <= {cap} tokens" if args.compress_candidates else "candidates uncompressed (compress_candidates: false)")
+        }.get(args.augmentations[0], f"compression <= {cap} tokens" if args.compress_candidates else "candidates uncompressed (compress_candidates: false)")
         out(f"  teacher: {args.teacher_model} at {args.teacher_base_url} (G_T={args.teacher_num_generations}, {use})")
     if args.distillation:
         out(f"  distillation: {args.variant} against {args.distill_teacher}, loaded next to the student on every rank (GKD JSD, beta={args.distill_beta:g})")

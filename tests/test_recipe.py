@@ -62,7 +62,7 @@ def test_scale_yaml_is_the_papers_table(scale):
         "advantage_normalization": "without_zero",
         # ZPPO-specific
         "hard_threshold": 0.5, "replay_fraction": 0.25, "replay_capacity": 10000, "augment_fraction": 0.25,
-        "reformulations": ["bcq", "ncq"], "compression_max_tokens": 512,
+        "augmentations": ["bcq", "ncq"], "compression_max_tokens": 512,
         # Schedule and batching
         "per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "max_steps": 800,
     }  # fmt: skip
@@ -97,25 +97,25 @@ def test_dry_run_prints_the_papers_composition(scale):
 
 # recipes/rows/: the paper's name of each comparison row at 0.8B, and the fields that make it that row.
 ROWS = {
-    "grpo": ("GRPO", dict(reformulations=[], replay_fraction=0.0)),
-    "grpo_dagger": ("GRPO\u2020", dict(reformulations=[], replay_fraction=0.25)),
-    "grpo_dagger_bcq": ("GRPO\u2020+BCQ", dict(reformulations=["bcq"])),
-    "grpo_dagger_ncq": ("GRPO\u2020+NCQ", dict(reformulations=["ncq"])),
-    "grpo_both": ("GRPO+Both", dict(reformulations=["bcq", "ncq"], replay_fraction=0.0)),
-    "grpo_dagger_hint": ("GRPO\u2020+Hint", dict(reformulations=["hint"])),
-    "grpo_dagger_prefix": ("GRPO\u2020+Prefix", dict(reformulations=["prefix"], prefix_fraction=0.4)),
+    "grpo": ("GRPO", dict(augmentations=[], replay_fraction=0.0)),
+    "grpo_dagger": ("GRPO\u2020", dict(augmentations=[], replay_fraction=0.25)),
+    "grpo_dagger_bcq": ("GRPO\u2020+BCQ", dict(augmentations=["bcq"])),
+    "grpo_dagger_ncq": ("GRPO\u2020+NCQ", dict(augmentations=["ncq"])),
+    "grpo_both": ("GRPO+Both", dict(augmentations=["bcq", "ncq"], replay_fraction=0.0)),
+    "grpo_dagger_hint": ("GRPO\u2020+Hint", dict(augmentations=["hint"])),
+    "grpo_dagger_prefix": ("GRPO\u2020+Prefix", dict(augmentations=["prefix"], prefix_fraction=0.4)),
     "zppo_gspo": ("ZPPO (GSPO)", dict(policy_objective="gspo", importance_sampling_level="sequence")),
     "zppo_cispo": ("ZPPO (CISPO)", dict(policy_objective="cispo", loss_type="cispo")),
     "zppo_dispo": ("ZPPO (DISPO)", dict(policy_objective="dispo")),
-    "gspo_dagger": ("GSPO\u2020", dict(policy_objective="gspo", reformulations=[])),
-    "cispo_dagger": ("CISPO\u2020", dict(policy_objective="cispo", reformulations=[])),
-    "dispo_dagger": ("DISPO\u2020", dict(policy_objective="dispo", reformulations=[])),
-    "correction_sft_dagger": ("Correction-SFT\u2020", dict(reformulations=["correction"])),
-    "reflection_sft_dagger": ("Error-reflection-SFT\u2020", dict(reformulations=["reflection"])),
-    "off_distill": ("Off-Distill", dict(reformulations=[], replay_fraction=0.0, distillation="off", distill_teacher="Qwen/Qwen3.5-27B")),
-    "off_distill_dagger": ("Off-Distill\u2020", dict(reformulations=[], distillation="off", distill_teacher="Qwen/Qwen3.5-27B")),
-    "on_distill": ("On-Distill", dict(reformulations=[], replay_fraction=0.0, distillation="on", distill_teacher="Qwen/Qwen3.5-27B")),
-    "on_distill_dagger": ("On-Distill\u2020", dict(reformulations=[], distillation="on", distill_teacher="Qwen/Qwen3.5-27B")),
+    "gspo_dagger": ("GSPO\u2020", dict(policy_objective="gspo", augmentations=[])),
+    "cispo_dagger": ("CISPO\u2020", dict(policy_objective="cispo", augmentations=[])),
+    "dispo_dagger": ("DISPO\u2020", dict(policy_objective="dispo", augmentations=[])),
+    "correction_sft_dagger": ("Correction-SFT\u2020", dict(augmentations=["correction"])),
+    "reflection_sft_dagger": ("Error-reflection-SFT\u2020", dict(augmentations=["reflection"])),
+    "off_distill": ("Off-Distill", dict(augmentations=[], replay_fraction=0.0, distillation="off", distill_teacher="Qwen/Qwen3.5-27B")),
+    "off_distill_dagger": ("Off-Distill\u2020", dict(augmentations=[], distillation="off", distill_teacher="Qwen/Qwen3.5-27B")),
+    "on_distill": ("On-Distill", dict(augmentations=[], replay_fraction=0.0, distillation="on", distill_teacher="Qwen/Qwen3.5-27B")),
+    "on_distill_dagger": ("On-Distill\u2020", dict(augmentations=[], distillation="on", distill_teacher="Qwen/Qwen3.5-27B")),
 }  # fmt: skip
 
 
@@ -157,7 +157,7 @@ def test_a_row_recipe_dry_runs_through_its_base(tmp_path):
 
 
 def test_command_line_overrides_the_yaml():
-    run = _recipe("--config", "recipes/qwen35_0.8b.yaml", "--dry_run", "--num_training_ranks", "24", "--reformulations", "", "--replay_fraction", "0.5")
+    run = _recipe("--config", "recipes/qwen35_0.8b.yaml", "--dry_run", "--num_training_ranks", "24", "--augmentations", "", "--replay_fraction", "0.5")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "ZPPO dry run: GRPO\u2020" in run.stdout
     assert "per rollout step: 192 new + <=96 replayed + <=0 reformulated prompts x 8 rollouts; 4 optimizer updates of 48 new prompts; no teacher" in run.stdout
@@ -228,7 +228,7 @@ def test_student_kind_processor_and_rewards_follow_the_config(tiny_vlm_dir, tiny
     judged = recipe.reward_functions(recipe.ScriptArguments(), args)
     assert [f.__name__ for f in judged] == ["judged_accuracy_reward"]
     assert recipe.reward_functions(recipe.ScriptArguments(use_judge=False), args)[0].__name__ == "boxed_accuracy_reward"
-    plain = ZPPOConfig(output_dir="unused", use_cpu=True, bf16=False, per_device_train_batch_size=8, report_to="none", reformulations=[])
+    plain = ZPPOConfig(output_dir="unused", use_cpu=True, bf16=False, per_device_train_batch_size=8, report_to="none", augmentations=[])
     assert recipe.reward_functions(recipe.ScriptArguments(), plain)[0].__name__ == "boxed_accuracy_reward"  # no judge endpoint
 
 

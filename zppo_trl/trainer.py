@@ -62,7 +62,7 @@ from .batches import concat_batches, select_rows
 from .callbacks import QuietProgressCallback, RolloutSummaryCallback
 from .config import ZPPOConfig
 from .model_card import PAPER_CITATION, PAPER_TITLE, CardFacts, render_model_card
-from .augmentation import Augmentation, BuiltGroup, BuiltGroups, Evidence, make_augmentation
+from .augmentations import Augmentation, BuiltGroup, BuiltGroups, Evidence, make_augmentation
 from .distill import completion_logits, generalized_jsd, load_distill_teacher
 from .objectives import cispo_weight_bound, dispo_outside, dispo_per_token_loss
 from .prompts import compose_prompt
@@ -174,13 +174,13 @@ class ZPPOTrainer(GRPOTrainer):
         self.dataset_name = dataset_name
         self.model_license = model_license
         self.teacher = teacher
-        if self.teacher is None and (args.reformulations or args.distillation == "off"):
+        if self.teacher is None and (args.augmentations or args.distillation == "off"):
             self.teacher = TeacherClient.from_config(args)
         # The distillation rows' teacher, loaded next to the student for its per-token distributions.
         self.distill_teacher = self._prepare_distill_teacher(distill_teacher_model) if args.distillation else None
         # Step 5's augmentation: ZPPO's BCQ/NCQ prompts, or a comparison row's; None for GRPO†.
         self.augmentation: Augmentation | None = make_augmentation(
-            args.reformulations,
+            args.augmentations,
             prefix_fraction=args.prefix_fraction,
             tokenizer=self._tokenizer,
             question_of=lambda key: self._row(key)[data.QUESTION],
