@@ -242,8 +242,10 @@ def test_checkpoints_inside_a_rollout_step_are_warned_about(tmp_path):
 
 
 def test_composition_and_clients_follow_the_config():
-    c = ZPPOConfig(**{**CPU, "per_device_train_batch_size": 4}, gradient_accumulation_steps=4, max_steps=800, **TEACHER,
-                   judge_base_url="http://judge:9000/v1", judge_extra_body={"chat_template_kwargs": {"enable_thinking": False}})  # fmt: skip
+    c = ZPPOConfig(
+        **{**CPU, "per_device_train_batch_size": 4}, gradient_accumulation_steps=4, max_steps=800, **TEACHER,
+        judge_base_url="http://judge:9000/v1", judge_extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )  # fmt: skip
     step = c.composition(48)
     assert (step.new_prompts, step.max_replayed, step.max_reformulated, step.max_prompts) == (384, 96, 96, 576)
     assert (step.new_prompts_per_update, step.rollout_steps, step.teacher_rollouts) == (96, 200, 4)

@@ -46,7 +46,8 @@ PAPER_OBJECTIVE: dict[str, tuple[object, str]] = {
     "importance_sampling_level": ("token", "the paper's PPO ratio is per token"),
     "vllm_importance_sampling_correction": (
         False,
-        "the PPO ratio against the sampling policy is the only ratio; TRL's vLLM/trainer ratio would reweight and mask sequences",
+        "the PPO ratio against the sampling policy is the only ratio; TRL's vLLM/trainer ratio would reweight and "
+        "mask sequences",
     ),
     "mask_truncated_completions": (False, "every sampled response enters the loss"),
     "top_entropy_quantile": (1.0, "every response token enters the loss"),
@@ -136,7 +137,8 @@ class ZPPOConfig(GRPOConfig):
     hard_threshold: float = field(
         default=0.5,
         metadata={
-            "help": "tau: a question is hard when its plain-group accuracy is below this (admission, graduation, pre-cap)."
+            "help": "tau: a question is hard when its plain-group accuracy is below this (admission, graduation, "
+            "pre-cap)."
         },
     )
     replay_fraction: float = field(
@@ -150,7 +152,8 @@ class ZPPOConfig(GRPOConfig):
     augment_fraction: float = field(
         default=0.25,
         metadata={
-            "help": "rho_aug: cap on hard questions (pre-cap) and on BCQ+NCQ instances (post-cap), as a fraction of the new questions."
+            "help": "rho_aug: cap on hard questions (pre-cap) and on BCQ+NCQ instances (post-cap), as a fraction of "
+            "the new questions."
         },
     )
     # None until __post_init__, so that setting it and its deprecated alias differently is told apart
@@ -158,29 +161,31 @@ class ZPPOConfig(GRPOConfig):
     augmentations: list[str] | None = field(
         default=None,
         metadata={
-            "help": "Step 5's augmentations of hard questions (default: ['bcq', 'ncq'], ZPPO): a subset of ['bcq', 'ncq']; "
-            "[] turns them off (GRPO†); ['hint'] or ['prefix'] alone is the paper's Hint or Prefix control; "
-            "['correction'] or ['reflection'] alone trains the supervised Correction-SFT or Error-reflection-SFT control "
-            "instead of RL."
+            "help": "Step 5's augmentations of hard questions (default: ['bcq', 'ncq'], ZPPO): a subset of ['bcq', "
+            "'ncq']; [] turns them off (GRPO†); ['hint'] or ['prefix'] alone is the paper's Hint or Prefix control; "
+            "['correction'] or ['reflection'] alone trains the supervised Correction-SFT or Error-reflection-SFT "
+            "control instead of RL."
         },
     )
     reformulations: list[str] | None = field(
         default=None,
         metadata={
-            "help": "Deprecated alias of augmentations (its name while it held only BCQ/NCQ): sets augmentations, with a "
-            "FutureWarning. After construction it reads the same kinds as augmentations."
+            "help": "Deprecated alias of augmentations (its name while it held only BCQ/NCQ): sets augmentations, "
+            "with a FutureWarning. After construction it reads the same kinds as augmentations."
         },
     )
     prefix_fraction: float = field(
         default=0.4,
         metadata={
-            "help": "alpha of the Prefix control: the first floor(alpha * L) tokens of a correct teacher rollout open the response."
+            "help": "alpha of the Prefix control: the first floor(alpha * L) tokens of a correct teacher rollout "
+            "open the response."
         },
     )
     num_partitions: int = field(
         default=4,
         metadata={
-            "help": "I: optimizer mini-batch partitions per rollout step (groups kept intact; empty-signal partitions skipped)."
+            "help": "I: optimizer mini-batch partitions per rollout step (groups kept intact; empty-signal "
+            "partitions skipped)."
         },
     )
     advantage_normalization: str = field(
@@ -194,8 +199,8 @@ class ZPPOConfig(GRPOConfig):
     max_prompt_length: int = field(
         default=PAPER_MAX_PROMPT_LENGTH,
         metadata={
-            "help": "The paper's 'Max prompt length': tokens of a plain prompt (chat template, image tokens and closer "
-            "included). It truncates nothing (ZPPO-77K is built under it); it sizes the servers' contexts "
+            "help": "The paper's 'Max prompt length': tokens of a plain prompt (chat template, image tokens and "
+            "closer included). It truncates nothing (ZPPO-77K is built under it); it sizes the servers' contexts "
             "(context_lengths(), printed by the dry run)."
         },
     )
@@ -208,9 +213,10 @@ class ZPPOConfig(GRPOConfig):
     policy_objective: str = field(
         default="grpo",
         metadata={
-            "help": "Step 6's objective: 'grpo' (the paper's: DAPO token-level clipped surrogate with the dual clip), "
-            "'gspo' (one sequence-level ratio per rollout), 'cispo' (clipped stop-gradient importance weight, bound "
-            "1 + epsilon_high) or 'dispo' (four-way clip, zero gradient outside it). Every other setting stays the paper's."
+            "help": "Step 6's objective: 'grpo' (the paper's: DAPO token-level clipped surrogate with the dual "
+            "clip), 'gspo' (one sequence-level ratio per rollout), 'cispo' (clipped stop-gradient importance weight, "
+            "bound 1 + epsilon_high) or 'dispo' (four-way clip, zero gradient outside it). Every other setting stays "
+            "the paper's."
         },
     )
     # DISPO's defaults: the values of a public DISPO training script (slime-based), NOT checked against the DISPO
@@ -227,7 +233,8 @@ class ZPPOConfig(GRPOConfig):
     dispo_epsilon_low_neg: float = field(
         default=1.0,
         metadata={
-            "help": "DISPO, incorrect responses (A < 0): tokens with weight below 1 - this get no gradient (1: no lower bound)."
+            "help": "DISPO, incorrect responses (A < 0): tokens with weight below 1 - this get no gradient (1: no "
+            "lower bound)."
         },
     )
     dispo_epsilon_high_neg: float = field(
@@ -239,15 +246,16 @@ class ZPPOConfig(GRPOConfig):
     distillation: str | None = field(
         default=None,
         metadata={
-            "help": "'off' (Off-Distill: imitate the graded-correct teacher rollouts of every question) or 'on' (On-Distill: "
-            "the teacher re-scores the student's own rollouts), trained with GKD's generalized JSD instead of RL; with "
-            "augmentations: []. replay_fraction > 0 is the dagger row."
+            "help": "'off' (Off-Distill: imitate the graded-correct teacher rollouts of every question) or 'on' "
+            "(On-Distill: the teacher re-scores the student's own rollouts), trained with GKD's generalized JSD "
+            "instead of RL; with augmentations: []. replay_fraction > 0 is the dagger row."
         },
     )
     distill_teacher: str | None = field(
         default=None,
         metadata={
-            "help": "The teacher loaded next to the student for its per-token distributions (same tokenizer as the student)."
+            "help": "The teacher loaded next to the student for its per-token distributions (same tokenizer as the "
+            "student)."
         },
     )
     distill_beta: float = field(
@@ -285,15 +293,16 @@ class ZPPOConfig(GRPOConfig):
     teacher_extra_body: dict | str | None = field(
         default=None,
         metadata={
-            "help": "Extra request fields passed to the teacher server, e.g. {'chat_template_kwargs': {'enable_thinking': true}}."
+            "help": "Extra request fields passed to the teacher server, e.g. "
+            "{'chat_template_kwargs': {'enable_thinking': true}}."
         },
     )
     compress_candidates: bool = field(
         default=True,
         metadata={
-            "help": "Paper: on. The teacher rewrites every BCQ/NCQ candidate under the paper's compression prompt before it enters "
-            "a prompt. Off puts the raw rollouts in the blocks: only for a teacher too small to compress faithfully (the "
-            "CPU demo's 135M teacher drops the boxed answer and mostly the answer itself)."
+            "help": "Paper: on. The teacher rewrites every BCQ/NCQ candidate under the paper's compression prompt "
+            "before it enters a prompt. Off puts the raw rollouts in the blocks: only for a teacher too small to "
+            "compress faithfully (the CPU demo's 135M teacher drops the boxed answer and mostly the answer itself)."
         },
     )
     compression_max_tokens: int = field(
@@ -303,9 +312,10 @@ class ZPPOConfig(GRPOConfig):
     compression_extra_body: dict | str | None = field(
         default=None,
         metadata={
-            "help": "Extra request fields for compression only (merged over teacher_extra_body, top-level keys replaced); "
-            "with Qwen3.5 on vLLM use {'chat_template_kwargs': {'enable_thinking': false}} so the 512-token cap is spent "
-            "on the summary. A reply with nothing left after its thinking is a failed compression."
+            "help": "Extra request fields for compression only (merged over teacher_extra_body, top-level keys "
+            "replaced); with Qwen3.5 on vLLM use {'chat_template_kwargs': {'enable_thinking': false}} so the "
+            "512-token cap is spent on the summary. A reply with nothing left after its thinking is a failed "
+            "compression."
         },
     )
     judge_base_url: str | None = field(
@@ -316,7 +326,8 @@ class ZPPOConfig(GRPOConfig):
     judge_extra_body: dict | str | None = field(
         default=None,
         metadata={
-            "help": "Extra request fields for the judge; with Qwen3.5 on vLLM use {'chat_template_kwargs': {'enable_thinking': false}} so the 512-token verdict is not spent thinking."
+            "help": "Extra request fields for the judge; with Qwen3.5 on vLLM use "
+            "{'chat_template_kwargs': {'enable_thinking': false}} so the 512-token verdict is not spent thinking."
         },
     )
 
@@ -324,8 +335,9 @@ class ZPPOConfig(GRPOConfig):
     full_console_logs: bool = field(
         default=False,
         metadata={
-            "help": "Also print TRL's whole metrics dict at every logging step. By default the console shows the progress "
-            "bar and one line per rollout step; TensorBoard, W&B and metrics.jsonl get every metric either way."
+            "help": "Also print TRL's whole metrics dict at every logging step. By default the console shows the "
+            "progress bar and one line per rollout step; TensorBoard, W&B and metrics.jsonl get every metric either "
+            "way."
         },
     )
 
@@ -340,9 +352,10 @@ class ZPPOConfig(GRPOConfig):
     vllm_max_model_length: int | None = field(
         default=None,
         metadata={
-            "help": "The student's vLLM context. Default: context_lengths().student (plain prompt + the longest BCQ/NCQ "
-            "block + max_completion_length). In server mode, the --max-model-len the student server was started with "
-            "(recipes/launch sizes it the same way): a prompt that leaves less than max_completion_length is warned about."
+            "help": "The student's vLLM context. Default: context_lengths().student (plain prompt + the longest "
+            "BCQ/NCQ block + max_completion_length). In server mode, the --max-model-len the student server was "
+            "started with (recipes/launch sizes it the same way): a prompt that leaves less than "
+            "max_completion_length is warned about."
         },
     )
     vllm_importance_sampling_correction: bool = field(
@@ -376,14 +389,16 @@ class ZPPOConfig(GRPOConfig):
         expected = self.num_partitions * self.gradient_accumulation_steps
         if self.steps_per_generation != expected:
             raise ValueError(
-                f"num_partitions ({self.num_partitions}) x gradient_accumulation_steps ({self.gradient_accumulation_steps}) "
-                f"must equal steps_per_generation ({self.steps_per_generation}): each rollout step feeds num_partitions "
-                "optimizer updates; leave steps_per_generation and generation_batch_size unset to derive them"
+                f"num_partitions ({self.num_partitions}) x gradient_accumulation_steps "
+                f"({self.gradient_accumulation_steps}) must equal steps_per_generation ({self.steps_per_generation}): "
+                "each rollout step feeds num_partitions optimizer updates; leave steps_per_generation and "
+                "generation_batch_size unset to derive them"
             )
         if self.save_strategy == "steps" and self.save_steps >= 1 and int(self.save_steps) % self.num_partitions:
             warnings.warn(
                 f"save_steps ({self.save_steps}) is not a multiple of num_partitions ({self.num_partitions}): a run "
-                "resumed from such a checkpoint regenerates that rollout step and trains only its remaining partitions",
+                "resumed from such a checkpoint regenerates that rollout step and trains only its remaining "
+                "partitions",
                 stacklevel=2,
             )
         self.judge_base_url = self.judge_base_url or self.teacher_base_url
@@ -395,8 +410,9 @@ class ZPPOConfig(GRPOConfig):
             elif self.vllm_max_model_length < needed:
                 warnings.warn(
                     f"vllm_max_model_length ({self.vllm_max_model_length}) is below what a BCQ/NCQ rollout can need "
-                    f"({self.context_lengths()}): long reformulated prompts will leave less than max_completion_length "
-                    "to generate (each such step is warned about and counted in zppo/prompts_over_context)",
+                    f"({self.context_lengths()}): long reformulated prompts will leave less than "
+                    "max_completion_length to generate (each such step is warned about and counted in "
+                    "zppo/prompts_over_context)",
                     stacklevel=2,
                 )
 
@@ -438,7 +454,8 @@ class ZPPOConfig(GRPOConfig):
             raise ValueError(f"policy_objective must be one of {list(OBJECTIVES)}, got {self.policy_objective!r}")
         if self.policy_objective != "grpo" and set(self.augmentations) & set(_SUPERVISED_NAMES):
             raise ValueError(
-                f"policy_objective={self.policy_objective!r} has no effect on the supervised {self.augmentations[0]!r} row (it trains cross-entropy); leave it 'grpo'"
+                f"policy_objective={self.policy_objective!r} has no effect on the supervised "
+                f"{self.augmentations[0]!r} row (it trains cross-entropy); leave it 'grpo'"
             )
         for name in DISPO_FIELDS:
             value = getattr(self, name)
@@ -494,7 +511,8 @@ class ZPPOConfig(GRPOConfig):
         for name, (used, reader) in readers.items():
             if not used and getattr(self, name) != defaults[name]:
                 warnings.warn(
-                    f"{name}={getattr(self, name)!r} has no effect on this row ({self.variant}): only {reader} reads it",
+                    f"{name}={getattr(self, name)!r} has no effect on this row ({self.variant}): only {reader} reads "
+                    "it",
                     stacklevel=3,
                 )
 
@@ -511,19 +529,23 @@ class ZPPOConfig(GRPOConfig):
             )
         if self.augmentations:
             raise ValueError(
-                f"distillation={self.distillation!r} is a row of its own: set augmentations: [] (got {self.augmentations})"
+                f"distillation={self.distillation!r} is a row of its own: set augmentations: [] (got "
+                f"{self.augmentations})"
             )
         if self.policy_objective != "grpo":
             raise ValueError(
-                f"policy_objective={self.policy_objective!r} has no effect on a distillation row (it trains the JSD); leave it 'grpo'"
+                f"policy_objective={self.policy_objective!r} has no effect on a distillation row (it trains the JSD); "
+                "leave it 'grpo'"
             )
         if not self.distill_teacher:
             raise ValueError(
-                "distillation needs distill_teacher: the teacher model (id or path) to load next to the student for its logits"
+                "distillation needs distill_teacher: the teacher model (id or path) to load next to the student for "
+                "its logits"
             )
         if self.distillation == "off" and not (self.teacher_base_url and self.teacher_model):
             raise ValueError(
-                "distillation='off' samples the teacher's rollouts from its server: set teacher_base_url and teacher_model"
+                "distillation='off' samples the teacher's rollouts from its server: set teacher_base_url and "
+                "teacher_model"
             )
         if (
             isinstance(self.distill_beta, bool)
@@ -544,16 +566,20 @@ class ZPPOConfig(GRPOConfig):
             hint = ""
             for objective, settings in OBJECTIVE_SETTINGS.items():
                 if name in settings and settings[name] == value:  # e.g. loss_type="cispo": that objective sets it
-                    hint = f" (to train with {OBJECTIVE_NAMES[objective]} as Step 6's objective, set policy_objective={objective!r})"
+                    hint = (
+                        f" (to train with {OBJECTIVE_NAMES[objective]} as Step 6's objective, "
+                        f"set policy_objective={objective!r})"
+                    )
             raise ValueError(f"{name}={value!r} changes ZPPO's objective: {why}. Set {name}={required!r}{hint}")
 
     @property
     def variant(self) -> str:
         """The paper's name for this configuration (ZPPO, GRPO, GRPO†, GRPO†+BCQ, GRPO†+NCQ, GRPO+Both,
-        GRPO†+Hint, GRPO†+Prefix).
+        GRPO†+Hint, GRPO†+Prefix, Correction-SFT†, Error-reflection-SFT†, Off-Distill†, On-Distill†; a † row
+        without the replay buffer drops the dagger, and ZPPO without it is GRPO+Both).
 
-        With another Step-6 objective, the names of the paper's table of alternative objectives: ``ZPPO (GSPO)`` for the full
-        method, ``GSPO†`` for the replay pipeline without augmentations; any other ablation is
+        With another Step-6 objective, the names of the paper's table of alternative objectives: ``ZPPO (GSPO)``
+        for the full method, ``GSPO†`` for the replay pipeline without augmentations; any other ablation is
         ``<variant> (<OBJECTIVE>)``, e.g. ``GRPO†+BCQ (DISPO)``.
         """
         kinds = set(self.augmentations)
@@ -595,7 +621,8 @@ class ZPPOConfig(GRPOConfig):
         if (self.per_device_train_batch_size * self.steps_per_generation) % G:
             raise ValueError(
                 f"per_device_train_batch_size x steps_per_generation ({self.per_device_train_batch_size} x "
-                f"{self.steps_per_generation}) must be a multiple of num_generations ({G}) so that every rank holds whole groups"
+                f"{self.steps_per_generation}) must be a multiple of num_generations ({G}) so that every rank holds "
+                "whole groups"
             )
         new = rows // G
         return StepComposition(

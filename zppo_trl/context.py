@@ -77,9 +77,9 @@ class ContextLengths:
 
     def __str__(self) -> str:
         return (
-            f"student --max-model-len {self.student:,} (prompt {self.plain_prompt:,} + BCQ/NCQ block <= {self.block:,} "
-            f"+ completion {self.completion:,}); teacher --max-model-len {self.teacher:,} (sampling {self.teacher_sampling:,}, "
-            f"compression {self.compression:,}, judge {self.judge:,})"
+            f"student --max-model-len {self.student:,} (prompt {self.plain_prompt:,} + BCQ/NCQ block <= "
+            f"{self.block:,} + completion {self.completion:,}); teacher --max-model-len {self.teacher:,} (sampling "
+            f"{self.teacher_sampling:,}, compression {self.compression:,}, judge {self.judge:,})"
         )
 
 

@@ -97,12 +97,12 @@ class CandidateReformulation(Augmentation):
             if inst.kind == "bcq":
                 teacher = grade_batch(group, [answers[inst.teacher_position]] * len(group))
                 student = grade_batch(group, [answers[1 - inst.teacher_position]] * len(group))
-                for t, s in zip(teacher, student):
+                for t, s in zip(teacher, student, strict=False):
                     counts["bcq_teacher" if t else "bcq_student" if s else "bcq_neither"] += 1
             else:
                 repeats = [False] * len(group)
                 for wrong in inst.wrong_answers:
-                    repeats = [a or b for a, b in zip(repeats, grade_batch(group, [wrong] * len(group)))]
+                    repeats = [a or b for a, b in zip(repeats, grade_batch(group, [wrong] * len(group)), strict=False)]
                 counts["ncq_repeats"] += sum(repeats)
                 counts["ncq_rollouts"] += len(group)
         return counts

@@ -86,7 +86,7 @@ class TeacherHint(_TeacherGuidance):
         metrics["time/compression_s"] = time.perf_counter() - t0
         built = BuiltGroups()
         rejected = 0
-        for inst, hint in zip(instances, hints):
+        for inst, hint in zip(instances, hints, strict=False):
             if hint is None:
                 built.failures += 1
             elif not answer_free(hint):

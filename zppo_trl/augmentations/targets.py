@@ -98,7 +98,7 @@ class _SupervisedTargets(Augmentation):
         replies = teacher_results(future, [[] for _ in instances])
         metrics["time/compression_s"] = time.perf_counter() - t0
         rejected = 0
-        for inst, reply in zip(instances, replies):
+        for inst, reply in zip(instances, replies, strict=False):
             if not reply:
                 built.failures += 1
             elif not self.grade(inst.key, [reply[0]])[0]:
