@@ -70,7 +70,7 @@ def _run(variant: str, student: Path, server, steps: int, workdir: Path) -> dict
         max_steps=2 * steps,
         replay_fraction=0.25,
         augment_fraction=0.5,
-        reformulations=["bcq", "ncq"] if variant == "ZPPO" else [],
+        augmentations=["bcq", "ncq"] if variant == "ZPPO" else [],
         teacher_base_url=server.base_url,
         teacher_model=server.model,
         teacher_max_tokens=32,

@@ -9,7 +9,7 @@ Usage::
 (``--multi_gpu`` selects accelerate's torchrun launcher; the config sets ``use_cpu=True``, so
 the processes run on CPU with the gloo backend. ``--cpu`` would start one process only.)
 
-``--mode grpo`` trains GRPO† (``reformulations=[]``) on synthetic questions with a
+``--mode grpo`` trains GRPO† (``augmentations=[]``) on synthetic questions with a
 deterministic pseudo-random reward; ``--mode zppo`` trains with BCQ/NCQ against a teacher
 server on the boxed toy questions of :mod:`boxed_models`, graded by the real boxed reward.
 
@@ -155,7 +155,7 @@ def main() -> None:
         dataloader_num_workers=0,
     )
     if cli.mode == "grpo":
-        settings.update(reformulations=[])
+        settings.update(augmentations=[])
         rows, reward = QUESTIONS, CoinReward()
     else:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -164,7 +164,7 @@ def main() -> None:
         from zppo_trl.rewards import boxed_accuracy_reward
 
         settings.update(
-            reformulations={"zppo": ["bcq", "ncq"], "correction": ["correction"], "on-distill": []}[cli.mode],
+            augmentations={"zppo": ["bcq", "ncq"], "correction": ["correction"], "on-distill": []}[cli.mode],
             learning_rate=1e-4,  # keep the boxed student answering in format for the next steps
             augment_fraction=0.5,  # at most floor(0.5 * 6) = 3 instances per step: an odd number to deal over 2 ranks
             teacher_base_url=cli.teacher_url,

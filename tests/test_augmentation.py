@@ -1,4 +1,5 @@
-"""The step-5 seam: `CandidateReformulation` plans exactly what `plan_reformulations` plans, and deals BCQ first."""
+"""The step-5 seam: the registry builds each kind's augmentation, and `CandidateReformulation` plans exactly what
+`plan_reformulations` plans, and deals BCQ first."""
 
 from __future__ import annotations
 
@@ -6,7 +7,18 @@ import random
 
 import pytest
 
-from zppo_trl.augmentation import CandidateReformulation, Evidence
+from zppo_trl.augmentations import (
+    AUGMENTATION_KINDS,
+    AUGMENTATIONS,
+    CandidateReformulation,
+    CorrectionTargets,
+    Evidence,
+    ReflectionTargets,
+    ResponsePrefix,
+    TeacherHint,
+    check_kinds,
+    make_augmentation,
+)
 from zppo_trl.reformulate import plan_reformulations
 
 
@@ -14,7 +26,12 @@ def _evidence() -> Evidence:
     return Evidence(
         hard=["q1", "q2", "q3", "q4"],
         teacher_correct={"q1": ["so \\boxed{4}"], "q3": ["\\boxed{9}"]},
-        student_wrong={"q1": ["\\boxed{5}", "no box"], "q2": ["\\boxed{7}", "\\boxed{8}"], "q3": ["nothing parsed"], "q4": []},
+        student_wrong={
+            "q1": ["\\boxed{5}", "no box"],
+            "q2": ["\\boxed{7}", "\\boxed{8}"],
+            "q3": ["nothing parsed"],
+            "q4": [],
+        },
     )
 
 
@@ -22,10 +39,17 @@ def test_the_plan_is_plan_reformulations_with_the_same_rng_and_counts_the_hard_q
     metrics: dict = {}
     planned = CandidateReformulation().plan(_evidence(), 3, random.Random(0), metrics)
     e = _evidence()
-    assert planned == plan_reformulations(e.hard, e.teacher_correct, e.student_wrong, 3, ("bcq", "ncq"), rng=random.Random(0))
+    assert planned == plan_reformulations(
+        e.hard, e.teacher_correct, e.student_wrong, 3, ("bcq", "ncq"), rng=random.Random(0)
+    )
     assert [(inst.kind, inst.key) for inst in planned] == [("bcq", "q1"), ("ncq", "q1"), ("ncq", "q2")]
     # q3 has a teacher answer but no parsed wrong student answer: neither kind is possible.
-    assert metrics == {"hard": 4, "hard_bcq_possible": 1, "hard_ncq_only": 1, "teacher_success_rate": 0.5}  # 1 BCQ over 2 questions
+    assert metrics == {
+        "hard": 4,
+        "hard_bcq_possible": 1,
+        "hard_ncq_only": 1,
+        "teacher_success_rate": 0.5,
+    }  # 1 BCQ over 2 questions
 
 
 def test_one_kind_alone_and_the_dealing_order():
@@ -41,3 +65,89 @@ def test_one_kind_alone_and_the_dealing_order():
 def test_an_unknown_kind_is_refused_by_name():
     with pytest.raises(ValueError, match="hint"):
         CandidateReformulation(["bcq", "hint"])
+
+
+def _tokenizer(text, add_special_tokens=False):
+    return {"input_ids": list(range(len(text.split())))}
+
+
+def test_the_registry_builds_each_kind_from_what_the_trainer_offers():
+    assert AUGMENTATION_KINDS == ("bcq", "ncq", "hint", "prefix", "correction", "reflection") == tuple(AUGMENTATIONS)
+    hooks = dict(question_of=lambda key: "q", teacher_chat=lambda key, text: [], grade=lambda key, texts: [True])
+    assert make_augmentation([]) is None  # GRPO†/GRPO
+    zppo = make_augmentation(["ncq", "bcq"])
+    assert type(zppo) is CandidateReformulation and zppo.kinds == ("bcq", "ncq")
+    assert type(make_augmentation(["hint"])) is TeacherHint
+    prefix = make_augmentation(["prefix"], prefix_fraction=0.25, tokenizer=_tokenizer)
+    assert type(prefix) is ResponsePrefix and prefix.prefix_ids("a b c d e f g h") == (0, 1)
+    for kind, cls in (("correction", CorrectionTargets), ("reflection", ReflectionTargets)):
+        built = make_augmentation([kind], **hooks)
+        assert type(built) is cls and built.kinds == (kind,) and built.supervised
+        assert built.summed_metrics == (f"{kind}_rejected",)
+    assert not zppo.supervised and make_augmentation(["correction"], **hooks).needs_teacher_rollouts is False
+
+
+def test_a_kind_without_the_inputs_it_needs_is_refused_by_name():
+    with pytest.raises(ValueError, match="tokenizer"):
+        make_augmentation(["prefix"])
+    with pytest.raises(ValueError, match="the correction control needs question_of, teacher_chat and grade"):
+        make_augmentation(["correction"], question_of=lambda key: "q")
+    with pytest.raises(ValueError, match="alpha"):
+        make_augmentation(["prefix"], prefix_fraction=1.0, tokenizer=_tokenizer)
+
+
+@pytest.mark.parametrize("kinds", [["bcq", "hint"], ["hint", "prefix"], ["correction", "bcq"], ["reflection", "hint"]])
+def test_kinds_of_different_families_do_not_combine(kinds):
+    with pytest.raises(
+        ValueError, match=r"augmentations .* mix kinds that do not combine: use a subset of \[bcq, ncq\]"
+    ):
+        check_kinds(kinds)
+
+
+@pytest.mark.parametrize("kinds", [["bcq", "bcq"], ["bcq", "tip"]])
+def test_repeated_or_unknown_kinds_are_refused(kinds):
+    with pytest.raises(ValueError, match="augmentations must be distinct kinds from"):
+        check_kinds(kinds)
+
+
+def test_every_family_alone_and_bcq_with_ncq_are_valid():
+    for kinds in ([], ["bcq"], ["ncq"], ["bcq", "ncq"], ["hint"], ["prefix"], ["correction"], ["reflection"]):
+        assert check_kinds(kinds) == tuple(kinds)
+
+
+def test_the_augmentations_are_on_no_import_cycle():
+    """No module of zppo_trl.augmentations (nor config, which imports it) reaches itself again through imports,
+    function-level ones included."""
+    import ast
+    from pathlib import Path
+
+    import zppo_trl
+
+    root = Path(zppo_trl.__file__).parent
+    modules = {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in root.rglob("*.py")}  # fmt: skip
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                parts = package.split(".")
+                parts = parts[: len(parts) - node.level + 1] if node.level else []
+                target = ".".join([*parts, *([node.module] if node.module else [])])
+                for alias in node.names:  # `from .pkg import module` imports the module, else the package
+                    found = next((c for c in (f"{target}.{alias.name}", target) if c in modules), None)
+                    if found and found != name:
+                        graph[name].add(found)
+            elif isinstance(node, ast.Import):
+                graph[name].update(a.name for a in node.names if a.name in modules and a.name != name)
+    assert graph["zppo_trl.augmentations"] >= {
+        f"zppo_trl.augmentations.{m}" for m in ("base", "candidates", "guidance", "targets")
+    }
+    for start in [name for name in modules if name.startswith("zppo_trl.augmentations")] + ["zppo_trl.config"]:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            name = todo.pop()
+            assert name != start, f"{start} imports itself back through {sorted(seen)}"
+            if name not in seen:
+                seen.add(name)
+                todo.extend(graph[name])

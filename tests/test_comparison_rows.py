@@ -23,7 +23,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
-from zppo_trl.augmentation import answer_free
+from zppo_trl.augmentations import answer_free
 from zppo_trl.prompts import RL_CLOSER, compose_prompt, hint_block
 from zppo_trl.replay import PromptReplayBuffer
 from zppo_trl.rewards import boxed_accuracy_reward, completion_text
@@ -65,7 +65,7 @@ def _config(tmp_path, server, reformulations, **overrides) -> ZPPOConfig:
         max_steps=4,  # two rollout steps
         replay_fraction=0.5,
         augment_fraction=0.5,
-        reformulations=reformulations,
+        augmentations=reformulations,
         teacher_base_url=server.base_url,
         teacher_model=server.model,
         teacher_max_tokens=32,
@@ -334,7 +334,7 @@ def test_error_reflection_sft_trains_verified_revisions_under_the_bare_question(
 
 
 def test_a_correction_that_fails_grading_never_becomes_a_target(boxed_teacher_server, tmp_path):
-    from zppo_trl.supervised import CorrectionTargets, SupervisedInstance
+    from zppo_trl.augmentations import CorrectionTargets, SupervisedInstance
     from zppo_trl.teacher import TeacherClient
 
     row = toy_rows("text")[0]

@@ -1,6 +1,7 @@
 import warnings
 
 import pytest
+import yaml
 from trl import TrlParser
 
 from zppo_trl.config import PAPER_OBJECTIVE, ZPPOConfig
@@ -12,9 +13,9 @@ TEACHER = dict(teacher_base_url="http://127.0.0.1:8000/v1", teacher_model="Qwen/
 
 def test_defaults_are_the_papers():
     c = ZPPOConfig(**CPU, **TEACHER)
-    # ZPPO-specific rows of tab:appendix:hyperparameters
+    # ZPPO-specific rows of the paper's hyperparameter table
     assert (c.hard_threshold, c.replay_fraction, c.replay_capacity, c.augment_fraction) == (0.5, 0.25, 10_000, 0.25)
-    assert c.reformulations == ["bcq", "ncq"] and c.compression_max_tokens == 512
+    assert c.augmentations == ["bcq", "ncq"] and c.compression_max_tokens == 512
     assert (c.num_partitions, c.advantage_normalization) == (4, "without_zero")
     assert (c.num_generations, c.teacher_num_generations, c.teacher_max_tokens) == (8, 4, 12_288)
     assert (c.teacher_temperature, c.teacher_top_p, c.temperature, c.top_p) == (1.0, 1.0, 1.0, 1.0)
@@ -41,8 +42,8 @@ def test_partitions_map_onto_trl_batching():
         (dict(hard_threshold=1.5), "hard_threshold"),
         (dict(replay_fraction=-0.1), "replay_fraction"),
         (dict(augment_fraction=2), "augment_fraction"),
-        (dict(reformulations=["bcq", "hint"]), "reformulations"),
-        (dict(reformulations=["bcq", "bcq"]), "reformulations"),
+        (dict(augmentations=["bcq", "hint"]), "augmentations"),
+        (dict(augmentations=["bcq", "bcq"]), "augmentations"),
         (dict(advantage_normalization="batch"), "advantage_normalization"),
         (dict(num_partitions=0), "num_partitions"),
         (dict(replay_capacity=-1), "replay_capacity"),
@@ -50,16 +51,16 @@ def test_partitions_map_onto_trl_batching():
         (dict(compression_max_tokens=0), "compression_max_tokens"),
         (dict(delta=1.1), "delta"),
         (dict(delta=None), "delta"),
-        (dict(reformulations=["hint", "prefix"]), "reformulations"),
-        (dict(reformulations=["correction", "bcq"]), "reformulations"),
-        (dict(reformulations=["prefix"], prefix_fraction=1.0), "prefix_fraction"),
-        (dict(reformulations=["correction"], policy_objective="cispo"), "policy_objective"),
-        (dict(reformulations=[], distillation="sideways", distill_teacher="t"), "distillation"),
-        (dict(reformulations=[], distillation=True, distill_teacher="t"), "quote it"),
-        (dict(distillation="on", distill_teacher="t"), "reformulations"),
-        (dict(reformulations=[], distillation="on"), "distill_teacher"),
-        (dict(reformulations=[], distillation="on", distill_teacher="t", distill_beta=2.0), "distill_beta"),
-        (dict(reformulations=[], distillation="off", distill_teacher="t", teacher_base_url=None), "teacher_base_url"),
+        (dict(augmentations=["hint", "prefix"]), "augmentations"),
+        (dict(augmentations=["correction", "bcq"]), "augmentations"),
+        (dict(augmentations=["prefix"], prefix_fraction=1.0), "prefix_fraction"),
+        (dict(augmentations=["correction"], policy_objective="cispo"), "policy_objective"),
+        (dict(augmentations=[], distillation="sideways", distill_teacher="t"), "distillation"),
+        (dict(augmentations=[], distillation=True, distill_teacher="t"), "quote it"),
+        (dict(distillation="on", distill_teacher="t"), "augmentations"),
+        (dict(augmentations=[], distillation="on"), "distill_teacher"),
+        (dict(augmentations=[], distillation="on", distill_teacher="t", distill_beta=2.0), "distill_beta"),
+        (dict(augmentations=[], distillation="off", distill_teacher="t", teacher_base_url=None), "teacher_base_url"),
     ],
 )
 def test_bad_values_name_the_field(overrides, field):
@@ -100,21 +101,27 @@ def test_settings_that_change_the_objective_are_refused_naming_the_field(name, v
 
 def test_objective_table_covers_the_trl_settings_that_change_the_loss():
     assert set(PAPER_OBJECTIVE) >= {
-        "loss_type", "importance_sampling_level", "mask_truncated_completions", "top_entropy_quantile",
-        "off_policy_mask_threshold", "scale_rewards", "num_iterations", "vllm_importance_sampling_correction",
+        "loss_type",
+        "importance_sampling_level",
+        "mask_truncated_completions",
+        "top_entropy_quantile",
+        "off_policy_mask_threshold",
+        "scale_rewards",
+        "num_iterations",
+        "vllm_importance_sampling_correction",
     }
     fields = set(ZPPOConfig.__dataclass_fields__)
     assert set(PAPER_OBJECTIVE) <= fields  # every name is a real TRL field
 
 
-def test_reformulations_need_a_teacher():
+def test_augmentations_need_a_teacher():
     with pytest.raises(ValueError, match="teacher_base_url"):
         ZPPOConfig(**CPU)
-    assert ZPPOConfig(**CPU, reformulations=[]).teacher_base_url is None  # GRPO† needs none
+    assert ZPPOConfig(**CPU, augmentations=[]).teacher_base_url is None  # GRPO† needs none
 
 
 @pytest.mark.parametrize(
-    "reformulations, replay_fraction, variant",
+    "augmentations, replay_fraction, variant",
     [
         (["bcq", "ncq"], 0.25, "ZPPO"),
         (["bcq", "ncq"], 0.0, "GRPO+Both"),
@@ -129,24 +136,34 @@ def test_reformulations_need_a_teacher():
         (["reflection"], 0.0, "Error-reflection-SFT"),
     ],
 )
-def test_ablations_are_configurations(reformulations, replay_fraction, variant):
-    c = ZPPOConfig(**CPU, **TEACHER, reformulations=reformulations, replay_fraction=replay_fraction)
+def test_ablations_are_configurations(augmentations, replay_fraction, variant):
+    c = ZPPOConfig(**CPU, **TEACHER, augmentations=augmentations, replay_fraction=replay_fraction)
     assert c.variant == variant
 
 
-@pytest.mark.parametrize("mode, replay_fraction, variant", [("off", 0.0, "Off-Distill"), ("off", 0.25, "Off-Distill\u2020"), ("on", 0.0, "On-Distill"), ("on", 0.25, "On-Distill\u2020")])
+@pytest.mark.parametrize(
+    "mode, replay_fraction, variant",
+    [
+        ("off", 0.0, "Off-Distill"),
+        ("off", 0.25, "Off-Distill\u2020"),
+        ("on", 0.0, "On-Distill"),
+        ("on", 0.25, "On-Distill\u2020"),
+    ],
+)
 def test_distillation_rows_are_named_as_the_paper_prints_them(mode, replay_fraction, variant):
-    c = ZPPOConfig(**CPU, **TEACHER, reformulations=[], distillation=mode, distill_teacher="t", replay_fraction=replay_fraction)
+    c = ZPPOConfig(
+        **CPU, **TEACHER, augmentations=[], distillation=mode, distill_teacher="t", replay_fraction=replay_fraction
+    )
     assert c.variant == variant
 
 
 @pytest.mark.parametrize(
     "row, setting",
     [
-        (dict(reformulations=["bcq", "ncq"]), dict(prefix_fraction=0.3)),
-        (dict(reformulations=["hint"]), dict(distill_teacher="t")),
-        (dict(reformulations=[]), dict(distill_beta=0.2)),
-        (dict(reformulations=[], policy_objective="cispo"), dict(dispo_epsilon_high_neg=5.0)),
+        (dict(augmentations=["bcq", "ncq"]), dict(prefix_fraction=0.3)),
+        (dict(augmentations=["hint"]), dict(distill_teacher="t")),
+        (dict(augmentations=[]), dict(distill_beta=0.2)),
+        (dict(augmentations=[], policy_objective="cispo"), dict(dispo_epsilon_high_neg=5.0)),
     ],
 )
 def test_a_row_specific_field_on_another_row_is_warned_about(row, setting):
@@ -157,10 +174,10 @@ def test_a_row_specific_field_on_another_row_is_warned_about(row, setting):
 
 def test_row_specific_fields_on_their_own_rows_are_not_warned_about():
     rows = [
-        dict(reformulations=["prefix"], prefix_fraction=0.3),
-        dict(reformulations=[], distillation="on", distill_teacher="t", distill_beta=0.2),
-        dict(reformulations=["bcq", "ncq"], policy_objective="dispo", dispo_epsilon_high_neg=5.0),
-        dict(reformulations=["bcq", "ncq"]),  # defaults everywhere
+        dict(augmentations=["prefix"], prefix_fraction=0.3),
+        dict(augmentations=[], distillation="on", distill_teacher="t", distill_beta=0.2),
+        dict(augmentations=["bcq", "ncq"], policy_objective="dispo", dispo_epsilon_high_neg=5.0),
+        dict(augmentations=["bcq", "ncq"]),  # defaults everywhere
     ]
     for row in rows:
         with warnings.catch_warnings(record=True) as caught:
@@ -171,14 +188,28 @@ def test_row_specific_fields_on_their_own_rows_are_not_warned_about():
 
 def test_command_line_and_api_key_env(monkeypatch):
     args = [
-        "--output_dir", "unused", "--use_cpu", "--bf16", "false", "--per_device_train_batch_size", "8",
-        "--teacher_base_url", "http://127.0.0.1:9/v1", "--teacher_model", "t",
-        "--reformulations", "ncq", "--hard_threshold", "0.375",
-        "--teacher_extra_body", '{"chat_template_kwargs": {"enable_thinking": true}}',
-        "--judge_extra_body", '{"chat_template_kwargs": {"enable_thinking": false}}',
+        "--output_dir",
+        "unused",
+        "--use_cpu",
+        "--bf16",
+        "false",
+        "--per_device_train_batch_size",
+        "8",
+        "--teacher_base_url",
+        "http://127.0.0.1:9/v1",
+        "--teacher_model",
+        "t",
+        "--augmentations",
+        "ncq",
+        "--hard_threshold",
+        "0.375",
+        "--teacher_extra_body",
+        '{"chat_template_kwargs": {"enable_thinking": true}}',
+        "--judge_extra_body",
+        '{"chat_template_kwargs": {"enable_thinking": false}}',
     ]
     (config,) = TrlParser((ZPPOConfig,)).parse_args_and_config(args)
-    assert config.reformulations == ["ncq"] and config.hard_threshold == 0.375
+    assert config.augmentations == ["ncq"] and config.hard_threshold == 0.375
     assert config.teacher_extra_body == {"chat_template_kwargs": {"enable_thinking": True}}
     assert config.judge_extra_body == {"chat_template_kwargs": {"enable_thinking": False}}
     monkeypatch.setenv("MY_TEACHER_KEY", "sk-test")
@@ -187,16 +218,34 @@ def test_command_line_and_api_key_env(monkeypatch):
 
 def test_checkpoints_inside_a_rollout_step_are_warned_about(tmp_path):
     with pytest.warns(UserWarning, match="save_steps"):
-        ZPPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, reformulations=[], save_strategy="steps", save_steps=6, num_partitions=4)
+        ZPPOConfig(
+            output_dir=str(tmp_path),
+            use_cpu=True,
+            bf16=False,
+            augmentations=[],
+            save_strategy="steps",
+            save_steps=6,
+            num_partitions=4,
+        )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ZPPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, reformulations=[], save_strategy="steps", save_steps=8, num_partitions=4)
+        ZPPOConfig(
+            output_dir=str(tmp_path),
+            use_cpu=True,
+            bf16=False,
+            augmentations=[],
+            save_strategy="steps",
+            save_steps=8,
+            num_partitions=4,
+        )
     assert not [w for w in caught if "save_steps" in str(w.message)]
 
 
 def test_composition_and_clients_follow_the_config():
-    c = ZPPOConfig(**{**CPU, "per_device_train_batch_size": 4}, gradient_accumulation_steps=4, max_steps=800, **TEACHER,
-                   judge_base_url="http://judge:9000/v1", judge_extra_body={"chat_template_kwargs": {"enable_thinking": False}})  # fmt: skip
+    c = ZPPOConfig(
+        **{**CPU, "per_device_train_batch_size": 4}, gradient_accumulation_steps=4, max_steps=800, **TEACHER,
+        judge_base_url="http://judge:9000/v1", judge_extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )  # fmt: skip
     step = c.composition(48)
     assert (step.new_prompts, step.max_replayed, step.max_reformulated, step.max_prompts) == (384, 96, 96, 576)
     assert (step.new_prompts_per_update, step.rollout_steps, step.teacher_rollouts) == (96, 200, 4)
@@ -211,11 +260,99 @@ def test_composition_and_clients_follow_the_config():
 
     teacher, judge = TeacherClient.from_config(c), TeacherClient.from_config(c, role="judge")
     try:
-        assert (teacher.base_url, teacher.model, teacher.extra_body) == (TEACHER["teacher_base_url"], TEACHER["teacher_model"], {})
+        assert (teacher.base_url, teacher.model, teacher.extra_body) == (
+            TEACHER["teacher_base_url"],
+            TEACHER["teacher_model"],
+            {},
+        )
         assert (judge.base_url, judge.model) == ("http://judge:9000/v1", TEACHER["teacher_model"])
         assert judge.extra_body == {"chat_template_kwargs": {"enable_thinking": False}}
     finally:
         teacher.close()
         judge.close()
-    cli = ZPPOConfig(**CPU, reformulations=[""])  # `--reformulations ""` on the command line: none
-    assert cli.reformulations == [] and cli.variant == "GRPO\u2020"
+    cli = ZPPOConfig(**CPU, augmentations=[""])  # `--augmentations ""` on the command line: none
+    assert cli.augmentations == [] and cli.variant == "GRPO\u2020"
+
+
+# `reformulations` is the deprecated name of `augmentations` (it held only BCQ/NCQ when it was named).
+
+
+@pytest.mark.parametrize("kinds", [["hint"], [], ["ncq", "bcq"], "bcq,ncq"])
+def test_the_old_name_warns_and_sets_augmentations(kinds):
+    with pytest.warns(FutureWarning, match="reformulations is deprecated.*augmentations"):
+        c = ZPPOConfig(**CPU, **TEACHER, reformulations=kinds)
+    expected = kinds.split(",") if isinstance(kinds, str) else kinds
+    assert c.augmentations == expected and c.reformulations == c.augmentations  # read under either name
+    assert "reformulations" not in c.to_dict() and c.to_dict()["augmentations"] == expected
+
+
+def test_the_new_name_and_the_default_do_not_warn():
+    for row in (dict(augmentations=["prefix"]), {}):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            c = ZPPOConfig(**CPU, **TEACHER, **row)
+            c.to_dict()
+            c.to_json_string()
+        assert not [w for w in caught if "reformulations" in str(w.message)], row
+        assert c.reformulations == c.augmentations == row.get("augmentations", ["bcq", "ncq"])
+
+
+def test_both_names_set_differently_is_an_error_naming_both():
+    with pytest.raises(ValueError, match=r"augmentations \['bcq'\] and reformulations \['hint'\] disagree"):
+        ZPPOConfig(**CPU, **TEACHER, augmentations=["bcq"], reformulations=["hint"])
+    # an explicit ["bcq", "ncq"] is a setting too, not the default
+    with pytest.raises(ValueError, match="augmentations .* and reformulations .* disagree"):
+        ZPPOConfig(**CPU, **TEACHER, augmentations=["bcq", "ncq"], reformulations=[])
+    with pytest.warns(FutureWarning):  # the same kinds under both names: no conflict
+        assert ZPPOConfig(**CPU, **TEACHER, augmentations=["ncq"], reformulations="ncq").augmentations == ["ncq"]
+
+
+def test_the_old_name_parses_from_a_yaml_and_the_command_line(tmp_path):
+    base = ["--output_dir", "unused", "--use_cpu", "--bf16", "false", "--per_device_train_batch_size", "8",
+            "--teacher_base_url", "http://127.0.0.1:9/v1", "--teacher_model", "t"]  # fmt: skip
+    old_yaml = tmp_path / "old.yaml"
+    old_yaml.write_text("reformulations: [hint]\nreplay_fraction: 0.25\n")
+    new_yaml = tmp_path / "new.yaml"
+    new_yaml.write_text("augmentations: [hint]\n")
+    with pytest.warns(FutureWarning, match="augmentations"):
+        (config,) = TrlParser((ZPPOConfig,)).parse_args_and_config(["--config", str(old_yaml), *base])
+    assert config.augmentations == config.reformulations == ["hint"] and config.variant == "GRPO\u2020+Hint"
+    with pytest.warns(FutureWarning, match="augmentations"):
+        (config,) = TrlParser((ZPPOConfig,)).parse_args_and_config([*base, "--reformulations", "bcq", "ncq"])
+    assert config.augmentations == ["bcq", "ncq"]
+    with pytest.warns(FutureWarning, match="augmentations"):
+        (config,) = TrlParser((ZPPOConfig,)).parse_args_and_config([*base, "--reformulations", ""])  # none
+    assert config.augmentations == [] and config.variant == "GRPO\u2020"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        (config,) = TrlParser((ZPPOConfig,)).parse_args_and_config(["--config", str(new_yaml), *base])
+    assert config.augmentations == config.reformulations == ["hint"]
+    assert not [w for w in caught if "reformulations" in str(w.message)]
+    # the old name on the command line over a YAML with the new one: both set, told apart, refused
+    with pytest.raises(ValueError, match="augmentations .* and reformulations .* disagree"):
+        TrlParser((ZPPOConfig,)).parse_args_and_config(["--config", str(new_yaml), *base, "--reformulations", "ncq"])
+
+
+def test_a_recipe_yaml_written_with_the_old_name_still_runs(tmp_path):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("zppo_recipe_for_config", repo / "recipes" / "zppo.py")
+    recipe = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = recipe  # dataclasses resolve the module's annotations through sys.modules
+    spec.loader.exec_module(recipe)
+    scale = (repo / "recipes" / "qwen35_0.8b.yaml").read_text()
+    assert "\naugmentations: [bcq, ncq]\n" in scale
+    (tmp_path / "old_scale.yaml").write_text(
+        scale.replace("\naugmentations: [bcq, ncq]\n", "\nreformulations: [bcq, ncq]\n")
+    )
+    (tmp_path / "old_row.yaml").write_text(
+        "base: old_scale.yaml\nreformulations: [ncq]\n"
+    )  # a row over it, as rows/ do
+    merged = tmp_path / "merged.yaml"
+    merged.write_text(yaml.safe_dump(recipe.load_recipe(str(tmp_path / "old_row.yaml"))))
+    with pytest.warns(FutureWarning, match="augmentations"):
+        _, args, _ = recipe.build_parser().parse_args_and_config(["--config", str(merged), "--use_cpu", "true"])
+    assert args.augmentations == args.reformulations == ["ncq"] and args.variant == "GRPO\u2020+NCQ"

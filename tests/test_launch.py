@@ -29,7 +29,7 @@ NODES = "n0 n1 n2 n3 n4 n5 n6 n7"
 
 # The paper's recipes (all four scales share these lengths): what the servers are sized to.
 PAPER_LENGTHS = context_lengths(
-    max_prompt_length=4096, max_completion_length=12288, num_generations=8, reformulations=("bcq", "ncq"),
+    max_prompt_length=4096, max_completion_length=12288, num_generations=8, augmentations=("bcq", "ncq"),
     compression_max_tokens=512, teacher_max_tokens=12288,
 )  # fmt: skip
 
@@ -167,7 +167,7 @@ def test_train_sh_plans_servers_then_training():
     )  # fmt: skip
     assert shorter.returncode == 0, shorter.stderr
     sized = context_lengths(
-        max_prompt_length=4096, max_completion_length=4096, num_generations=8, reformulations=("bcq", "ncq"),
+        max_prompt_length=4096, max_completion_length=4096, num_generations=8, augmentations=("bcq", "ncq"),
         compression_max_tokens=512, teacher_max_tokens=12288,
     )  # fmt: skip
     assert f"student {sized.student} tokens, teacher {sized.teacher} tokens" in shorter.stdout

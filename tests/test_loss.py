@@ -82,7 +82,7 @@ def clamp_inside_min_form(rho: torch.Tensor, adv: torch.Tensor, delta: float | N
 
 
 def test_config_defaults_are_the_constants_used_here():
-    c = ZPPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to=[], reformulations=[])
+    c = ZPPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to=[], augmentations=[])
     assert (c.epsilon, c.epsilon_high, c.delta, c.loss_type, c.beta) == (EPS_LOW, EPS_HIGH, C_DUAL, "dapo", 0.0)
 
 
@@ -129,7 +129,7 @@ def make_trainer(tmp_path, delta: float = C_DUAL):
         per_device_train_batch_size=2,
         num_generations=2,
         max_completion_length=len(RATIOS),
-        reformulations=[],
+        augmentations=[],
         replay_fraction=0.0,
         delta=delta,
     )

@@ -92,5 +92,5 @@ def test_the_training_procedure_and_both_citations_are_there():
     assert "TRL: Transformer Reinforcement Learning" in citations
     # the quick start ends prompts with the closer the model was trained with
     assert f"CLOSER = {ZPPOConfig(**ARGS).closer!r}" in card
-    grpo = _card("Qwen/Qwen3.5-2B", "zppo-trl/ZPPO-77K", reformulations=[], replay_fraction=0.0)
+    grpo = _card("Qwen/Qwen3.5-2B", "zppo-trl/ZPPO-77K", augmentations=[], replay_fraction=0.0)
     assert "**GRPO**" in grpo and "**Teacher:** none" in grpo

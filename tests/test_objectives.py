@@ -49,7 +49,7 @@ DISPO_DEFAULT = dict(low_pos=0.2, high_pos=10.0, low_neg=1.0, high_neg=100.0)
 DISPO_TIGHT = dict(low_pos=0.2, high_pos=0.5, low_neg=0.5, high_neg=2.0)
 PROMPT_LEN = 6
 PAD_RATIO = 1000.0  # the ratio given to padding tokens: absurd on purpose, it must never count
-CPU = dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[], reformulations=[])
+CPU = dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[], augmentations=[])
 
 
 # --------------------------------------------------------------------------- the formulas, independently
@@ -511,11 +511,11 @@ def test_the_dual_clip_is_checked_only_where_it_acts():
 )
 def test_variant_names_the_objective_as_the_paper_does(reformulations, replay_fraction, objective, variant):
     teacher = dict(teacher_base_url="http://127.0.0.1:8000/v1", teacher_model="t") if reformulations else {}
-    c = ZPPOConfig(**{**CPU, "reformulations": reformulations}, **teacher, replay_fraction=replay_fraction, policy_objective=objective)
+    c = ZPPOConfig(**{**CPU, "augmentations": reformulations}, **teacher, replay_fraction=replay_fraction, policy_objective=objective)
     assert c.variant == variant
 
 
 def test_command_line():
-    args = ["--output_dir", "unused", "--use_cpu", "--bf16", "false", "--reformulations", "", "--policy_objective", "dispo", "--dispo_epsilon_high_neg", "50"]
+    args = ["--output_dir", "unused", "--use_cpu", "--bf16", "false", "--augmentations", "", "--policy_objective", "dispo", "--dispo_epsilon_high_neg", "50"]
     (config,) = TrlParser((ZPPOConfig,)).parse_args_and_config(args)
     assert config.policy_objective == "dispo" and config.dispo_bounds.high_neg == 50.0 and config.variant == "DISPO\u2020"

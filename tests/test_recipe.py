@@ -56,7 +56,7 @@ def test_scale_yaml_is_the_papers_table(scale):
         "advantage_normalization": "without_zero",
         # ZPPO-specific
         "hard_threshold": 0.5, "replay_fraction": 0.25, "replay_capacity": 10000, "augment_fraction": 0.25,
-        "reformulations": ["bcq", "ncq"], "compression_max_tokens": 512,
+        "augmentations": ["bcq", "ncq"], "compression_max_tokens": 512,
         # Schedule and batching
         "per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "max_steps": 800,
     }  # fmt: skip
@@ -91,25 +91,25 @@ def test_dry_run_prints_the_papers_composition(scale):
 
 # recipes/rows/: the paper's name of each comparison row at 0.8B, and the fields that make it that row.
 ROWS = {
-    "grpo": ("GRPO", dict(reformulations=[], replay_fraction=0.0)),
-    "grpo_dagger": ("GRPO\u2020", dict(reformulations=[], replay_fraction=0.25)),
-    "grpo_dagger_bcq": ("GRPO\u2020+BCQ", dict(reformulations=["bcq"])),
-    "grpo_dagger_ncq": ("GRPO\u2020+NCQ", dict(reformulations=["ncq"])),
-    "grpo_both": ("GRPO+Both", dict(reformulations=["bcq", "ncq"], replay_fraction=0.0)),
-    "grpo_dagger_hint": ("GRPO\u2020+Hint", dict(reformulations=["hint"])),
-    "grpo_dagger_prefix": ("GRPO\u2020+Prefix", dict(reformulations=["prefix"], prefix_fraction=0.4)),
+    "grpo": ("GRPO", dict(augmentations=[], replay_fraction=0.0)),
+    "grpo_dagger": ("GRPO\u2020", dict(augmentations=[], replay_fraction=0.25)),
+    "grpo_dagger_bcq": ("GRPO\u2020+BCQ", dict(augmentations=["bcq"])),
+    "grpo_dagger_ncq": ("GRPO\u2020+NCQ", dict(augmentations=["ncq"])),
+    "grpo_both": ("GRPO+Both", dict(augmentations=["bcq", "ncq"], replay_fraction=0.0)),
+    "grpo_dagger_hint": ("GRPO\u2020+Hint", dict(augmentations=["hint"])),
+    "grpo_dagger_prefix": ("GRPO\u2020+Prefix", dict(augmentations=["prefix"], prefix_fraction=0.4)),
     "zppo_gspo": ("ZPPO (GSPO)", dict(policy_objective="gspo", importance_sampling_level="sequence")),
     "zppo_cispo": ("ZPPO (CISPO)", dict(policy_objective="cispo", loss_type="cispo")),
     "zppo_dispo": ("ZPPO (DISPO)", dict(policy_objective="dispo")),
-    "gspo_dagger": ("GSPO\u2020", dict(policy_objective="gspo", reformulations=[])),
-    "cispo_dagger": ("CISPO\u2020", dict(policy_objective="cispo", reformulations=[])),
-    "dispo_dagger": ("DISPO\u2020", dict(policy_objective="dispo", reformulations=[])),
-    "correction_sft_dagger": ("Correction-SFT\u2020", dict(reformulations=["correction"])),
-    "reflection_sft_dagger": ("Error-reflection-SFT\u2020", dict(reformulations=["reflection"])),
-    "off_distill": ("Off-Distill", dict(reformulations=[], replay_fraction=0.0, distillation="off", distill_teacher="Qwen/Qwen3.5-27B")),
-    "off_distill_dagger": ("Off-Distill\u2020", dict(reformulations=[], distillation="off", distill_teacher="Qwen/Qwen3.5-27B")),
-    "on_distill": ("On-Distill", dict(reformulations=[], replay_fraction=0.0, distillation="on", distill_teacher="Qwen/Qwen3.5-27B")),
-    "on_distill_dagger": ("On-Distill\u2020", dict(reformulations=[], distillation="on", distill_teacher="Qwen/Qwen3.5-27B")),
+    "gspo_dagger": ("GSPO\u2020", dict(policy_objective="gspo", augmentations=[])),
+    "cispo_dagger": ("CISPO\u2020", dict(policy_objective="cispo", augmentations=[])),
+    "dispo_dagger": ("DISPO\u2020", dict(policy_objective="dispo", augmentations=[])),
+    "correction_sft_dagger": ("Correction-SFT\u2020", dict(augmentations=["correction"])),
+    "reflection_sft_dagger": ("Error-reflection-SFT\u2020", dict(augmentations=["reflection"])),
+    "off_distill": ("Off-Distill", dict(augmentations=[], replay_fraction=0.0, distillation="off", distill_teacher="Qwen/Qwen3.5-27B")),
+    "off_distill_dagger": ("Off-Distill\u2020", dict(augmentations=[], distillation="off", distill_teacher="Qwen/Qwen3.5-27B")),
+    "on_distill": ("On-Distill", dict(augmentations=[], replay_fraction=0.0, distillation="on", distill_teacher="Qwen/Qwen3.5-27B")),
+    "on_distill_dagger": ("On-Distill\u2020", dict(augmentations=[], distillation="on", distill_teacher="Qwen/Qwen3.5-27B")),
 }  # fmt: skip
 
 

@@ -43,13 +43,13 @@ def _config(**fields) -> ZPPOConfig:
 
 def test_load_recipe_puts_each_yaml_on_top_of_its_base(tmp_path):
     (tmp_path / "rows").mkdir()
-    (tmp_path / "scale.yaml").write_text(yaml.safe_dump({"a": 1, "b": 1, "c": 1, "reformulations": ["bcq", "ncq"]}))
-    row = {"base": "../scale.yaml", "b": 2, "reformulations": []}
+    (tmp_path / "scale.yaml").write_text(yaml.safe_dump({"a": 1, "b": 1, "c": 1, "augmentations": ["bcq", "ncq"]}))
+    row = {"base": "../scale.yaml", "b": 2, "augmentations": []}
     (tmp_path / "rows" / "row.yaml").write_text(yaml.safe_dump(row))
     (tmp_path / "rows" / "tweak.yaml").write_text(yaml.safe_dump({"base": "row.yaml", "c": 3}))
-    assert load_recipe(tmp_path / "scale.yaml") == {"a": 1, "b": 1, "c": 1, "reformulations": ["bcq", "ncq"]}
-    assert load_recipe(tmp_path / "rows" / "row.yaml") == {"a": 1, "b": 2, "c": 1, "reformulations": []}
-    assert load_recipe(str(tmp_path / "rows" / "tweak.yaml")) == {"a": 1, "b": 2, "c": 3, "reformulations": []}
+    assert load_recipe(tmp_path / "scale.yaml") == {"a": 1, "b": 1, "c": 1, "augmentations": ["bcq", "ncq"]}
+    assert load_recipe(tmp_path / "rows" / "row.yaml") == {"a": 1, "b": 2, "c": 1, "augmentations": []}
+    assert load_recipe(str(tmp_path / "rows" / "tweak.yaml")) == {"a": 1, "b": 2, "c": 3, "augmentations": []}
     (tmp_path / "empty.yaml").write_text("")
     assert load_recipe(tmp_path / "empty.yaml") == {}
 
@@ -114,6 +114,28 @@ def test_parse_recipe_args_names_what_to_fix_in_one_line(tmp_path):
         parse_recipe_args(["--config", "recipes/qwen35_0.8b.yaml", "--dry_run", "--max_steps"])
 
 
+def test_the_deprecated_key_overrides_its_base_at_every_level(tmp_path):
+    """A row written with the old key ``reformulations`` over a base that says ``augmentations`` still wins,
+    as it did before the rename; so does ``--reformulations`` on the command line over the YAML's key."""
+    row = tmp_path / "row.yaml"
+    row.write_text(f"base: {REPO / 'recipes/qwen35_0.8b.yaml'}\nreformulations: [hint]\n")
+    with pytest.warns(FutureWarning, match="now called augmentations"):
+        fields = load_recipe(row)
+    assert fields["augmentations"] == ["hint"] and "reformulations" not in fields
+    with pytest.warns(FutureWarning):
+        _, args, _ = parse_recipe_args(["--config", str(row), "--output_dir", str(tmp_path / "out"), "--use_cpu", "true"])
+    assert args.augmentations == args.reformulations == ["hint"] and args.variant == "GRPO\u2020+Hint"
+    with pytest.warns(FutureWarning, match="--augmentations"):
+        _, args, _ = parse_recipe_args(
+            ["--config", str(REPO / "recipes/qwen35_0.8b.yaml"), "--output_dir", str(tmp_path / "out"), "--use_cpu", "true", "--reformulations", "ncq"]
+        )
+    assert args.augmentations == ["ncq"]
+    both = tmp_path / "both.yaml"
+    both.write_text(f"base: {REPO / 'recipes/qwen35_0.8b.yaml'}\nreformulations: [hint]\naugmentations: [bcq]\n")
+    with pytest.raises(ValueError, match="disagree"):
+        load_recipe(both)
+
+
 def test_parser_groups_the_help_zppo_fields_first():
     help_text = build_parser().format_help()
     titles = [line[:-1] for line in help_text.splitlines() if line and not line[0].isspace() and line.endswith(":")]
@@ -134,7 +156,7 @@ def test_endpoints_list_each_server_once():
         ("judge", "http://judge:8000/v1", "j"),
     ]
     assert endpoints(ScriptArguments(use_judge=False), judged) == [("teacher", "http://teacher:8000/v1", "t")]
-    grpo = _config(**teacher, reformulations=[])  # no reformulations: the teacher's server only judges
+    grpo = _config(**teacher, augmentations=[])  # no reformulations: the teacher's server only judges
     assert endpoints(ScriptArguments(), grpo) == [("judge", "http://teacher:8000/v1", "t")]
     assert endpoints(ScriptArguments(use_judge=False), grpo) == []
 
@@ -146,7 +168,7 @@ def test_wait_for_servers_names_the_fields_of_a_server_that_does_not_answer():
     with pytest.raises(SystemExit, match="fix teacher_base_url / teacher_model") as stopped:
         wait_for_servers(ScriptArguments(teacher_wait_s=1e-6), teacher)
     assert f"the teacher at {url} (model 't') did not answer within teacher_wait_s=1e-06 s" in str(stopped.value)
-    judge_only = _config(teacher_base_url=url, teacher_model="t", reformulations=[])
+    judge_only = _config(teacher_base_url=url, teacher_model="t", augmentations=[])
     with pytest.raises(SystemExit, match="fix judge_base_url / judge_model"):
         wait_for_servers(ScriptArguments(teacher_wait_s=1e-6), judge_only)
 
@@ -173,5 +195,5 @@ def test_student_kind_processor_and_rewards_follow_the_config(tiny_vlm_dir, tiny
     judged = reward_functions(ScriptArguments(), args)
     assert [f.__name__ for f in judged] == ["judged_accuracy_reward"]
     assert reward_functions(ScriptArguments(use_judge=False), args)[0].__name__ == "boxed_accuracy_reward"
-    plain = _config(reformulations=[])
+    plain = _config(augmentations=[])
     assert reward_functions(ScriptArguments(), plain)[0].__name__ == "boxed_accuracy_reward"  # no judge endpoint

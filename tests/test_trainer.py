@@ -38,7 +38,7 @@ def _config(tmp_path, **overrides) -> ZPPOConfig:
         max_completion_length=6,
         num_partitions=2,
         gradient_accumulation_steps=1,
-        reformulations=[],
+        augmentations=[],
         replay_fraction=0.5,
         learning_rate=1e-2,
         logging_steps=1,

@@ -69,7 +69,7 @@ def test_the_upstream_methods_and_state_the_trainer_uses_exist(tmp_path):
         assert callable(getattr(GRPOTrainer, name, None)), f"GRPOTrainer.{name} is gone"
     args = ZPPOConfig(
         output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=2,
-        num_generations=2, max_completion_length=4, reformulations=[], replay_fraction=0.0,
+        num_generations=2, max_completion_length=4, augmentations=[], replay_fraction=0.0,
     )
     rows = [dict(id=f"q{i}", question="What is 1 + 1?", images=[], answer="2", source="t", subdataset="t") for i in range(2)]
 

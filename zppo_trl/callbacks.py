@@ -20,7 +20,7 @@ import os
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
-from .augmentation import AUGMENTATION_KINDS
+from .augmentations import AUGMENTATION_KINDS
 
 __all__ = ["JsonlMetricsCallback", "read_metrics", "RolloutSummaryCallback", "QuietProgressCallback", "rollout_summary"]
 

@@ -3,13 +3,13 @@
 ZPPO reuses TRL's own fields where TRL has the concept (``num_generations`` is G_S,
 ``epsilon``/``epsilon_high`` the clip-higher pair, ``delta`` the dual-clip ratio,
 ``loss_type`` the token-level ``"dapo"`` aggregation, ``beta`` the KL weight) and only
-changes their defaults to the paper's (tab:appendix:hyperparameters). TRL's ``delta``
+changes their defaults to the paper's (its hyperparameter table). TRL's ``delta``
 clamps the unclipped ratio at ``delta`` inside the min; for A < 0 that is exactly the
-dual clip ``max(q, c_dual * A)`` of eq. dualclip, and for A >= 0 it never binds because
+dual clip ``max(q, c_dual * A)`` of the paper's dual-clip equation, and for A >= 0 it never binds because
 ``1 + epsilon_high < delta``.
 
-``policy_objective`` swaps Step 6's objective for one of sec:appendix:backbones (GSPO,
-CISPO, DISPO; see :mod:`zppo_trl.objectives`); it alone may move TRL's objective settings
+``policy_objective`` swaps Step 6's objective for one of the paper's appendix on alternative policy
+objectives (GSPO, CISPO, DISPO; see :mod:`zppo_trl.objectives`); it alone may move TRL's objective settings
 off the paper's (``importance_sampling_level`` for GSPO, ``loss_type`` for CISPO).
 
 The I optimizer partitions of one rollout step map onto TRL's batching as
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .advantages import NORMALIZATIONS
-from .augmentation import check_kinds
+from .augmentations import check_kinds
 from .context import PAPER_MAX_PROMPT_LENGTH, ContextLengths, context_lengths
 from .distill import DISTILLATION_MODES, DISTILLATION_NAMES
 from .objectives import DUAL_CLIP_OBJECTIVES, OBJECTIVE_NAMES, OBJECTIVES, DispoBounds
@@ -38,20 +38,24 @@ from .replay import replay_count
 __all__ = ["ZPPOConfig", "StepComposition", "PAPER_OBJECTIVE", "OBJECTIVE_SETTINGS"]
 
 # TRL settings that would change the paper's objective, with the value it needs and why.
-# The objective (eq:ppo-token-ratio, eq:dualclip, "What on-policy means"): a per-token PPO
+# The objective (the paper's per-token PPO ratio and dual-clip equations, "What on-policy means"): a per-token PPO
 # ratio against the policy that sampled the group is the only ratio; DAPO's token-level
 # aggregation; no KL; ZPPO's two-step advantages; one pass over each rollout step.
 PAPER_OBJECTIVE: dict[str, tuple[object, str]] = {
     "loss_type": ("dapo", "the loss is aggregated over tokens (DAPO)"),
-    "importance_sampling_level": ("token", "the PPO ratio of eq:ppo-token-ratio is per token"),
+    "importance_sampling_level": ("token", "the paper's PPO ratio is per token"),
     "vllm_importance_sampling_correction": (
         False,
-        "the PPO ratio against the sampling policy is the only ratio; TRL's vLLM/trainer ratio would reweight and mask sequences",
+        "the PPO ratio against the sampling policy is the only ratio; TRL's vLLM/trainer ratio would reweight and "
+        "mask sequences",
     ),
     "mask_truncated_completions": (False, "every sampled response enters the loss"),
     "top_entropy_quantile": (1.0, "every response token enters the loss"),
     "off_policy_mask_threshold": (None, "no sequence is masked for being off-policy"),
-    "scale_rewards": ("none", "ZPPO's two-step advantages (eq:adv-step1, eq:adv-step2) replace TRL's reward scaling"),
+    "scale_rewards": (
+        "none",
+        "ZPPO's two-step advantages (the paper's two advantage equations) replace TRL's reward scaling",
+    ),
     "num_iterations": (1, "one pass over each rollout step, in num_partitions updates"),
     "beta": (0.0, "the objective has no KL penalty"),
     "entropy_coef": (0.0, "the objective has no entropy bonus"),
@@ -59,7 +63,7 @@ PAPER_OBJECTIVE: dict[str, tuple[object, str]] = {
 }
 
 # What each Step-6 objective (policy_objective) sets among PAPER_OBJECTIVE's TRL settings; the rest
-# stay the paper's ("every other setting follows tab:appendix:hyperparameters"). GSPO is TRL's
+# stay the paper's ("every other setting follows" its hyperparameter table). GSPO is TRL's
 # sequence-level ratio under DAPO's token aggregation (TRL warns about the pair; ZPPO keeps it on
 # purpose). CISPO is TRL's loss, given the weight bound 1 + epsilon_high by the trainer. DISPO is
 # ZPPO's own loss (ZPPOTrainer._compute_loss) and changes no TRL setting.
@@ -71,8 +75,15 @@ OBJECTIVE_SETTINGS: dict[str, dict[str, object]] = {
 }
 
 
-# How tab:mistakes prints the supervised controls (the dagger marks the replay buffer).
+def _kinds(value) -> list[str]:
+    """A kind list as the command line or a YAML gives it ("bcq,ncq", ["bcq", "ncq"], or [""] for none):
+    flattened, stripped, empties dropped."""
+    parts = [value] if isinstance(value, str) else list(value or [])
+    return [k.strip() for part in parts for k in str(part).split(",") if k.strip()]
+
+
 DISPO_FIELDS = ("dispo_epsilon_low_pos", "dispo_epsilon_high_pos", "dispo_epsilon_low_neg", "dispo_epsilon_high_neg")
+# How the paper's mistakes table prints the supervised controls (the dagger marks the replay buffer).
 _SUPERVISED_NAMES = {"correction": "Correction-SFT", "reflection": "Error-reflection-SFT"}
 
 
@@ -88,7 +99,7 @@ class StepComposition:
     world_size: int
     new_prompts: int  # |X_new| per rollout step, over all ranks
     max_replayed: int  # floor(rho_replay * |X_new|), reached once the buffer is that full
-    max_reformulated: int  # floor(rho_aug * |X_new|) BCQ + NCQ instances (0 without reformulations)
+    max_reformulated: int  # floor(rho_aug * |X_new|) augmented instances (BCQ + NCQ for ZPPO; 0 without augmentations)
     rollouts: int  # G_S
     updates: int  # I
     new_prompts_per_update: float
@@ -115,15 +126,20 @@ class StepComposition:
 class ZPPOConfig(GRPOConfig):
     """Configuration for :class:`zppo_trl.ZPPOTrainer` (a `trl.GRPOConfig` with ZPPO's fields).
 
-    Ablations are configurations: ``reformulations=[]`` is GRPO† (ZPPO's pipeline with the
+    Ablations are configurations: ``augmentations=[]`` is GRPO† (ZPPO's pipeline with the
     replay buffer, without BCQ/NCQ); adding ``replay_fraction=0`` is plain GRPO with the
-    paper's recipe; ``reformulations=["bcq"]`` or ``["ncq"]`` keep one branch.
+    paper's recipe; ``augmentations=["bcq"]`` or ``["ncq"]`` keep one branch, and ``["hint"]``,
+    ``["prefix"]``, ``["correction"]`` or ``["reflection"]`` is one of the paper's comparison rows.
+    ``reformulations`` is the deprecated name of ``augmentations``.
     """
 
-    # --- ZPPO (tab:appendix:hyperparameters, "ZPPO-specific")
+    # --- ZPPO (the "ZPPO-specific" rows of the paper's hyperparameter table)
     hard_threshold: float = field(
         default=0.5,
-        metadata={"help": "tau: a question is hard when its plain-group accuracy is below this (admission, graduation, pre-cap)."},
+        metadata={
+            "help": "tau: a question is hard when its plain-group accuracy is below this (admission, graduation, "
+            "pre-cap)."
+        },
     )
     replay_fraction: float = field(
         default=0.25,
@@ -135,23 +151,42 @@ class ZPPOConfig(GRPOConfig):
     )
     augment_fraction: float = field(
         default=0.25,
-        metadata={"help": "rho_aug: cap on hard questions (pre-cap) and on BCQ+NCQ instances (post-cap), as a fraction of the new questions."},
-    )
-    reformulations: list[str] = field(
-        default_factory=lambda: list(KINDS),
         metadata={
-            "help": "Extra groups on hard questions: a subset of ['bcq', 'ncq'] (ZPPO); [] turns them off (GRPO†); "
-            "['hint'] or ['prefix'] alone is the paper's Hint or Prefix control (alg:hint, alg:prefix); ['correction'] "
-            "or ['reflection'] alone trains the supervised Correction-SFT or Error-reflection-SFT control instead of RL."
+            "help": "rho_aug: cap on hard questions (pre-cap) and on BCQ+NCQ instances (post-cap), as a fraction of "
+            "the new questions."
+        },
+    )
+    # None until __post_init__, so that setting it and its deprecated alias differently is told apart
+    # from leaving it at the default, ["bcq", "ncq"].
+    augmentations: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Step 5's augmentations of hard questions (default: ['bcq', 'ncq'], ZPPO): a subset of ['bcq', "
+            "'ncq']; [] turns them off (GRPO†); ['hint'] or ['prefix'] alone is the paper's Hint or Prefix control; "
+            "['correction'] or ['reflection'] alone trains the supervised Correction-SFT or Error-reflection-SFT "
+            "control instead of RL."
+        },
+    )
+    reformulations: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Deprecated alias of augmentations (its name while it held only BCQ/NCQ): sets augmentations, "
+            "with a FutureWarning. After construction it reads the same kinds as augmentations."
         },
     )
     prefix_fraction: float = field(
         default=0.4,
-        metadata={"help": "alpha of the Prefix control: the first floor(alpha * L) tokens of a correct teacher rollout open the response."},
+        metadata={
+            "help": "alpha of the Prefix control: the first floor(alpha * L) tokens of a correct teacher rollout "
+            "open the response."
+        },
     )
     num_partitions: int = field(
         default=4,
-        metadata={"help": "I: optimizer mini-batch partitions per rollout step (groups kept intact; empty-signal partitions skipped)."},
+        metadata={
+            "help": "I: optimizer mini-batch partitions per rollout step (groups kept intact; empty-signal "
+            "partitions skipped)."
+        },
     )
     advantage_normalization: str = field(
         default="without_zero",
@@ -164,8 +199,8 @@ class ZPPOConfig(GRPOConfig):
     max_prompt_length: int = field(
         default=PAPER_MAX_PROMPT_LENGTH,
         metadata={
-            "help": "The paper's 'Max prompt length': tokens of a plain prompt (chat template, image tokens and closer "
-            "included). It truncates nothing (ZPPO-77K is built under it); it sizes the servers' contexts "
+            "help": "The paper's 'Max prompt length': tokens of a plain prompt (chat template, image tokens and "
+            "closer included). It truncates nothing (ZPPO-77K is built under it); it sizes the servers' contexts "
             "(context_lengths(), printed by the dry run)."
         },
     )
@@ -174,13 +209,14 @@ class ZPPOConfig(GRPOConfig):
         metadata={"help": "Appended last to every student prompt (plain, BCQ and NCQ); datasets hold raw questions."},
     )
 
-    # --- Step 6's policy objective (sec:appendix:backbones, tab:appendix:backbones)
+    # --- Step 6's policy objective (the paper's appendix and table of alternative policy objectives)
     policy_objective: str = field(
         default="grpo",
         metadata={
-            "help": "Step 6's objective: 'grpo' (the paper's: DAPO token-level clipped surrogate with the dual clip), "
-            "'gspo' (one sequence-level ratio per rollout), 'cispo' (clipped stop-gradient importance weight, bound "
-            "1 + epsilon_high) or 'dispo' (four-way clip, zero gradient outside it). Every other setting stays the paper's."
+            "help": "Step 6's objective: 'grpo' (the paper's: DAPO token-level clipped surrogate with the dual "
+            "clip), 'gspo' (one sequence-level ratio per rollout), 'cispo' (clipped stop-gradient importance weight, "
+            "bound 1 + epsilon_high) or 'dispo' (four-way clip, zero gradient outside it). Every other setting stays "
+            "the paper's."
         },
     )
     # DISPO's defaults: the values of a public DISPO training script (slime-based), NOT checked against the DISPO
@@ -196,25 +232,31 @@ class ZPPOConfig(GRPOConfig):
     )
     dispo_epsilon_low_neg: float = field(
         default=1.0,
-        metadata={"help": "DISPO, incorrect responses (A < 0): tokens with weight below 1 - this get no gradient (1: no lower bound)."},
+        metadata={
+            "help": "DISPO, incorrect responses (A < 0): tokens with weight below 1 - this get no gradient (1: no "
+            "lower bound)."
+        },
     )
     dispo_epsilon_high_neg: float = field(
         default=100.0,
         metadata={"help": "DISPO, incorrect responses (A < 0): tokens with weight above 1 + this get no gradient."},
     )
 
-    # --- the distillation rows (alg:offpolicy, alg:onpolicy; zppo_trl.distill)
+    # --- the distillation rows (the paper's Off-Distill and On-Distill algorithms; zppo_trl.distill)
     distillation: str | None = field(
         default=None,
         metadata={
-            "help": "'off' (Off-Distill: imitate the graded-correct teacher rollouts of every question) or 'on' (On-Distill: "
-            "the teacher re-scores the student's own rollouts), trained with GKD's generalized JSD instead of RL; with "
-            "reformulations: []. replay_fraction > 0 is the dagger row."
+            "help": "'off' (Off-Distill: imitate the graded-correct teacher rollouts of every question) or 'on' "
+            "(On-Distill: the teacher re-scores the student's own rollouts), trained with GKD's generalized JSD "
+            "instead of RL; with augmentations: []. replay_fraction > 0 is the dagger row."
         },
     )
     distill_teacher: str | None = field(
         default=None,
-        metadata={"help": "The teacher loaded next to the student for its per-token distributions (same tokenizer as the student)."},
+        metadata={
+            "help": "The teacher loaded next to the student for its per-token distributions (same tokenizer as the "
+            "student)."
+        },
     )
     distill_beta: float = field(
         default=0.5,
@@ -232,7 +274,9 @@ class ZPPOConfig(GRPOConfig):
     )
     teacher_api_key_env: str = field(
         default="TEACHER_API_KEY",
-        metadata={"help": "Environment variable holding the teacher's API key (the key itself never enters the config)."},
+        metadata={
+            "help": "Environment variable holding the teacher's API key (the key itself never enters the config)."
+        },
     )
     teacher_num_generations: int = field(
         default=4,
@@ -248,14 +292,17 @@ class ZPPOConfig(GRPOConfig):
     teacher_timeout: float = field(default=600.0, metadata={"help": "Per-request timeout (seconds) for the teacher."})
     teacher_extra_body: dict | str | None = field(
         default=None,
-        metadata={"help": "Extra request fields passed to the teacher server, e.g. {'chat_template_kwargs': {'enable_thinking': true}}."},
+        metadata={
+            "help": "Extra request fields passed to the teacher server, e.g. "
+            "{'chat_template_kwargs': {'enable_thinking': true}}."
+        },
     )
     compress_candidates: bool = field(
         default=True,
         metadata={
-            "help": "Paper: on. The teacher rewrites every BCQ/NCQ candidate under fig:prompt-compression before it enters "
-            "a prompt. Off puts the raw rollouts in the blocks: only for a teacher too small to compress faithfully (the "
-            "CPU demo's 135M teacher drops the boxed answer and mostly the answer itself)."
+            "help": "Paper: on. The teacher rewrites every BCQ/NCQ candidate under the paper's compression prompt "
+            "before it enters a prompt. Off puts the raw rollouts in the blocks: only for a teacher too small to "
+            "compress faithfully (the CPU demo's 135M teacher drops the boxed answer and mostly the answer itself)."
         },
     )
     compression_max_tokens: int = field(
@@ -265,9 +312,10 @@ class ZPPOConfig(GRPOConfig):
     compression_extra_body: dict | str | None = field(
         default=None,
         metadata={
-            "help": "Extra request fields for compression only (merged over teacher_extra_body, top-level keys replaced); "
-            "with Qwen3.5 on vLLM use {'chat_template_kwargs': {'enable_thinking': false}} so the 512-token cap is spent "
-            "on the summary. A reply with nothing left after its thinking is a failed compression."
+            "help": "Extra request fields for compression only (merged over teacher_extra_body, top-level keys "
+            "replaced); with Qwen3.5 on vLLM use {'chat_template_kwargs': {'enable_thinking': false}} so the "
+            "512-token cap is spent on the summary. A reply with nothing left after its thinking is a failed "
+            "compression."
         },
     )
     judge_base_url: str | None = field(
@@ -277,15 +325,19 @@ class ZPPOConfig(GRPOConfig):
     judge_model: str | None = field(default=None, metadata={"help": "Judge model name (default: the teacher model)."})
     judge_extra_body: dict | str | None = field(
         default=None,
-        metadata={"help": "Extra request fields for the judge; with Qwen3.5 on vLLM use {'chat_template_kwargs': {'enable_thinking': false}} so the 512-token verdict is not spent thinking."},
+        metadata={
+            "help": "Extra request fields for the judge; with Qwen3.5 on vLLM use "
+            "{'chat_template_kwargs': {'enable_thinking': false}} so the 512-token verdict is not spent thinking."
+        },
     )
 
     # --- the console
     full_console_logs: bool = field(
         default=False,
         metadata={
-            "help": "Also print TRL's whole metrics dict at every logging step. By default the console shows the progress "
-            "bar and one line per rollout step; TensorBoard, W&B and metrics.jsonl get every metric either way."
+            "help": "Also print TRL's whole metrics dict at every logging step. By default the console shows the "
+            "progress bar and one line per rollout step; TensorBoard, W&B and metrics.jsonl get every metric either "
+            "way."
         },
     )
 
@@ -300,19 +352,28 @@ class ZPPOConfig(GRPOConfig):
     vllm_max_model_length: int | None = field(
         default=None,
         metadata={
-            "help": "The student's vLLM context. Default: context_lengths().student (plain prompt + the longest BCQ/NCQ "
-            "block + max_completion_length). In server mode, the --max-model-len the student server was started with "
-            "(recipes/launch sizes it the same way): a prompt that leaves less than max_completion_length is warned about."
+            "help": "The student's vLLM context. Default: context_lengths().student (plain prompt + the longest "
+            "BCQ/NCQ block + max_completion_length). In server mode, the --max-model-len the student server was "
+            "started with (recipes/launch sizes it the same way): a prompt that leaves less than "
+            "max_completion_length is warned about."
         },
     )
     vllm_importance_sampling_correction: bool = field(
         default=False,
-        metadata={"help": "Off (TRL defaults it on): the PPO ratio against the sampling policy is the paper's only ratio."},
+        metadata={
+            "help": "Off (TRL defaults it on): the PPO ratio against the sampling policy is the paper's only ratio."
+        },
     )
-    lr_scheduler_type: str = field(default="constant", metadata={"help": "Paper: constant learning rate, no warmup, no decay."})
+    lr_scheduler_type: str = field(
+        default="constant", metadata={"help": "Paper: constant learning rate, no warmup, no decay."}
+    )
     weight_decay: float = field(default=0.1, metadata={"help": "Paper: decoupled weight decay 0.1."})
 
-    _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["teacher_extra_body", "compression_extra_body", "judge_extra_body"]
+    _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + [
+        "teacher_extra_body",
+        "compression_extra_body",
+        "judge_extra_body",
+    ]
 
     def __post_init__(self):
         self._validate_zppo()
@@ -321,19 +382,23 @@ class ZPPOConfig(GRPOConfig):
             self.steps_per_generation = self.num_partitions * self.gradient_accumulation_steps
         super().__post_init__()
         self._validate_objective()
-        for name, value in OBJECTIVE_SETTINGS[self.policy_objective].items():  # after the check: the user may not set them
+        for name, value in OBJECTIVE_SETTINGS[
+            self.policy_objective
+        ].items():  # after the check: the user may not set them
             setattr(self, name, value)
         expected = self.num_partitions * self.gradient_accumulation_steps
         if self.steps_per_generation != expected:
             raise ValueError(
-                f"num_partitions ({self.num_partitions}) x gradient_accumulation_steps ({self.gradient_accumulation_steps}) "
-                f"must equal steps_per_generation ({self.steps_per_generation}): each rollout step feeds num_partitions "
-                "optimizer updates; leave steps_per_generation and generation_batch_size unset to derive them"
+                f"num_partitions ({self.num_partitions}) x gradient_accumulation_steps "
+                f"({self.gradient_accumulation_steps}) must equal steps_per_generation ({self.steps_per_generation}): "
+                "each rollout step feeds num_partitions optimizer updates; leave steps_per_generation and "
+                "generation_batch_size unset to derive them"
             )
         if self.save_strategy == "steps" and self.save_steps >= 1 and int(self.save_steps) % self.num_partitions:
             warnings.warn(
                 f"save_steps ({self.save_steps}) is not a multiple of num_partitions ({self.num_partitions}): a run "
-                "resumed from such a checkpoint regenerates that rollout step and trains only its remaining partitions",
+                "resumed from such a checkpoint regenerates that rollout step and trains only its remaining "
+                "partitions",
                 stacklevel=2,
             )
         self.judge_base_url = self.judge_base_url or self.teacher_base_url
@@ -345,8 +410,9 @@ class ZPPOConfig(GRPOConfig):
             elif self.vllm_max_model_length < needed:
                 warnings.warn(
                     f"vllm_max_model_length ({self.vllm_max_model_length}) is below what a BCQ/NCQ rollout can need "
-                    f"({self.context_lengths()}): long reformulated prompts will leave less than max_completion_length "
-                    "to generate (each such step is warned about and counted in zppo/prompts_over_context)",
+                    f"({self.context_lengths()}): long reformulated prompts will leave less than "
+                    "max_completion_length to generate (each such step is warned about and counted in "
+                    "zppo/prompts_over_context)",
                     stacklevel=2,
                 )
 
@@ -355,31 +421,42 @@ class ZPPOConfig(GRPOConfig):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
-        # The command line gives "bcq,ncq", ["bcq", "ncq"] or [""] (for none): flatten, drop empties.
-        parts = [self.reformulations] if isinstance(self.reformulations, str) else list(self.reformulations or [])
-        self.reformulations = [k.strip() for part in parts for k in str(part).split(",") if k.strip()]
-        check_kinds(self.reformulations)
+        self._resolve_augmentations()
+        check_kinds(self.augmentations)
         if not isinstance(self.prefix_fraction, (int, float)) or not 0.0 < self.prefix_fraction < 1.0:
             raise ValueError(f"prefix_fraction must be a number in (0, 1), got {self.prefix_fraction!r}")
         if self.advantage_normalization not in NORMALIZATIONS:
-            raise ValueError(f"advantage_normalization must be one of {list(NORMALIZATIONS)}, got {self.advantage_normalization!r}")
+            raise ValueError(
+                f"advantage_normalization must be one of {list(NORMALIZATIONS)}, got {self.advantage_normalization!r}"
+            )
         if not isinstance(self.compress_candidates, bool):
             raise ValueError(f"compress_candidates must be true or false, got {self.compress_candidates!r}")
-        for name in ("replay_capacity", "num_partitions", "teacher_num_generations", "teacher_max_tokens", "compression_max_tokens", "teacher_max_concurrency", "max_prompt_length"):
+        for name in (
+            "replay_capacity",
+            "num_partitions",
+            "teacher_num_generations",
+            "teacher_max_tokens",
+            "compression_max_tokens",
+            "teacher_max_concurrency",
+            "max_prompt_length",
+        ):
             value = getattr(self, name)
             minimum = 0 if name == "replay_capacity" else 1
             if not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
         self._validate_distillation()
-        if self.reformulations and not (self.teacher_base_url and self.teacher_model):
+        if self.augmentations and not (self.teacher_base_url and self.teacher_model):
             raise ValueError(
-                f"reformulations {self.reformulations} need a teacher: set teacher_base_url and teacher_model "
-                "(or reformulations: [] for GRPO\u2020)"
+                f"augmentations {self.augmentations} need a teacher: set teacher_base_url and teacher_model "
+                "(or augmentations: [] for GRPO\u2020)"
             )
         if self.policy_objective not in OBJECTIVES:
             raise ValueError(f"policy_objective must be one of {list(OBJECTIVES)}, got {self.policy_objective!r}")
-        if self.policy_objective != "grpo" and set(self.reformulations) & set(_SUPERVISED_NAMES):
-            raise ValueError(f"policy_objective={self.policy_objective!r} has no effect on the supervised {self.reformulations[0]!r} row (it trains cross-entropy); leave it 'grpo'")
+        if self.policy_objective != "grpo" and set(self.augmentations) & set(_SUPERVISED_NAMES):
+            raise ValueError(
+                f"policy_objective={self.policy_objective!r} has no effect on the supervised "
+                f"{self.augmentations[0]!r} row (it trains cross-entropy); leave it 'grpo'"
+            )
         for name in DISPO_FIELDS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
@@ -387,15 +464,45 @@ class ZPPOConfig(GRPOConfig):
         if self.policy_objective not in DUAL_CLIP_OBJECTIVES:
             return  # CISPO and DISPO bound the importance weight themselves: delta plays no part in them
         if self.delta is None:
-            raise ValueError("delta=None turns off the dual clip of eq:dualclip, which ZPPO's objective has; set delta (paper: 10.0)")
+            raise ValueError("delta=None turns off the dual clip, which ZPPO's objective has; set delta (paper: 10.0)")
         if self.delta <= 1 + (self.epsilon_high if self.epsilon_high is not None else self.epsilon):
-            raise ValueError(f"delta (dual-clip ratio, {self.delta}) must exceed 1 + epsilon_high to act as the dual clip")
+            raise ValueError(
+                f"delta (dual-clip ratio, {self.delta}) must exceed 1 + epsilon_high to act as the dual clip"
+            )
+
+    def _resolve_augmentations(self) -> None:
+        """Set ``augmentations`` from itself, its deprecated alias ``reformulations`` (with a FutureWarning) or
+        the default ``["bcq", "ncq"]``, normalised; refuse the two set to different kinds. Afterwards
+        ``reformulations`` reads the same kinds, for code and checks that still read the old name."""
+        new = None if self.augmentations is None else _kinds(self.augmentations)
+        old = None if self.reformulations is None else _kinds(self.reformulations)
+        if old is not None and new is not None and old != new:
+            raise ValueError(
+                f"augmentations {new} and reformulations {old} disagree: reformulations is the deprecated name of "
+                "augmentations; set only augmentations (in a YAML, on the command line or in Python)"
+            )
+        if old is not None:
+            warnings.warn(
+                "reformulations is deprecated and will be removed: it is now called augmentations (it holds hint, "
+                f"prefix, correction and reflection too); set augmentations: {old}",
+                FutureWarning,
+                stacklevel=5,
+            )
+        self.augmentations = new if new is not None else old if old is not None else list(KINDS)
+        self.reformulations = self.augmentations  # the same list object, edited in place together
+
+    def to_dict(self) -> dict:
+        """TrainingArguments' dict of the fields, without the deprecated alias ``reformulations``: saved and
+        logged arguments (``training_args``, TensorBoard, W&B) name the kinds once, as ``augmentations``."""
+        d = super().to_dict()
+        d.pop("reformulations", None)
+        return d
 
     def _warn_unused_settings(self) -> None:
         """Warn about a row-specific field set on a row that never reads it (a likely mistake, e.g.
-        ``prefix_fraction`` without ``reformulations: [prefix]``), naming the field and what reads it."""
+        ``prefix_fraction`` without ``augmentations: [prefix]``), naming the field and what reads it."""
         readers = {
-            "prefix_fraction": ("prefix" in self.reformulations, "reformulations: [prefix]"),
+            "prefix_fraction": ("prefix" in self.augmentations, "augmentations: [prefix]"),
             "distill_teacher": (self.distillation is not None, "distillation: off|on"),
             "distill_beta": (self.distillation is not None, "distillation: off|on"),
             **{name: (self.policy_objective == "dispo", "policy_objective: dispo") for name in DISPO_FIELDS},
@@ -403,24 +510,48 @@ class ZPPOConfig(GRPOConfig):
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for name, (used, reader) in readers.items():
             if not used and getattr(self, name) != defaults[name]:
-                warnings.warn(f"{name}={getattr(self, name)!r} has no effect on this row ({self.variant}): only {reader} reads it", stacklevel=3)
+                warnings.warn(
+                    f"{name}={getattr(self, name)!r} has no effect on this row ({self.variant}): only {reader} reads "
+                    "it",
+                    stacklevel=3,
+                )
 
     def _validate_distillation(self) -> None:
         if self.distillation is None:
             return
         if isinstance(self.distillation, bool):
-            raise ValueError('distillation must be "on" or "off" as a string: YAML reads a bare on/off as a boolean; quote it')
+            raise ValueError(
+                'distillation must be "on" or "off" as a string: YAML reads a bare on/off as a boolean; quote it'
+            )
         if self.distillation not in DISTILLATION_MODES:
-            raise ValueError(f"distillation must be one of {list(DISTILLATION_MODES)} or null, got {self.distillation!r}")
-        if self.reformulations:
-            raise ValueError(f"distillation={self.distillation!r} is a row of its own: set reformulations: [] (got {self.reformulations})")
+            raise ValueError(
+                f"distillation must be one of {list(DISTILLATION_MODES)} or null, got {self.distillation!r}"
+            )
+        if self.augmentations:
+            raise ValueError(
+                f"distillation={self.distillation!r} is a row of its own: set augmentations: [] (got "
+                f"{self.augmentations})"
+            )
         if self.policy_objective != "grpo":
-            raise ValueError(f"policy_objective={self.policy_objective!r} has no effect on a distillation row (it trains the JSD); leave it 'grpo'")
+            raise ValueError(
+                f"policy_objective={self.policy_objective!r} has no effect on a distillation row (it trains the JSD); "
+                "leave it 'grpo'"
+            )
         if not self.distill_teacher:
-            raise ValueError("distillation needs distill_teacher: the teacher model (id or path) to load next to the student for its logits")
+            raise ValueError(
+                "distillation needs distill_teacher: the teacher model (id or path) to load next to the student for "
+                "its logits"
+            )
         if self.distillation == "off" and not (self.teacher_base_url and self.teacher_model):
-            raise ValueError("distillation='off' samples the teacher's rollouts from its server: set teacher_base_url and teacher_model")
-        if isinstance(self.distill_beta, bool) or not isinstance(self.distill_beta, (int, float)) or not 0.0 <= self.distill_beta <= 1.0:
+            raise ValueError(
+                "distillation='off' samples the teacher's rollouts from its server: set teacher_base_url and "
+                "teacher_model"
+            )
+        if (
+            isinstance(self.distill_beta, bool)
+            or not isinstance(self.distill_beta, (int, float))
+            or not 0.0 <= self.distill_beta <= 1.0
+        ):
             raise ValueError(f"distill_beta must be a number in [0, 1], got {self.distill_beta!r}")
 
     def _validate_objective(self) -> None:
@@ -435,19 +566,23 @@ class ZPPOConfig(GRPOConfig):
             hint = ""
             for objective, settings in OBJECTIVE_SETTINGS.items():
                 if name in settings and settings[name] == value:  # e.g. loss_type="cispo": that objective sets it
-                    hint = f" (to train with {OBJECTIVE_NAMES[objective]} as Step 6's objective, set policy_objective={objective!r})"
+                    hint = (
+                        f" (to train with {OBJECTIVE_NAMES[objective]} as Step 6's objective, "
+                        f"set policy_objective={objective!r})"
+                    )
             raise ValueError(f"{name}={value!r} changes ZPPO's objective: {why}. Set {name}={required!r}{hint}")
 
     @property
     def variant(self) -> str:
         """The paper's name for this configuration (ZPPO, GRPO, GRPO†, GRPO†+BCQ, GRPO†+NCQ, GRPO+Both,
-        GRPO†+Hint, GRPO†+Prefix).
+        GRPO†+Hint, GRPO†+Prefix, Correction-SFT†, Error-reflection-SFT†, Off-Distill†, On-Distill†; a † row
+        without the replay buffer drops the dagger, and ZPPO without it is GRPO+Both).
 
-        With another Step-6 objective, tab:appendix:backbones' names: ``ZPPO (GSPO)`` for the full
-        method, ``GSPO†`` for the replay pipeline without reformulations; any other ablation is
+        With another Step-6 objective, the names of the paper's table of alternative objectives: ``ZPPO (GSPO)``
+        for the full method, ``GSPO†`` for the replay pipeline without augmentations; any other ablation is
         ``<variant> (<OBJECTIVE>)``, e.g. ``GRPO†+BCQ (DISPO)``.
         """
-        kinds = set(self.reformulations)
+        kinds = set(self.augmentations)
         replay = self.replay_fraction > 0
         if self.distillation is not None:
             return DISTILLATION_NAMES[self.distillation] + ("\u2020" if replay else "")
@@ -470,7 +605,12 @@ class ZPPOConfig(GRPOConfig):
     @property
     def dispo_bounds(self) -> DispoBounds:
         """DISPO's four clip epsilons (see :func:`zppo_trl.objectives.dispo_per_token_loss`)."""
-        return DispoBounds(self.dispo_epsilon_low_pos, self.dispo_epsilon_high_pos, self.dispo_epsilon_low_neg, self.dispo_epsilon_high_neg)
+        return DispoBounds(
+            self.dispo_epsilon_low_pos,
+            self.dispo_epsilon_high_pos,
+            self.dispo_epsilon_low_neg,
+            self.dispo_epsilon_high_neg,
+        )
 
     def composition(self, world_size: int) -> StepComposition:
         """The rollout step this configuration makes on ``world_size`` ranks (see :class:`StepComposition`)."""
@@ -481,19 +621,22 @@ class ZPPOConfig(GRPOConfig):
         if (self.per_device_train_batch_size * self.steps_per_generation) % G:
             raise ValueError(
                 f"per_device_train_batch_size x steps_per_generation ({self.per_device_train_batch_size} x "
-                f"{self.steps_per_generation}) must be a multiple of num_generations ({G}) so that every rank holds whole groups"
+                f"{self.steps_per_generation}) must be a multiple of num_generations ({G}) so that every rank holds "
+                "whole groups"
             )
         new = rows // G
         return StepComposition(
             world_size=world_size,
             new_prompts=new,
             max_replayed=replay_count(new, self.replay_fraction, new),
-            max_reformulated=augment_limit(new, self.augment_fraction) if self.reformulations else 0,
+            max_reformulated=augment_limit(new, self.augment_fraction) if self.augmentations else 0,
             rollouts=G,
             updates=self.num_partitions,
             new_prompts_per_update=new / self.num_partitions,
             # Correction-SFT samples no teacher rollouts; Off-Distill samples them on every question
-            teacher_rollouts=self.teacher_num_generations if (self.reformulations and self.reformulations != ["correction"]) or self.distillation == "off" else 0,
+            teacher_rollouts=self.teacher_num_generations
+            if (self.augmentations and self.augmentations != ["correction"]) or self.distillation == "off"
+            else 0,
             rows_per_micro_batch=self.per_device_train_batch_size,
             micro_batches_per_update=self.gradient_accumulation_steps,
             rollout_steps=self.max_steps // self.num_partitions if self.max_steps and self.max_steps > 0 else None,
@@ -505,7 +648,7 @@ class ZPPOConfig(GRPOConfig):
             max_prompt_length=self.max_prompt_length,
             max_completion_length=self.max_completion_length,
             num_generations=self.num_generations,
-            reformulations=self.reformulations,
+            augmentations=self.augmentations,
             compression_max_tokens=self.compression_max_tokens,
             compress_candidates=self.compress_candidates,
             teacher_max_tokens=self.teacher_max_tokens,

@@ -34,8 +34,8 @@ from .prompts import (
 
 __all__ = ["ContextLengths", "context_lengths", "PAPER_MAX_PROMPT_LENGTH", "JUDGE_REPLY_TOKENS"]
 
-PAPER_MAX_PROMPT_LENGTH = 4096  # tab:appendix:hyperparameters, "Max prompt length"
-JUDGE_REPLY_TOKENS = 512  # the shared judge's output cap (sec:appendix:benchmarks)
+PAPER_MAX_PROMPT_LENGTH = 4096  # the paper's hyperparameter table, "Max prompt length"
+JUDGE_REPLY_TOKENS = 512  # the shared judge's output cap (the paper's benchmark appendix)
 CHAT_TOKENS = 64  # role markers and generation prompt of one chat turn
 ANSWER_TOKENS = 64  # one listed NCQ wrong answer, or a ground-truth answer
 OPTIONS_TOKENS = 512  # a judge item's answer options
@@ -61,7 +61,7 @@ class ContextLengths:
     """
 
     plain_prompt: int
-    block: int  # the longest BCQ/NCQ block (0 without reformulations)
+    block: int  # the longest block an augmentation adds to a prompt (0 without augmentations)
     completion: int
     teacher_sampling: int
     compression: int  # the longest rewrite request with its reply: compression, hint, correction or revision
@@ -77,9 +77,9 @@ class ContextLengths:
 
     def __str__(self) -> str:
         return (
-            f"student --max-model-len {self.student:,} (prompt {self.plain_prompt:,} + BCQ/NCQ block <= {self.block:,} "
-            f"+ completion {self.completion:,}); teacher --max-model-len {self.teacher:,} (sampling {self.teacher_sampling:,}, "
-            f"compression {self.compression:,}, judge {self.judge:,})"
+            f"student --max-model-len {self.student:,} (prompt {self.plain_prompt:,} + BCQ/NCQ block <= "
+            f"{self.block:,} + completion {self.completion:,}); teacher --max-model-len {self.teacher:,} (sampling "
+            f"{self.teacher_sampling:,}, compression {self.compression:,}, judge {self.judge:,})"
         )
 
 
@@ -88,7 +88,7 @@ def context_lengths(
     max_prompt_length: int,
     max_completion_length: int,
     num_generations: int,
-    reformulations: tuple[str, ...] | list[str],
+    augmentations: tuple[str, ...] | list[str],
     compression_max_tokens: int,
     teacher_max_tokens: int,
     compress_candidates: bool = True,
@@ -107,14 +107,14 @@ def context_lengths(
     candidate_text = compression_max_tokens if compress_candidates else longest_rollout
     candidate = candidate_text + _bytes(candidate_blocks([""])) + 1  # tags, joining newline
     blocks = [0]
-    if "bcq" in reformulations:
+    if "bcq" in augmentations:
         blocks.append(_bytes(BCQ_INSTRUCTION) + 1 + 2 * candidate)
-    if "ncq" in reformulations:  # every rollout of the group wrong, each a distinct answer
+    if "ncq" in augmentations:  # every rollout of the group wrong, each a distinct answer
         listed = num_generations * (ANSWER_TOKENS + _bytes(", \\boxed{}"))
         blocks.append(_bytes(fill(NCQ_INSTRUCTION, answers="")) + listed + 1 + num_generations * candidate)
-    if "hint" in reformulations:
+    if "hint" in augmentations:
         blocks.append(_bytes(hint_block("h")) - 1 + compression_max_tokens)
-    if "correction" in reformulations:  # the polarity tag
+    if "correction" in augmentations:  # the polarity tag
         blocks.append(_bytes(INCORRECT_TAG))
     # A Prefix group adds nothing: its prefix and continuation share max_completion_length.
     separators = 2 * _bytes("\n\n")  # question | block | closer
@@ -126,19 +126,38 @@ def context_lengths(
         completion=max_completion_length,
         teacher_sampling=max_prompt_length + teacher_max_tokens,
         compression=max(
-            CHAT_TOKENS + max(_bytes(fill(t, response="")) for t in (COMPRESSION_TEMPLATE, HINT_TEMPLATE)) + longest_rollout + compression_max_tokens,
-            _rewrite_request(reformulations, max_prompt_length, max_completion_length, num_generations, teacher_max_tokens),
+            CHAT_TOKENS
+            + max(_bytes(fill(t, response="")) for t in (COMPRESSION_TEMPLATE, HINT_TEMPLATE))
+            + longest_rollout
+            + compression_max_tokens,
+            _rewrite_request(
+                augmentations, max_prompt_length, max_completion_length, num_generations, teacher_max_tokens
+            ),
         ),
-        judge=CHAT_TOKENS + judge_template + max_prompt_length + longest_rollout + ANSWER_TOKENS + OPTIONS_TOKENS + JUDGE_REPLY_TOKENS,
+        judge=CHAT_TOKENS
+        + judge_template
+        + max_prompt_length
+        + longest_rollout
+        + ANSWER_TOKENS
+        + OPTIONS_TOKENS
+        + JUDGE_REPLY_TOKENS,
     )
 
 
-def _rewrite_request(reformulations, prompt: int, completion: int, num_generations: int, teacher_max_tokens: int) -> int:
+def _rewrite_request(
+    augmentations, prompt: int, completion: int, num_generations: int, teacher_max_tokens: int
+) -> int:
     """The supervised controls' teacher request and reply: Correction-SFT reads one wrong rollout;
     Error-reflection-SFT reads a teacher draft and every wrong rollout of the group, in full."""
-    if "correction" in reformulations:
-        return CHAT_TOKENS + _bytes(fill(CORRECTION_TEMPLATE, question="", incorrect_attempt="")) + prompt + completion + teacher_max_tokens
-    if "reflection" in reformulations:
+    if "correction" in augmentations:
+        return (
+            CHAT_TOKENS
+            + _bytes(fill(CORRECTION_TEMPLATE, question="", incorrect_attempt=""))
+            + prompt
+            + completion
+            + teacher_max_tokens
+        )
+    if "reflection" in augmentations:
         template = _bytes(fill(REFLECTION_TEMPLATE, question="", draft="", student_attempts=""))
         return CHAT_TOKENS + template + prompt + 2 * teacher_max_tokens + num_generations * (completion + 1)
     return 0

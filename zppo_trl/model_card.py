@@ -41,7 +41,7 @@ _SETTINGS = (
     ("replay_fraction", "rho_replay"),
     ("replay_capacity", "|B|_max"),
     ("augment_fraction", "rho_aug"),
-    ("reformulations", "BCQ / NCQ (or Hint / Prefix)"),
+    ("augmentations", "BCQ / NCQ (or Hint / Prefix)"),
     ("num_partitions", "I"),
     ("advantage_normalization", "advantage normalization"),
     ("epsilon", "clip-lower"),
@@ -208,11 +208,11 @@ def _approach(args) -> str:
     if args.distillation:
         on = "graded-correct teacher rollouts" if args.distillation == "off" else "its own rollouts"
         return f"The student imitates the teacher's per-token distributions on {on} (GKD's generalized JSD, beta = {args.distill_beta:g}).{replay}"
-    kind = args.reformulations[0] if args.reformulations else None
+    kind = args.augmentations[0] if args.augmentations else None
     if kind in ("correction", "reflection"):
         target = "teacher corrections of its wrong answers (and those answers, tagged)" if kind == "correction" else "teacher revisions written from its wrong answers"
         return f"The student is fine-tuned with cross-entropy on {target}, each graded correct before use.{replay}"
-    kinds = " and ".join(k.upper() if len(k) == 3 else k.capitalize() for k in args.reformulations)
+    kinds = " and ".join(k.upper() if len(k) == 3 else k.capitalize() for k in args.augmentations)
     where = "open the student's *response* as a prefix it continues" if kind == "prefix" else "enter the *prompt*"
     teacher = f"On questions the student mostly fails, the teacher's answers {where} ({kinds}), never the gradient." if kinds else "No teacher takes part."
     objective = {"grpo": "GRPO with DAPO's clip-higher, token-level loss and no KL, a dual clip,"}.get(
@@ -225,9 +225,9 @@ def _teacher_line(args) -> str:
     if args.distillation:
         sampled = f"; rollouts sampled from `{args.teacher_model}` behind an OpenAI-compatible endpoint (G_T = {args.teacher_num_generations})" if args.distillation == "off" else ""
         return f"`{args.distill_teacher}`, frozen, loaded next to the student: its per-token distributions are the targets{sampled}."
-    if not args.reformulations:
+    if not args.augmentations:
         return "none."
-    kind = args.reformulations[0]
+    kind = args.augmentations[0]
     samples = "" if kind == "correction" else f"it samples G_T = {args.teacher_num_generations} answers per question and "
     candidates = "compresses each candidate to at most {cap} tokens" if args.compress_candidates else "its answers and the student's enter BCQ/NCQ prompts uncompressed (`compress_candidates: false`, not the paper's setting)"
     role = _TEACHER_ROLE.get(kind, candidates).format(alpha=args.prefix_fraction, cap=args.compression_max_tokens)

@@ -102,7 +102,7 @@ def print_plan(script_args: ScriptArguments, args: ZPPOConfig, out: Callable[[st
         "per update (replayed and reformulated groups add rows)"
     )
     out(f"  student rollouts: {generation_backend(args)}")
-    if args.reformulations:
+    if args.augmentations:
         cap = args.compression_max_tokens
         if args.compress_candidates:
             candidates = f"compression <= {cap} tokens"
@@ -113,7 +113,7 @@ def print_plan(script_args: ScriptArguments, args: ZPPOConfig, out: Callable[[st
             "prefix": f"response prefix alpha={args.prefix_fraction:g}",
             "correction": "corrects one wrong rollout per hard question; graded SFT targets",
             "reflection": "revises a correct draft with the wrong rollouts; graded SFT targets",
-        }.get(args.reformulations[0], candidates)
+        }.get(args.augmentations[0], candidates)
         out(f"  teacher: {args.teacher_model} at {args.teacher_base_url} (G_T={args.teacher_num_generations}, {use})")
     if args.distillation:
         out(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import warnings
 import time
 from dataclasses import dataclass, field
 
@@ -114,6 +115,9 @@ class ScriptArguments:
     )
 
 
+_OLD_KEY_FLAG, _NEW_KEY_FLAG = "--reformulations", "--augmentations"
+
+
 class RecipeError(ValueError):
     """A recipe or command line that cannot be used; the message is one line naming what to fix."""
 
@@ -121,8 +125,27 @@ class RecipeError(ValueError):
 # ---------------------------------------------------------------------- recipe YAMLs and the parser
 
 
+_OLD_KEY, _NEW_KEY = "reformulations", "augmentations"  # the field's deprecated name, and its name
+
+
+def _renamed(fields: dict, where: str) -> dict:
+    """``fields`` with the deprecated key ``reformulations`` renamed ``augmentations`` (a FutureWarning), so
+    that a recipe level written with the old key overrides its base's new one, as it always has."""
+    if _OLD_KEY not in fields:
+        return fields
+    fields = dict(fields)
+    old = fields.pop(_OLD_KEY)
+    if _NEW_KEY in fields and fields[_NEW_KEY] != old:
+        raise ValueError(f"{where}: augmentations {fields[_NEW_KEY]} and reformulations {old} disagree; set only augmentations")
+    warnings.warn(f"{where}: reformulations is deprecated, it is now called augmentations; write augmentations: {old}",
+                  FutureWarning, stacklevel=2)  # fmt: skip
+    fields[_NEW_KEY] = old
+    return fields
+
+
 def load_recipe(path: str | os.PathLike, _seen: tuple[str, ...] = ()) -> dict:
-    """The fields of a recipe YAML; a ``base:`` (relative to the YAML) is loaded first and overridden."""
+    """The fields of a recipe YAML; a ``base:`` (relative to the YAML) is loaded first and overridden.
+    Each level's deprecated ``reformulations`` key is read as ``augmentations``."""
     path = os.path.abspath(path)
     if path in _seen:
         raise ValueError(f"{path}: base recipes form a cycle ({' -> '.join(_seen + (path,))})")
@@ -132,6 +155,7 @@ def load_recipe(path: str | os.PathLike, _seen: tuple[str, ...] = ()) -> dict:
         fields = yaml.safe_load(f) or {}
     if not isinstance(fields, dict):
         raise ValueError(f"{path}: a recipe is a mapping of field: value")
+    fields = _renamed(fields, path)
     base = fields.pop("base", None)
     if base is None:
         return fields
@@ -139,13 +163,18 @@ def load_recipe(path: str | os.PathLike, _seen: tuple[str, ...] = ()) -> dict:
 
 
 def resolve_base(argv: list[str]) -> list[str]:
-    """``argv`` with a ``--config`` that has a ``base:`` replaced by the merged recipe (a temporary file)."""
+    """``argv`` with a ``--config`` that has a ``base:`` (or the deprecated ``reformulations`` key) replaced by
+    the merged recipe (a temporary file), and a ``--reformulations`` flag read as ``--augmentations``."""
+    if _OLD_KEY_FLAG in argv:
+        warnings.warn("--reformulations is deprecated, it is now called --augmentations", FutureWarning, stacklevel=2)
+        argv = [_NEW_KEY_FLAG if arg == _OLD_KEY_FLAG else arg for arg in argv]
     if "--config" not in argv or argv.index("--config") + 1 >= len(argv):
         return argv
     at = argv.index("--config") + 1
     with open(argv[at]) as f:
-        if "base" not in (yaml.safe_load(f) or {}):
-            return argv
+        fields = yaml.safe_load(f) or {}
+    if not isinstance(fields, dict) or not ({"base", _OLD_KEY} & set(fields)):
+        return argv
     merged = tempfile.NamedTemporaryFile("w", prefix="zppo-recipe-", suffix=".yaml", delete=False)
     with merged:
         yaml.safe_dump(load_recipe(argv[at]), merged)
@@ -273,7 +302,7 @@ def reward_functions(script_args: ScriptArguments, args: ZPPOConfig) -> list:
 def endpoints(script_args: ScriptArguments, args: ZPPOConfig) -> list[tuple[str, str, str]]:
     """(role, base_url, model) of every server the run talks to besides the student's vLLM."""
     out = []
-    if args.reformulations or args.distillation == "off":
+    if args.augmentations or args.distillation == "off":
         out.append(("teacher", args.teacher_base_url, args.teacher_model))
     if script_args.use_judge and args.judge_base_url and args.judge_model:
         if not out or (args.judge_base_url, args.judge_model) != (out[0][1], out[0][2]):

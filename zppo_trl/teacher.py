@@ -452,7 +452,7 @@ class TeacherClient:
 
         Each result is the reply with its thinking removed, stripped; None where the request
         failed or nothing is left (counted as ``unusable``). Whether a hint is answer-free is
-        the caller's check (:class:`zppo_trl.augmentation.TeacherHint`).
+        the caller's check (:class:`zppo_trl.augmentations.TeacherHint`).
         """
         responses = _check_list("responses", responses)
         for i, text in enumerate(responses):

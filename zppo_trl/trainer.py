@@ -50,7 +50,7 @@ from trl.models import prepare_deepspeed, prepare_fsdp
 from trl.trainer.utils import is_async_callable, nanmax, nanmin
 
 from . import data
-from .augmentation import Augmentation, BuiltGroup, BuiltGroups, Evidence, make_augmentation, teacher_results
+from .augmentations import Augmentation, BuiltGroup, BuiltGroups, Evidence, make_augmentation, teacher_results
 from .batches import concat_batches
 from .callbacks import QuietProgressCallback, RolloutSummaryCallback
 from .config import ZPPOConfig
@@ -154,13 +154,13 @@ class ZPPOTrainer(GRPOTrainer):
         self.dataset_name = dataset_name
         self.model_license = model_license
         self.teacher = teacher
-        if self.teacher is None and (args.reformulations or args.distillation == "off"):
+        if self.teacher is None and (args.augmentations or args.distillation == "off"):
             self.teacher = TeacherClient.from_config(args)
         # The distillation rows' teacher, loaded next to the student for its per-token distributions.
         self.distill_teacher = self._prepare_distill_teacher(distill_teacher_model) if args.distillation else None
         # Step 5's augmentation: ZPPO's BCQ/NCQ prompts, or a comparison row's; None for GRPO†.
         self.augmentation: Augmentation | None = make_augmentation(
-            args.reformulations,
+            args.augmentations,
             prefix_fraction=args.prefix_fraction,
             tokenizer=self._tokenizer,
             question_of=lambda key: self._row(key)[data.QUESTION],

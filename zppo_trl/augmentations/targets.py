@@ -1,20 +1,21 @@
 """The supervised controls of the paper's mistakes table: Correction-SFT and Error-reflection-SFT.
 
-Both are step-5 augmentations (:class:`zppo_trl.augmentation.Augmentation`) whose instances are
+Both are step-5 augmentations (:class:`zppo_trl.augmentations.Augmentation`) whose instances are
 supervised targets, not groups to sample: the trainer fits them with cross-entropy on their
 response tokens (prompt and tag tokens masked), in the same optimizer partitions as the RL rows
 (a partition without a verified target is skipped), and the student's plain rollouts only rank
 the hard questions and refresh the buffer. Every target is graded by the trainer's own reward
 functions before it becomes one.
 
-- Correction-SFT (``alg:correctionsft``, ``fig:prompt-correction``; after LeMa and NAT): for each
-  hard question, one wrong student rollout drawn uniformly; the teacher corrects it in one call.
-  A correction graded correct gives two instances: the correction under ``<correct>`` and the
-  wrong rollout under ``<incorrect>`` (the tag before the closer). Evaluation keeps ``<correct>``.
-- Error-reflection-SFT (``alg:errorreflectionsft``, ``fig:prompt-reflection``; after ORION): for
-  each hard question with a graded-correct teacher rollout (of the G_T drafts), one draft drawn
-  uniformly is revised by the teacher with all the question's wrong student rollouts, in full;
-  a revision graded correct is the target under the bare question.
+- Correction-SFT (the paper's Correction-SFT algorithm and correction-generation prompt; after
+  LeMa and NAT): for each hard question, one wrong student rollout drawn uniformly; the teacher
+  corrects it in one call. A correction graded correct gives two instances: the correction under
+  ``<correct>`` and the wrong rollout under ``<incorrect>`` (the tag before the closer).
+  Evaluation keeps ``<correct>``.
+- Error-reflection-SFT (the paper's Error-reflection-SFT algorithm and error-conditioned refinement
+  prompt; after ORION): for each hard question with a graded-correct teacher rollout (of the G_T
+  drafts), one draft drawn uniformly is revised by the teacher with all the question's wrong
+  student rollouts, in full; a revision graded correct is the target under the bare question.
 
 Teacher requests carry the question's images, like the teacher's own rollouts; the templates are
 the paper's text. Pure of TRL: the trainer hands in how to build a chat and how to grade.
@@ -28,8 +29,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .augmentation import Augmentation, BuiltGroup, BuiltGroups, Evidence, teacher_results
-from .prompts import CORRECT_TAG, INCORRECT_TAG, render_correction, render_reflection
+from ..prompts import CORRECT_TAG, INCORRECT_TAG, render_correction, render_reflection
+from .base import Augmentation, AugmentationInputs, BuiltGroup, BuiltGroups, Evidence, teacher_results
 
 __all__ = ["SupervisedInstance", "CorrectionTargets", "ReflectionTargets"]
 
@@ -68,6 +69,12 @@ class _SupervisedTargets(Augmentation):
         self.teacher_chat = teacher_chat
         self.grade = grade
 
+    @classmethod
+    def create(cls, kinds: tuple[str, ...], inputs: AugmentationInputs) -> _SupervisedTargets:
+        if None in (inputs.question_of, inputs.teacher_chat, inputs.grade):
+            raise ValueError(f"the {kinds[0]} control needs question_of, teacher_chat and grade")
+        return cls(inputs.question_of, inputs.teacher_chat, inputs.grade)
+
     def _requests(self, instances: Sequence[SupervisedInstance]) -> list[list]:
         raise NotImplementedError
 
@@ -91,7 +98,7 @@ class _SupervisedTargets(Augmentation):
         replies = teacher_results(future, [[] for _ in instances])
         metrics["time/compression_s"] = time.perf_counter() - t0
         rejected = 0
-        for inst, reply in zip(instances, replies):
+        for inst, reply in zip(instances, replies, strict=False):
             if not reply:
                 built.failures += 1
             elif not self.grade(inst.key, [reply[0]])[0]:
@@ -117,13 +124,21 @@ class CorrectionTargets(_SupervisedTargets):
     def plan(self, evidence: Evidence, limit: int, rng: random.Random, metrics: dict) -> list[SupervisedInstance]:
         metrics["hard"] = len(evidence.hard)
         usable = [key for key in evidence.hard if evidence.student_wrong.get(key)]
-        return [SupervisedInstance(self.kind, key, rng.choice(list(evidence.student_wrong[key]))) for key in usable[:limit]]
+        return [
+            SupervisedInstance(self.kind, key, rng.choice(list(evidence.student_wrong[key]))) for key in usable[:limit]
+        ]
 
     def _requests(self, instances):
-        return [self.teacher_chat(inst.key, render_correction(self.question_of(inst.key), inst.source)) for inst in instances]
+        return [
+            self.teacher_chat(inst.key, render_correction(self.question_of(inst.key), inst.source))
+            for inst in instances
+        ]
 
     def _targets(self, inst, reply):
-        return [BuiltGroup(self.kind, inst.key, CORRECT_TAG, target=reply), BuiltGroup(self.kind, inst.key, INCORRECT_TAG, target=inst.source)]
+        return [
+            BuiltGroup(self.kind, inst.key, CORRECT_TAG, target=reply),
+            BuiltGroup(self.kind, inst.key, INCORRECT_TAG, target=inst.source),
+        ]
 
 
 class ReflectionTargets(_SupervisedTargets):
@@ -134,15 +149,22 @@ class ReflectionTargets(_SupervisedTargets):
 
     def plan(self, evidence: Evidence, limit: int, rng: random.Random, metrics: dict) -> list[SupervisedInstance]:
         metrics["hard"] = len(evidence.hard)
-        usable = [key for key in evidence.hard if evidence.teacher_correct.get(key) and evidence.student_wrong.get(key)]
+        usable = [
+            key for key in evidence.hard if evidence.teacher_correct.get(key) and evidence.student_wrong.get(key)
+        ]
         metrics["hard_reflection_possible"] = len(usable)
         return [
-            SupervisedInstance(self.kind, key, rng.choice(list(evidence.teacher_correct[key])), tuple(evidence.student_wrong[key]))
+            SupervisedInstance(
+                self.kind, key, rng.choice(list(evidence.teacher_correct[key])), tuple(evidence.student_wrong[key])
+            )
             for key in usable[:limit]
         ]
 
     def _requests(self, instances):
-        return [self.teacher_chat(inst.key, render_reflection(self.question_of(inst.key), inst.source, inst.attempts)) for inst in instances]
+        return [
+            self.teacher_chat(inst.key, render_reflection(self.question_of(inst.key), inst.source, inst.attempts))
+            for inst in instances
+        ]
 
     def _targets(self, inst, reply):
         return [BuiltGroup(self.kind, inst.key, None, target=reply)]

@@ -1,0 +1,118 @@
+"""ZPPO's own augmentation: BCQ and NCQ prompts, their candidates compressed by the teacher first.
+
+BCQ shows one correct teacher answer and one wrong student answer, anonymised and shuffled; NCQ
+lists the student's wrong answers as known-wrong and shows them as candidates. Both templates are
+the paper's BCQ and NCQ prompt figures (`zppo_trl.prompts`); the planning is
+`zppo_trl.reformulate.plan_reformulations`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..prompts import bcq_block, ncq_block
+from ..reformulate import KINDS, Reformulation, attach_compressions, plan_reformulations
+from ..rewards import extract_boxed, grade_batch
+from .base import Augmentation, AugmentationInputs, BuiltGroup, BuiltGroups, Evidence, teacher_results
+
+__all__ = ["CandidateReformulation"]
+
+
+class CandidateReformulation(Augmentation):
+    """ZPPO's BCQ and NCQ prompts (the paper's BCQ and NCQ prompt templates), candidates compressed first."""
+
+    def __init__(self, kinds: Sequence[str] = KINDS):
+        unknown = set(kinds) - set(KINDS)
+        if unknown:
+            raise ValueError(f"unknown reformulation kind(s) {sorted(unknown)}; expected a subset of {KINDS}")
+        self.kinds = tuple(kind for kind in KINDS if kind in kinds)
+
+    @classmethod
+    def create(cls, kinds: tuple[str, ...], inputs: AugmentationInputs) -> CandidateReformulation:
+        return cls(kinds)
+
+    def plan(self, evidence: Evidence, limit: int, rng: random.Random, metrics: dict) -> list[Reformulation]:
+        parsed = {
+            key
+            for key in evidence.hard
+            if any(extract_boxed(t) is not None for t in evidence.student_wrong.get(key, ()))
+        }
+        metrics["hard"] = len(evidence.hard)
+        metrics["hard_bcq_possible"] = sum(1 for key in parsed if evidence.teacher_correct.get(key))
+        metrics["hard_ncq_only"] = len(parsed) - metrics["hard_bcq_possible"]
+        planned = plan_reformulations(
+            evidence.hard, evidence.teacher_correct, evidence.student_wrong, limit, self.kinds, rng=rng
+        )
+        questions = len({inst.key for inst in planned})
+        metrics["teacher_success_rate"] = sum(inst.kind == "bcq" for inst in planned) / questions if questions else 0.0
+        return planned
+
+    def order(self, instances: Sequence[Reformulation]) -> list[Reformulation]:
+        # BCQ first then NCQ, so that round-robin dealing gives every rank a mix of both kinds.
+        return sorted(instances, key=lambda inst: inst.kind != "bcq")
+
+    def build(self, instances: Sequence[Reformulation], teacher: Any, args: Any, metrics: dict) -> BuiltGroups:
+        """Compress this rank's candidates (one teacher batch) and render each kept instance's block.
+
+        BCQ needs both candidates compressed; NCQ keeps the ones that compressed
+        (`zppo_trl.reformulate.attach_compressions`). With ``compress_candidates`` off (not the
+        paper's setting) the raw rollouts are the candidates and the teacher is not called.
+        """
+        if not instances:
+            return BuiltGroups()
+        t0 = time.perf_counter()
+        sources = [text for inst in instances for text in inst.candidates]
+        if args.compress_candidates:
+            future = teacher.compress_async(
+                sources,
+                max_tokens=args.compression_max_tokens,
+                temperature=args.teacher_temperature,
+                top_p=args.teacher_top_p,
+                extra_body=args.compression_extra_body,
+            )
+            compressed = teacher_results(future, [None] * len(sources))
+        else:
+            compressed = list(sources)
+        metrics["time/compression_s"] = time.perf_counter() - t0
+        kept, failed = attach_compressions(instances, compressed)
+        built = BuiltGroups(failures=failed)
+        for inst, texts in kept:
+            block = bcq_block(texts) if inst.kind == "bcq" else ncq_block(inst.wrong_answers, texts)
+            built.groups.append(BuiltGroup(inst.kind, inst.key, block))
+            built.instances.append(inst)
+        return built
+
+    def audit_counts(
+        self, instances: Sequence[Reformulation], texts: Sequence[str], group_size: int
+    ) -> dict[str, float]:
+        """Which candidate's answer each BCQ rollout gave (teacher's, student's, neither), and how
+        many NCQ rollouts repeat a listed wrong answer."""
+        counts = dict.fromkeys(("bcq_teacher", "bcq_student", "bcq_neither", "ncq_repeats", "ncq_rollouts"), 0.0)
+        for g, inst in enumerate(instances):
+            group = texts[g * group_size : (g + 1) * group_size]
+            answers = inst.candidate_answers()
+            if inst.kind == "bcq":
+                teacher = grade_batch(group, [answers[inst.teacher_position]] * len(group))
+                student = grade_batch(group, [answers[1 - inst.teacher_position]] * len(group))
+                for t, s in zip(teacher, student, strict=False):
+                    counts["bcq_teacher" if t else "bcq_student" if s else "bcq_neither"] += 1
+            else:
+                repeats = [False] * len(group)
+                for wrong in inst.wrong_answers:
+                    repeats = [a or b for a, b in zip(repeats, grade_batch(group, [wrong] * len(group)), strict=False)]
+                counts["ncq_repeats"] += sum(repeats)
+                counts["ncq_rollouts"] += len(group)
+        return counts
+
+    def audit_metrics(self, totals: Mapping[str, float]) -> dict[str, float]:
+        bcq = sum(totals.get(f"bcq_{name}", 0.0) for name in ("teacher", "student", "neither"))
+        out = {
+            f"bcq_match_{name}": totals.get(f"bcq_{name}", 0.0) / bcq if bcq else 0.0
+            for name in ("teacher", "student", "neither")
+        }
+        rollouts = totals.get("ncq_rollouts", 0.0)
+        out["ncq_repeat_rate"] = totals.get("ncq_repeats", 0.0) / rollouts if rollouts else 0.0
+        return out
