@@ -334,15 +334,11 @@ def test_the_old_name_parses_from_a_yaml_and_the_command_line(tmp_path):
 
 
 def test_a_recipe_yaml_written_with_the_old_name_still_runs(tmp_path):
-    import importlib.util
-    import sys
     from pathlib import Path
 
+    from zppo_trl.recipe import build_parser, load_recipe
+
     repo = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("zppo_recipe_for_config", repo / "recipes" / "zppo.py")
-    recipe = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = recipe  # dataclasses resolve the module's annotations through sys.modules
-    spec.loader.exec_module(recipe)
     scale = (repo / "recipes" / "qwen35_0.8b.yaml").read_text()
     assert "\naugmentations: [bcq, ncq]\n" in scale
     (tmp_path / "old_scale.yaml").write_text(
@@ -352,7 +348,7 @@ def test_a_recipe_yaml_written_with_the_old_name_still_runs(tmp_path):
         "base: old_scale.yaml\nreformulations: [ncq]\n"
     )  # a row over it, as rows/ do
     merged = tmp_path / "merged.yaml"
-    merged.write_text(yaml.safe_dump(recipe.load_recipe(str(tmp_path / "old_row.yaml"))))
     with pytest.warns(FutureWarning, match="augmentations"):
-        _, args, _ = recipe.build_parser().parse_args_and_config(["--config", str(merged), "--use_cpu", "true"])
+        merged.write_text(yaml.safe_dump(load_recipe(str(tmp_path / "old_row.yaml"))))
+    _, args, _ = build_parser().parse_args_and_config(["--config", str(merged), "--use_cpu", "true"])
     assert args.augmentations == args.reformulations == ["ncq"] and args.variant == "GRPO\u2020+NCQ"

@@ -30,7 +30,8 @@ from .advantages import NORMALIZATIONS
 from .augmentations import check_kinds
 from .context import PAPER_MAX_PROMPT_LENGTH, ContextLengths, context_lengths
 from .distill import DISTILLATION_MODES, DISTILLATION_NAMES
-from .objectives import DUAL_CLIP_OBJECTIVES, OBJECTIVE_NAMES, OBJECTIVES, DispoBounds
+from .losses import policy_objectives
+from .objectives import DUAL_CLIP_OBJECTIVES, DispoBounds
 from .prompts import RL_CLOSER
 from .reformulate import KINDS, augment_limit
 from .replay import replay_count
@@ -63,10 +64,9 @@ PAPER_OBJECTIVE: dict[str, tuple[object, str]] = {
 }
 
 # What each Step-6 objective (policy_objective) sets among PAPER_OBJECTIVE's TRL settings; the rest
-# stay the paper's ("every other setting follows" its hyperparameter table). GSPO is TRL's
-# sequence-level ratio under DAPO's token aggregation (TRL warns about the pair; ZPPO keeps it on
-# purpose). CISPO is TRL's loss, given the weight bound 1 + epsilon_high by the trainer. DISPO is
-# ZPPO's own loss (ZPPOTrainer._compute_loss) and changes no TRL setting.
+# stay the paper's ("every other setting follows" its hyperparameter table). Every objective's loss is
+# registered in zppo_trl.losses (GSPO and CISPO with TRL's arithmetic for these settings, so TRL's
+# attributes state what trains); an objective not listed here changes no TRL setting.
 OBJECTIVE_SETTINGS: dict[str, dict[str, object]] = {
     "grpo": {},
     "gspo": {"importance_sampling_level": "sequence"},
@@ -382,9 +382,8 @@ class ZPPOConfig(GRPOConfig):
             self.steps_per_generation = self.num_partitions * self.gradient_accumulation_steps
         super().__post_init__()
         self._validate_objective()
-        for name, value in OBJECTIVE_SETTINGS[
-            self.policy_objective
-        ].items():  # after the check: the user may not set them
+        # after the check: the user may not set them
+        for name, value in OBJECTIVE_SETTINGS.get(self.policy_objective, {}).items():
             setattr(self, name, value)
         expected = self.num_partitions * self.gradient_accumulation_steps
         if self.steps_per_generation != expected:
@@ -450,8 +449,8 @@ class ZPPOConfig(GRPOConfig):
                 f"augmentations {self.augmentations} need a teacher: set teacher_base_url and teacher_model "
                 "(or augmentations: [] for GRPO\u2020)"
             )
-        if self.policy_objective not in OBJECTIVES:
-            raise ValueError(f"policy_objective must be one of {list(OBJECTIVES)}, got {self.policy_objective!r}")
+        if self.policy_objective not in policy_objectives():
+            raise ValueError(f"policy_objective must be one of {list(policy_objectives())}, got {self.policy_objective!r}")
         if self.policy_objective != "grpo" and set(self.augmentations) & set(_SUPERVISED_NAMES):
             raise ValueError(
                 f"policy_objective={self.policy_objective!r} has no effect on the supervised "
@@ -558,7 +557,7 @@ class ZPPOConfig(GRPOConfig):
         """Refuse TRL settings that would train a different objective than the paper's (after TRL's
         own normalisation of them, e.g. ``scale_rewards: false`` -> ``"none"``). The one exception is
         the value ``policy_objective`` itself sets (so a saved config of, say, CISPO loads again)."""
-        own = OBJECTIVE_SETTINGS[self.policy_objective]
+        own = OBJECTIVE_SETTINGS.get(self.policy_objective, {})
         for name, (required, why) in PAPER_OBJECTIVE.items():
             value = getattr(self, name)
             if value == required or (name in own and value == own[name]):
@@ -567,7 +566,7 @@ class ZPPOConfig(GRPOConfig):
             for objective, settings in OBJECTIVE_SETTINGS.items():
                 if name in settings and settings[name] == value:  # e.g. loss_type="cispo": that objective sets it
                     hint = (
-                        f" (to train with {OBJECTIVE_NAMES[objective]} as Step 6's objective, "
+                        f" (to train with {policy_objectives()[objective].printed} as Step 6's objective, "
                         f"set policy_objective={objective!r})"
                     )
             raise ValueError(f"{name}={value!r} changes ZPPO's objective: {why}. Set {name}={required!r}{hint}")
@@ -599,7 +598,7 @@ class ZPPOConfig(GRPOConfig):
                 name = f"GRPO\u2020+{kind}" if replay else f"GRPO+{kind}"
         if self.policy_objective == "grpo":
             return name
-        objective = OBJECTIVE_NAMES[self.policy_objective]
+        objective = policy_objectives()[self.policy_objective].printed
         return {"GRPO\u2020": f"{objective}\u2020", "GRPO": objective}.get(name, f"{name} ({objective})")
 
     @property

@@ -1,0 +1,159 @@
+"""The house rules of the layout (docs/architecture.md), checked on the source:
+
+* no import cycles inside ``zppo_trl`` (lazy imports inside functions count too);
+* the pure modules import neither TRL nor the trainer at import time;
+* the architecture page's worked examples (a new objective, a new augmentation, a new benchmark) run as
+  written: each is one module plus one registration, and the rest of the pipeline picks it up.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "zppo_trl"
+PURE = (
+    "prompts", "replay", "reformulate", "advantages", "rewards", "losses", "objectives", "partitioning", "rollout",
+    "step_metrics", "augmentations", "augmentations.base", "augmentations.candidates", "augmentations.guidance",
+    "augmentations.targets", "batches",
+)  # fmt: skip
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+CPU = dict(output_dir="unused", use_cpu=True, bf16=False, teacher_base_url="http://127.0.0.1:1/v1", teacher_model="t")
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _imports(name: str, top_level_only: bool = False) -> set[str]:
+    """The modules ``name`` imports (zppo_trl modules resolved to their files' names; others by their root)."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module
+            candidates = [f"{target}.{alias.name}" for alias in node.names]
+            found |= {c for c in candidates if c in MODULES} or {target}
+    return {m if m in MODULES else m.split(".")[0] for m in found if m != name}
+
+
+def test_no_import_cycles_inside_the_package():
+    graph = {name: {m for m in _imports(name) if m in MODULES and m != "zppo_trl"} for name in MODULES}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(path[path.index(nxt) :] + [nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_relative_imports_resolve_to_modules():
+    """The graph above sees real edges: relative imports resolve to the modules they name."""
+    assert "zppo_trl.trainer" in _imports("zppo_trl")  # the package imports the trainer ...
+    assert "zppo_trl.rollout" in _imports("zppo_trl.trainer")  # ... and relative imports resolve to modules
+
+
+@pytest.mark.parametrize("name", PURE)
+def test_pure_modules_import_neither_trl_nor_the_trainer(name):
+    seen, todo = set(), [f"zppo_trl.{name}"]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        todo += [m for m in _imports(module, top_level_only=True) if m in MODULES]
+    roots = {m for module in seen for m in _imports(module, top_level_only=True)}
+    assert "trl" not in roots, f"zppo_trl.{name} imports TRL (through {sorted(seen)})"
+    assert "zppo_trl.trainer" not in seen and "zppo_trl.config" not in seen
+
+
+def _example(heading: str) -> list[str]:
+    """The python code blocks of the architecture page's section ``heading``."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split(f"### {heading}\n", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+def _run_as(module: str, code: str) -> dict:
+    namespace = {"__name__": module, "__package__": module.rpartition(".")[0]}
+    exec(compile(code, f"<docs/architecture.md: {module}>", "exec"), namespace)
+    return namespace
+
+
+def test_the_objective_example_registers_a_trainable_objective():
+    from zppo_trl import ZPPOConfig
+    from zppo_trl.losses import LOSSES, LossInputs, loss_for
+
+    module, registration = _example("A new objective")
+    assert "OBJECTIVE_MODULES" in registration and '"zppo_trl.my_objective"' in registration
+    try:
+        _run_as("zppo_trl.my_objective", module)
+        args = ZPPOConfig(**CPU, policy_objective="clipped_reinforce")
+        assert loss_for(args).name == "clipped_reinforce" and args.variant == "ZPPO (Clipped-REINFORCE)"
+        logps = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+        inputs = LossInputs(mask=torch.ones(1, 2), normalizer=2.0, logps=logps, old_logps=logps.detach() - 1.0,
+                            advantages=torch.tensor([[1.0]]), entropies=torch.zeros(1, 2))  # fmt: skip
+        out = loss_for(args).fn(inputs, args)
+        out.loss.backward()  # ratio e > 1.2: the weight is clamped at 1.2 and carries no gradient
+        torch.testing.assert_close(logps.grad, torch.full((1, 2), -1.2 / 2))
+    finally:
+        LOSSES.pop("clipped_reinforce", None)
+
+
+def test_the_augmentation_example_builds_groups_the_trainer_samples():
+    from zppo_trl import ZPPOConfig
+    from zppo_trl.augmentations import AUGMENTATIONS, Evidence, make_augmentation
+
+    module, registration = _example("A new augmentation")
+    assert '"final_answer": FinalAnswerOnly' in registration
+    try:
+        namespace = _run_as("zppo_trl.augmentations.final_answer", module)
+        AUGMENTATIONS["final_answer"] = namespace["FinalAnswerOnly"]
+        args = ZPPOConfig(**CPU, augmentations=["final_answer"])
+        augmentation = make_augmentation(args.augmentations)
+        evidence = Evidence(["q1", "q2"], {"q1": ["so \\boxed{42}"]}, {"q1": ["\\boxed{7}"], "q2": ["\\boxed{1}"]})
+        plan = augmentation.plan(evidence, limit=4, rng=random.Random(0), metrics={})
+        built = augmentation.build(plan, teacher=None, args=args, metrics={})
+        assert [(g.kind, g.key, g.block) for g in built.groups] == [("final_answer", "q1", "A reference final answer: \\boxed{42}")]
+    finally:
+        AUGMENTATIONS.pop("final_answer", None)
+
+
+def test_the_benchmark_example_is_a_valid_setting():
+    from zppo_trl.evaluation.benchmarks import BENCHMARK_MODULES
+    from zppo_trl.evaluation.spec import TaskSpec
+
+    module, registration = _example("A new benchmark")
+    assert "BENCHMARK_MODULES" in registration and '"scienceqa"' in registration
+    spec = _run_as("zppo_trl.evaluation.benchmarks.scienceqa", module)["SPECS"][0]
+    assert isinstance(spec, TaskSpec) and spec.name == "SciQA" and spec.scoring == "exact+judge"
+    assert spec.directives[0][0].sub("", "Which is a mammal? Answer with the option's letter from the given choices directly.") == "Which is a mammal?"
+    assert "scienceqa" not in BENCHMARK_MODULES  # the example is not part of the paper's suite
