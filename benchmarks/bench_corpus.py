@@ -32,12 +32,23 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from zppo_trl import corpus  # noqa: E402
 
 SOURCE_NAMES = {  # canonical name -> a raw MMFineReason source value
-    "mmr1": "MMR1", "euclid": "Euclid30K", "geo170k": "FineVision-geo170k(qa)",
+    "mmr1": "MMR1",
+    "euclid": "Euclid30K",
+    "geo170k": "FineVision-geo170k(qa)",
     "geo3k": "FineVision-geometry3k(mathv360k)",
-    "mm-openr1": "mm-openr1", "wemath": "WeMath", "visualwebinstruct": "FineVision-visualwebinstruct(filtered)",
-    "bmmr": "BMMR", "tqa": "FineVision-tqa", "ai2d": "FineVision-ai2d_merged", "scienceqa": "FineVision-scienceqa",
-    "virl39k": "ViRL39K", "raven": "FineVision-raven", "visualsphinx": "VisualSphinx", "puzzleqa": "PuzzleQA",
-    "llava-cot": "LLaVA-CoT", "zebra-cot": "Zebra-CoT",
+    "mm-openr1": "mm-openr1",
+    "wemath": "WeMath",
+    "visualwebinstruct": "FineVision-visualwebinstruct(filtered)",
+    "bmmr": "BMMR",
+    "tqa": "FineVision-tqa",
+    "ai2d": "FineVision-ai2d_merged",
+    "scienceqa": "FineVision-scienceqa",
+    "virl39k": "ViRL39K",
+    "raven": "FineVision-raven",
+    "visualsphinx": "VisualSphinx",
+    "puzzleqa": "PuzzleQA",
+    "llava-cot": "LLaVA-CoT",
+    "zebra-cot": "Zebra-CoT",
 }
 
 
@@ -63,23 +74,34 @@ def write_source(directory: Path, rows: int, seed: int = 0, chunk: int = 5000) -
     images = small_images(256, rng)
     raws = list(SOURCE_NAMES.values())
     image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-    schema = pa.schema([("id", pa.int64()), ("question", pa.string()), ("answer", pa.string()),
-                        ("qwen3vl_235b_thinking_response", pa.string()), ("image", image_type),
-                        ("source", pa.string()), ("pass_rate", pa.float64())])
+    schema = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("question", pa.string()),
+            ("answer", pa.string()),
+            ("qwen3vl_235b_thinking_response", pa.string()),
+            ("image", image_type),
+            ("source", pa.string()),
+            ("pass_rate", pa.float64()),
+        ]
+    )
     trace = "step " * 400
     (directory / "data").mkdir(parents=True, exist_ok=True)
     files = -(-rows // chunk)
     for index in range(files):
         start, stop = index * chunk, min(rows, (index + 1) * chunk)
-        batch = [{
-            "id": i,
-            "question": "<image>\n" + f"Question {i}: what is the area of the shaded region? " * rng.randint(1, 6),
-            "answer": str(rng.randint(0, 999)),
-            "qwen3vl_235b_thinking_response": f"{i} {trace}",
-            "image": {"bytes": images[i % len(images)], "path": None},
-            "source": raws[i % len(raws)],
-            "pass_rate": 0.25,
-        } for i in range(start, stop)]
+        batch = [
+            {
+                "id": i,
+                "question": "<image>\n" + f"Question {i}: what is the area of the shaded region? " * rng.randint(1, 6),
+                "answer": str(rng.randint(0, 999)),
+                "qwen3vl_235b_thinking_response": f"{i} {trace}",
+                "image": {"bytes": images[i % len(images)], "path": None},
+                "source": raws[i % len(raws)],
+                "pass_rate": 0.25,
+            }
+            for i in range(start, stop)
+        ]
         # Like the Hub's image parquet: every row stores its own bytes (no dictionary sharing).
         target = directory / "data" / f"train-{index:05d}-of-{files:05d}.parquet"
         pq.write_table(pa.Table.from_pylist(batch, schema=schema), target, use_dictionary=False, compression="none")

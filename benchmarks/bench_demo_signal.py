@@ -57,7 +57,9 @@ class Sampler:
 
     def __call__(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int) -> list[list[str]]:
         chats = [
-            self.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+            )
             for p in prompts
             for _ in range(n)
         ]
@@ -66,7 +68,12 @@ class Sampler:
             encoded = self.tokenizer(chats[start : start + BATCH], return_tensors="pt", padding=True)
             with torch.no_grad():
                 out = self.model.generate(
-                    **encoded, do_sample=True, temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id
+                    **encoded,
+                    do_sample=True,
+                    temperature=temperature,
+                    top_p=1.0,
+                    max_new_tokens=max_new_tokens,
+                    pad_token_id=self.tokenizer.pad_token_id,
                 )
             texts += self.tokenizer.batch_decode(out[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
         return [texts[i * n : (i + 1) * n] for i in range(len(prompts))]
@@ -87,7 +94,11 @@ def hard_questions(rows, plain, teacher, tau: float, rng: random.Random) -> list
 
 def evaluate(sample, hard, settings: dict, cap: int | None, rollouts: int, rng: random.Random) -> dict:
     """One setting: build every BCQ/NCQ prompt (compressing at ``cap``, or not), sample, count."""
-    temperature, length, group = settings["temperature"], settings["max_completion_length"], settings["num_generations"]
+    temperature, length, group = (
+        settings["temperature"],
+        settings["max_completion_length"],
+        settings["num_generations"],
+    )
     closer = settings["closer"]
 
     stats = dict(compressions=0, kept_box=0, teacher_candidates=0, kept_gold=0)
@@ -129,15 +140,26 @@ def evaluate(sample, hard, settings: dict, cap: int | None, rollouts: int, rng: 
             for g in range(0, len(ok) - group + 1, group):
                 groups += 1
                 signal += 0 < sum(ok[g : g + group]) < group
-        stats[kind] = dict(prompts=len(items), rollouts=len(items) * rollouts, boxed=boxed, right=right, groups=groups, groups_with_signal=signal)
+        stats[kind] = dict(
+            prompts=len(items),
+            rollouts=len(items) * rollouts,
+            boxed=boxed,
+            right=right,
+            groups=groups,
+            groups_with_signal=signal,
+        )
     return stats
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--questions", type=int, default=80)
-    parser.add_argument("--rollouts", type=int, default=16, help="student rollouts per BCQ/NCQ prompt (read as groups of G_S)")
-    parser.add_argument("--caps", type=int, nargs="*", default=[24], help="compression caps to measure (besides uncompressed)")
+    parser.add_argument(
+        "--rollouts", type=int, default=16, help="student rollouts per BCQ/NCQ prompt (read as groups of G_S)"
+    )
+    parser.add_argument(
+        "--caps", type=int, nargs="*", default=[24], help="compression caps to measure (besides uncompressed)"
+    )
     parser.add_argument("--recipe", default=str(REPO / "recipes" / "demo.yaml"))
     parser.add_argument("--seed", type=int, default=0)
     cli = parser.parse_args()
@@ -145,7 +167,10 @@ def main() -> None:
     recipe = yaml.safe_load(Path(cli.recipe).read_text())
     model_dir = REPO / recipe["model_name_or_path"]
     if not model_dir.is_dir():
-        sys.exit(f"error: no model at {model_dir}: run `make demo-env` and `.venv/bin/python recipes/demo/prepare_model.py {recipe['model_name_or_path']}`")
+        sys.exit(
+            f"error: no model at {model_dir}: run `make demo-env` and "
+            f"`.venv/bin/python recipes/demo/prepare_model.py {recipe['model_name_or_path']}`"
+        )
     rows = [json.loads(line) for line in (REPO / recipe["dataset_name"]).read_text().splitlines()]
     rng = random.Random(cli.seed)
     rng.shuffle(rows)
@@ -156,24 +181,32 @@ def main() -> None:
     start = time.perf_counter()
     plain_prompts = [compose_prompt(r["question"], None, recipe["closer"]) for r in rows]
     plain = sample(plain_prompts, recipe["num_generations"], recipe["temperature"], recipe["max_completion_length"])
-    teacher = sample(plain_prompts, recipe["teacher_num_generations"], recipe["teacher_temperature"], recipe["teacher_max_tokens"])
+    teacher = sample(
+        plain_prompts, recipe["teacher_num_generations"], recipe["teacher_temperature"], recipe["teacher_max_tokens"]
+    )
     plain_right = sum(sum(grade_batch(outs, [r["answer"]] * len(outs))) for r, outs in zip(rows, plain))
     hard = hard_questions(rows, plain, teacher, recipe["hard_threshold"], random.Random(cli.seed))
     print(
-        f"{len(rows)} questions: student right on {plain_right}/{len(rows) * recipe['num_generations']} plain rollouts; "
-        f"{len(hard)} hard, {sum(h['teacher'] is not None for h in hard)} with a correct teacher answer (G_T={recipe['teacher_num_generations']} at {recipe['teacher_temperature']})"
+        f"{len(rows)} questions: student right on {plain_right}/{len(rows) * recipe['num_generations']} "
+        "plain rollouts; "
+        f"{len(hard)} hard, {sum(h['teacher'] is not None for h in hard)} with a correct teacher answer "
+        f"(G_T={recipe['teacher_num_generations']} at {recipe['teacher_temperature']})"
     )
     for cap in [*cli.caps, None]:
         stats = evaluate(sample, hard, recipe, cap, cli.rollouts, random.Random(cli.seed))
         name = f"compressed at {cap} tokens" if cap else "uncompressed"
         line = f"{name}:"
         if cap:
-            line += f" compressions with a box {stats['kept_box']}/{stats['compressions']}; teacher candidates keeping the gold answer {stats['kept_gold']}/{stats['teacher_candidates']};"
+            line += (
+                f" compressions with a box {stats['kept_box']}/{stats['compressions']}; "
+                f"teacher candidates keeping the gold answer {stats['kept_gold']}/{stats['teacher_candidates']};"
+            )
         for kind in ("bcq", "ncq"):
             k = stats[kind]
             if k["rollouts"]:
                 line += (
-                    f" {kind.upper()} boxed {k['boxed']}/{k['rollouts']}, right {k['right']}/{k['rollouts']} ({k['right'] / k['rollouts']:.1%}),"
+                    f" {kind.upper()} boxed {k['boxed']}/{k['rollouts']}, right {k['right']}/{k['rollouts']}"
+                    f" ({k['right'] / k['rollouts']:.1%}),"
                     f" groups of {recipe['num_generations']} with a signal {k['groups_with_signal']}/{k['groups']};"
                 )
         print(line.rstrip(";"))

@@ -35,8 +35,9 @@ sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")]
 
 from bench_teacher import _NOOP_SERVER, _listening  # noqa: E402
 from eval_fixtures import write_fixture  # noqa: E402
-from tests.conftest import Server, VLLMServer, free_port, vllm_unavailable  # noqa: E402
 from tiny_models import save_tiny_text_model, save_tiny_vlm  # noqa: E402
+
+from tests.conftest import Server, VLLMServer, free_port, vllm_unavailable  # noqa: E402
 from zppo_trl.evaluation.data import load_setting  # noqa: E402
 from zppo_trl.evaluation.prompting import build_requests  # noqa: E402
 from zppo_trl.evaluation.runner import EvalOptions, run_suite, sampling_extra_body  # noqa: E402
@@ -86,8 +87,10 @@ def timings(server, setting: str, data: Path, messages: list, options: EvalOptio
 def report(name: str, questions: int, endpoint: list, harness: list) -> tuple[float, float]:
     """Print one server's medians; returns (endpoint, harness) median ms per sample."""
     e, h = (1000 * statistics.median(times) / questions for times in (endpoint, harness))
-    print(f"  {name}: endpoint alone {e:.1f} ms/sample (runs {', '.join(f'{t:.2f}' for t in endpoint)} s); "
-          f"harness {h:.1f} ms/sample (runs {', '.join(f'{t:.2f}' for t in harness)} s): {100 * (h / e - 1):+.1f}%")  # fmt: skip
+    print(
+        f"  {name}: endpoint alone {e:.1f} ms/sample (runs {', '.join(f'{t:.2f}' for t in endpoint)} s); "
+        f"harness {h:.1f} ms/sample (runs {', '.join(f'{t:.2f}' for t in harness)} s): {100 * (h / e - 1):+.1f}%"
+    )
     return e, h
 
 
@@ -97,8 +100,14 @@ def endpoint_seconds(server: Server, messages: list, options: EvalOptions) -> fl
     with TeacherClient(server.base_url, server.model, max_concurrency=options.concurrency, max_retries=0) as client:
         client.sample(messages[:2], n=1, max_tokens=4)  # warm: loop thread, connections
         start = time.perf_counter()
-        replies = client.sample(messages, n=1, max_tokens=decoding.max_new_tokens, temperature=decoding.temperature,
-                                top_p=decoding.top_p, extra_body=sampling_extra_body(decoding, options.sampling_fields))  # fmt: skip
+        replies = client.sample(
+            messages,
+            n=1,
+            max_tokens=decoding.max_new_tokens,
+            temperature=decoding.temperature,
+            top_p=decoding.top_p,
+            extra_body=sampling_extra_body(decoding, options.sampling_fields),
+        )
         elapsed = time.perf_counter() - start
     assert all(replies), "some requests failed"
     return elapsed
@@ -106,11 +115,15 @@ def endpoint_seconds(server: Server, messages: list, options: EvalOptions) -> fl
 
 def harness_seconds(server: Server, setting: str, data: Path, options: EvalOptions) -> float:
     """`run_suite` from an empty directory: everything the harness does for one setting."""
-    with tempfile.TemporaryDirectory() as run_dir, TeacherClient(server.base_url, server.model,
-                                                                 max_concurrency=options.concurrency, max_retries=0) as client:  # fmt: skip
+    with (
+        tempfile.TemporaryDirectory() as run_dir,
+        TeacherClient(server.base_url, server.model, max_concurrency=options.concurrency, max_retries=0) as client,
+    ):
         client.sample(["warm up"], n=1, max_tokens=4)
         start = time.perf_counter()
-        results = run_suite([setting], client, None, run_dir, dataclasses.replace(options, sources={setting: str(data)}))
+        results = run_suite(
+            [setting], client, None, run_dir, dataclasses.replace(options, sources={setting: str(data)})
+        )
         elapsed = time.perf_counter() - start
     assert results["settings"][setting]["skipped"] == 0
     return elapsed
@@ -147,11 +160,15 @@ def main() -> None:
     print(f"{setting}: {len(messages)} questions, {args.max_tokens} new tokens, concurrency {args.concurrency}, "
           f"medians of {args.repeats}")  # fmt: skip
     real_e, _ = report(server.name, len(messages), *timings(server, setting, data, messages, options, args.repeats))
-    noop_e, noop_h = report("no-op endpoint", len(messages), *timings(NoopEndpoint(), setting, data, messages, options, args.repeats))
+    noop_e, noop_h = report(
+        "no-op endpoint", len(messages), *timings(NoopEndpoint(), setting, data, messages, options, args.repeats)
+    )
     # The harness's own cost is what it adds over an endpoint that does no work; set against the
     # real endpoint's time per sample (its work overlaps that wait, so this is an upper bound).
     cost = noop_h - noop_e
-    print(f"  harness cost {cost:.2f} ms/sample = {100 * cost / real_e:.1f}% of {server.name}'s {real_e:.1f} ms/sample")
+    print(
+        f"  harness cost {cost:.2f} ms/sample = {100 * cost / real_e:.1f}% of {server.name}'s {real_e:.1f} ms/sample"
+    )
 
 
 if __name__ == "__main__":

@@ -23,14 +23,25 @@ from zppo_trl.rewards import GuardedGrader, _grade_span, boxed_accuracy_reward, 
 # (gold, equivalent forms, plausible wrong answers)
 ANSWER_KINDS = [
     lambda r: (str(n := r.randint(2, 999)), [str(n), f"{n}.0"], [str(n + d) for d in (-2, -1, 1, 10)]),
-    lambda r: (f"\\frac{{{(a := r.randint(1, 9))}}}{{{(b := r.choice([i for i in range(a + 1, 13) if __import__('math').gcd(a, i) == 1] or [a + 1]))}}}",
-               [f"\\frac{{{a}}}{{{b}}}", f"{a}/{b}", f"\\dfrac{{{a}}}{{{b}}}"], [f"\\frac{{{a + 1}}}{{{b}}}", f"{b}/{a}", f"\\frac{{{a}}}{{{b + 1}}}"]),
+    lambda r: (
+        f"\\frac{{{(a := r.randint(1, 9))}}}"
+        f"{{{(b := r.choice([i for i in range(a + 1, 13) if __import__('math').gcd(a, i) == 1] or [a + 1]))}}}",
+        [f"\\frac{{{a}}}{{{b}}}", f"{a}/{b}", f"\\dfrac{{{a}}}{{{b}}}"],
+        [f"\\frac{{{a + 1}}}{{{b}}}", f"{b}/{a}", f"\\frac{{{a}}}{{{b + 1}}}"],
+    ),
     lambda r: ("0.25", ["0.25", "\\frac{1}{4}", "1/4"], ["0.5", "\\frac{1}{2}", "0.2"]),
-    lambda r: (f"{(d := r.choice([30, 45, 60, 120]))}^\\circ", [f"{d}^\\circ", f"{d}", f"{d}^{{\\circ}}"], [f"{d + 15}^\\circ", f"{180 - d}"]),
+    lambda r: (
+        f"{(d := r.choice([30, 45, 60, 120]))}^\\circ",
+        [f"{d}^\\circ", f"{d}", f"{d}^{{\\circ}}"],
+        [f"{d + 15}^\\circ", f"{180 - d}"],
+    ),
     lambda r: (f"{(p := r.randint(5, 95))}\\%", [f"{p}\\%", f"{p}", f"{p}%"], [f"{p + 5}\\%", f"{p / 100}"]),
     lambda r: ("[1, 3)", ["[1, 3)", "[1,3)"], ["(1, 3)", "[1, 3]", "(-\\infty, 3)"]),
-    lambda r: ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", ["\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}"],
-               ["\\begin{pmatrix} 1 & 3 \\\\ 2 & 4 \\end{pmatrix}", "\\begin{pmatrix} 4 & 2 \\\\ 3 & 1 \\end{pmatrix}"]),
+    lambda r: (
+        "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+        ["\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}"],
+        ["\\begin{pmatrix} 1 & 3 \\\\ 2 & 4 \\end{pmatrix}", "\\begin{pmatrix} 4 & 2 \\\\ 3 & 1 \\end{pmatrix}"],
+    ),
     lambda r: ("2\\sqrt{3}", ["2\\sqrt{3}", "\\sqrt{12}"], ["3\\sqrt{2}", "4\\sqrt{3}", "\\sqrt{3}"]),
     lambda r: ("x^2+2x+1", ["x^2+2x+1", "(x+1)^2"], ["x^2+1", "(x-1)^2", "x^2+2x"]),
 ]

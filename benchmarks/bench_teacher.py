@@ -34,9 +34,9 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import httpx2  # noqa: E402  (openai's HTTP library)
 import openai  # noqa: E402
+from tiny_models import save_tiny_text_model  # noqa: E402
 
 from tests.conftest import Server, VLLMServer, free_port, vllm_unavailable  # noqa: E402
-from tiny_models import save_tiny_text_model  # noqa: E402
 from zppo_trl.teacher import TeacherClient  # noqa: E402
 
 _REPLY = {
@@ -90,7 +90,14 @@ def raw_rate(base_url: str, model: str, prompts: list[str], concurrency: int, ma
             semaphore = asyncio.Semaphore(concurrency)
 
             async def one(prompt: str) -> None:
-                body = {"model": model, "messages": [{"role": "user", "content": prompt}], "n": 1, "max_tokens": max_tokens, "temperature": 1.0, "top_p": 1.0}
+                body = {
+                    "model": model,
+                    "messages": [{"role": "user", "content": prompt}],
+                    "n": 1,
+                    "max_tokens": max_tokens,
+                    "temperature": 1.0,
+                    "top_p": 1.0,
+                }
                 async with semaphore:
                     response = await http.post("/chat/completions", json=body)
                 response.raise_for_status()
@@ -114,7 +121,12 @@ def openai_rate(base_url: str, model: str, prompts: list[str], concurrency: int,
         async def one(prompt: str) -> None:
             async with semaphore:
                 response = await client.chat.completions.create(
-                    model=model, messages=[{"role": "user", "content": prompt}], n=1, max_tokens=max_tokens, temperature=1.0, top_p=1.0
+                    model=model,
+                    messages=[{"role": "user", "content": prompt}],
+                    n=1,
+                    max_tokens=max_tokens,
+                    temperature=1.0,
+                    top_p=1.0,
                 )
             assert response.choices
 
@@ -145,7 +157,9 @@ def server_rates(server_class, model_dir: Path, log_dir: str, prompts: list[str]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=64, help="conversations per measurement against a real server")
-    parser.add_argument("--noop-requests", type=int, default=2000, help="requests per measurement against the no-op endpoint")
+    parser.add_argument(
+        "--noop-requests", type=int, default=2000, help="requests per measurement against the no-op endpoint"
+    )
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--model", type=Path, help="serve this checkpoint instead of the tiny random model")
     args = parser.parse_args()
@@ -194,10 +208,16 @@ def main() -> None:
     print(f"{'server':<22} {'conc':>4} {'requests/s':>11} {'replies/s':>10}")
     for name, concurrency, rate, replies in servers:
         print(f"{name:<22} {concurrency:>4} {rate:>11.1f} {replies:>10.1f}")
-    print(f"\n{'client overhead (n=1)':<40} {'conc':>4} {'TeacherClient':>13} {'openai':>8} {'httpx2':>8}   overhead/request vs httpx2 (vs openai)")
+    print(
+        f"\n{'client overhead (n=1)':<40} {'conc':>4} {'TeacherClient':>13} {'openai':>8} {'httpx2':>8}   "
+        "overhead/request vs httpx2 (vs openai)"
+    )
     for name, concurrency, client, bare, raw in overhead:
         vs_raw, vs_openai = ((1 / client - 1 / other) * 1e6 for other in (raw, bare))
-        print(f"{name:<40} {concurrency:>4} {client:>13.1f} {bare:>8.1f} {raw:>8.1f}   {vs_raw:>6.0f} us ({vs_openai:.0f} us)")
+        print(
+            f"{name:<40} {concurrency:>4} {client:>13.1f} {bare:>8.1f} {raw:>8.1f}   "
+            f"{vs_raw:>6.0f} us ({vs_openai:.0f} us)"
+        )
     print("(requests/s; overhead = 1/rate difference, so noise of a few percent shows as tens of us)")
 
 

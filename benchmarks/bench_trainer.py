@@ -131,7 +131,9 @@ def main() -> None:
     if options.pin:
         layout = _pin(server)
     try:
-        results = [_run(variant, student, server, options.steps, options.workdir) for variant in ("GRPO\u2020", "ZPPO")]
+        results = [
+            _run(variant, student, server, options.steps, options.workdir) for variant in ("GRPO\u2020", "ZPPO")
+        ]
     finally:
         server.stop()
     grpo, zppo = results

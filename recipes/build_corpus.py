@@ -18,12 +18,16 @@ from zppo_trl.processing import load_processor
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--processor", required=True,
-                        help="student checkpoint (Hub id or path) whose processor counts prompt tokens")
+    parser.add_argument(
+        "--processor", required=True, help="student checkpoint (Hub id or path) whose processor counts prompt tokens"
+    )
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--vero", default=corpus.VERO.path, help="Vero-600k: Hub id or local snapshot directory")
-    parser.add_argument("--mmfinereason", default=corpus.MMFINEREASON.path,
-                        help="MMFineReason-SFT-586K: Hub id or local snapshot directory")
+    parser.add_argument(
+        "--mmfinereason",
+        default=corpus.MMFINEREASON.path,
+        help="MMFineReason-SFT-586K: Hub id or local snapshot directory",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the sample under each cap")
     parser.add_argument("--tier1_cap", type=int, default=corpus.TIER_CAPS[1])
     parser.add_argument("--tier2_cap", type=int, default=corpus.TIER_CAPS[2])
@@ -38,8 +42,10 @@ def main(argv=None) -> corpus.CorpusReport:
     args = parse_args(argv)
     config = corpus.CorpusConfig(
         output_dir=args.output_dir,
-        sources=[dataclasses.replace(corpus.VERO, path=args.vero),
-                 dataclasses.replace(corpus.MMFINEREASON, path=args.mmfinereason)],
+        sources=[
+            dataclasses.replace(corpus.VERO, path=args.vero),
+            dataclasses.replace(corpus.MMFINEREASON, path=args.mmfinereason),
+        ],
         seed=args.seed,
         tier_caps={1: args.tier1_cap, 2: args.tier2_cap},
         batch_size=args.batch_size,

@@ -16,10 +16,27 @@ FAMILIES: dict[str, list[str]] = {
     "-3": ["-3", "- 3", "−3", "3", "-3.0", "-\\frac{6}{2}"],
     "0.5": ["0.5", ".5", "\\frac{1}{2}", "1/2", "\\dfrac12", "0.50", "2/4", "0.05", "50\\%"],
     # fractions
-    "\\frac{3}{4}": ["\\frac{3}{4}", "3/4", "\\tfrac{3}{4}", "0.75", "\\frac34", "6/8", "\\frac{4}{3}", "\\frac{3}{5}"],
+    "\\frac{3}{4}": [
+        "\\frac{3}{4}",
+        "3/4",
+        "\\tfrac{3}{4}",
+        "0.75",
+        "\\frac34",
+        "6/8",
+        "\\frac{4}{3}",
+        "\\frac{3}{5}",
+    ],
     "\\frac{1}{3}": ["1/3", "0.333", "\\frac{2}{6}", "\\frac{1}{3}", "0.\\overline{3}", "\\dfrac{1}{3}"],
     # LaTeX expressions
-    "2\\sqrt{3}": ["2\\sqrt{3}", "\\sqrt{12}", "2\\sqrt3", "2 \\sqrt{3}", "3\\sqrt{2}", "\\sqrt{3}\\cdot 2", "2*sqrt(3)"],
+    "2\\sqrt{3}": [
+        "2\\sqrt{3}",
+        "\\sqrt{12}",
+        "2\\sqrt3",
+        "2 \\sqrt{3}",
+        "3\\sqrt{2}",
+        "\\sqrt{3}\\cdot 2",
+        "2*sqrt(3)",
+    ],
     "\\pi": ["\\pi", "pi", "3.14159", "180^\\circ", "2\\pi", "\\frac{2\\pi}{2}"],
     "x^2+2x+1": ["x^2+2x+1", "(x+1)^2", "x^{2}+2x+1", "x^2+1", "(x-1)^2", "1+2x+x^2"],
     "e^{2}": ["e^2", "e^{2}", "\\exp(2)", "2e", "e^{2.0}"],
@@ -41,7 +58,7 @@ FAMILIES: dict[str, list[str]] = {
     "f'(x)": ["f'(x)", "f ' (x)", "f''(x)", "f'"],
     "2x'": ["2x'", "2 x'", "x'"],
     "Newton's law": ["Newton's law", "newton's law", "Newtons law", "Newton’s law", "\\text{Newton's law}"],
-    "\"yes\"": ["\"yes\"", "yes", "\"Yes\"", "no"],
+    '"yes"': ['"yes"', "yes", '"Yes"', "no"],
     "a;b": ["a;b", "a; b", "b;a"],
     # text answers, multiple choice
     "B": ["B", "b", "(B)", "\\text{B}", "\\text{(B)}", "B.", "B. 5", "Option B", "C", "\\mathrm{B}"],
@@ -55,7 +72,11 @@ FAMILIES: dict[str, list[str]] = {
         "\\begin{bmatrix} 1 & 2 \\\\ 3 & 4 \\end{bmatrix}",
         "\\begin{pmatrix} 1 & 3 \\\\ 2 & 4 \\end{pmatrix}",
     ],
-    "\\begin{pmatrix} 2 \\\\ -1 \\end{pmatrix}": ["\\begin{pmatrix} 2 \\\\ -1 \\end{pmatrix}", "(2, -1)", "\\begin{pmatrix}2\\\\-1\\end{pmatrix}"],
+    "\\begin{pmatrix} 2 \\\\ -1 \\end{pmatrix}": [
+        "\\begin{pmatrix} 2 \\\\ -1 \\end{pmatrix}",
+        "(2, -1)",
+        "\\begin{pmatrix}2\\\\-1\\end{pmatrix}",
+    ],
     # equations, inequalities, mixed numbers, scientific notation
     "y = 2x + 1": ["y = 2x + 1", "y=2x+1", "2x + 1", "y = 1 + 2x", "y = 2x - 1"],
     "x \\geq 2": ["x \\geq 2", "x\\ge 2", "[2, \\infty)", "x > 2"],

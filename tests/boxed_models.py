@@ -26,6 +26,7 @@ import logging
 import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from zppo_trl.prompts import compose_prompt, render_compression, render_correction, render_hint, render_reflection
 
@@ -34,18 +35,21 @@ try:  # tests/ on sys.path (pytest's default import mode) or imported as a packa
 except ImportError:
     from tests.tiny_models import tiny_processor, tiny_text_model, tiny_tokenizer, tiny_vlm
 
+if TYPE_CHECKING:  # annotations only: torch is imported where the models are trained
+    import torch
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "TOY_QUESTIONS",
+    "COMPRESSION_REPLY",
     "STUDENT_ACCURACY",
     "TEACHER_ACCURACY",
-    "distractors",
+    "TOY_QUESTIONS",
     "completion",
-    "COMPRESSION_REPLY",
+    "distractors",
+    "toy_conversation",
     "toy_image",
     "toy_rows",
-    "toy_conversation",
     "train_boxed_model",
 ]
 
@@ -136,7 +140,11 @@ def toy_conversation(row: dict, image_part: dict | None = None) -> list[dict]:
 
 
 def train_boxed_model(
-    directory: str | Path, role: str = "student", kind: str = "text", seed: int = 0, seconds_budget: float | None = None
+    directory: str | Path,
+    role: str = "student",
+    kind: str = "text",
+    seed: int = 0,
+    seconds_budget: float | None = None,
 ) -> Path:
     """Fine-tune a tiny model to answer the toy questions as ``role`` would; save it to ``directory``.
 
@@ -162,7 +170,9 @@ def train_boxed_model(
             model.load_state_dict(_TEACHER_WEIGHTS[kind, seed])
         else:
             _fit(model, processing, kind, "teacher", seed, seconds_budget, warmup_steps=20)
-            _TEACHER_WEIGHTS[kind, seed] = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+            _TEACHER_WEIGHTS[kind, seed] = {
+                name: tensor.detach().clone() for name, tensor in model.state_dict().items()
+            }
         if role == "student":
             _fit(model, processing, kind, "student", seed, seconds_budget, warmup_steps=5)
     model.save_pretrained(directory)
@@ -207,7 +217,9 @@ def _fit(model, processing, kind: str, role: str, seed: int, seconds_budget: flo
     start, step, loss = time.monotonic(), 0, float("inf")
     while loss - floor > TOLERANCE[role]:
         if step == MAX_STEPS or (seconds_budget is not None and time.monotonic() - start > seconds_budget):
-            logger.warning("boxed %s %s: stopped early after %d steps, loss %.3f (floor %.3f)", kind, role, step, loss, floor)
+            logger.warning(
+                "boxed %s %s: stopped early after %d steps, loss %.3f (floor %.3f)", kind, role, step, loss, floor
+            )
             break
         loss = sum(_weighted_loss(model, batch, weights, len(rows)) for batch, weights in batches)
         optimizer.zero_grad()
@@ -217,7 +229,15 @@ def _fit(model, processing, kind: str, role: str, seed: int, seconds_budget: flo
         schedule.step()
         loss, step = loss.item(), step + 1
     model.eval()
-    logger.info("boxed %s %s: %d steps, %.1f s, loss %.3f (floor %.3f)", kind, role, step, time.monotonic() - start, loss, floor)
+    logger.info(
+        "boxed %s %s: %d steps, %.1f s, loss %.3f (floor %.3f)",
+        kind,
+        role,
+        step,
+        time.monotonic() - start,
+        loss,
+        floor,
+    )
 
 
 def _save_and_reload_processing(directory: Path, config):
@@ -234,7 +254,7 @@ COMPRESSION_REPLY = f"<think> </think> <summary> The attempt works it out step b
 HINT_REPLY = f"<think> </think> Work out the arithmetic one operation at a time.{EOS}"
 
 
-def _training_batches(processing, rows: list[dict], role: str, kind: str) -> list[tuple[dict, "torch.Tensor"]]:
+def _training_batches(processing, rows: list[dict], role: str, kind: str) -> list[tuple[dict, torch.Tensor]]:
     """The (batch, weights) pairs to fit: the answers, and for a teacher also the compressions.
 
     A teacher also serves BCQ/NCQ compression, so it learns to answer the paper's compression
@@ -253,6 +273,7 @@ def _training_batches(processing, rows: list[dict], role: str, kind: str) -> lis
     batches = [_training_batch(processing, pairs, with_images=kind == "vlm")]
     if role == "teacher":
         tokenizer = getattr(processing, "tokenizer", processing)
+
         def decode(text: str) -> str:  # a completion as the trainer reads it back
             return tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"], skip_special_tokens=True)
 
@@ -270,7 +291,10 @@ def _training_batches(processing, rows: list[dict], role: str, kind: str) -> lis
         fixes = []
         for row in rows:
             right, wrong = (decode(completion(a)) for a in (row["answer"], distractors(row)[0]))
-            for request in (render_correction(row["question"], wrong), render_reflection(row["question"], right, [wrong, wrong])):
+            for request in (
+                render_correction(row["question"], wrong),
+                render_reflection(row["question"], right, [wrong, wrong]),
+            ):
                 conversation = [{"role": "user", "content": request}]
                 prompt = processing.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
                 fixes.append((prompt + completion(row["answer"]), [], completion(row["answer"]), 1 / 8))
@@ -310,5 +334,7 @@ def _weighted_loss(model, batch: dict, weights, n_questions: int):
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     logits = model(**inputs).logits[:, :-1]
     labels = batch["labels"][:, 1:]
-    token_loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100, reduction="none")
+    token_loss = F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100, reduction="none"
+    )
     return (token_loss.view(labels.shape).sum(1) * weights).sum() / n_questions

@@ -106,7 +106,16 @@ class Server:
 
     def command(self) -> list[str]:
         """The server's command line."""
-        command = [sys.executable, "-c", _LAUNCHER, str(self.model_dir), "--host", "127.0.0.1", "--port", str(self.port)]
+        command = [
+            sys.executable,
+            "-c",
+            _LAUNCHER,
+            str(self.model_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
         return command + ["--device", "cpu", "--log-level", "info"]
 
     def environment(self) -> dict[str, str]:
@@ -177,7 +186,11 @@ def vllm_unavailable(python: Path = VLLM_PYTHON, log: Path = REPO_ROOT / ".venv-
     """Why a vLLM server cannot start here, or None when it can (quoting the install's error line)."""
     if python.exists() and (python.parent.parent / ".installed").exists():
         return None
-    errors = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("error:")] if log.exists() else []
+    errors = (
+        [line for line in log.read_text(errors="replace").splitlines() if line.startswith("error:")]
+        if log.exists()
+        else []
+    )
     why = f": {errors[-1]} (see {log.name})" if errors else f" (`make vllm-env` was not run, or see {log.name})"
     return f"vLLM's CPU build is not installed at {python}{why}"
 

@@ -38,7 +38,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from zppo_trl import ZPPOConfig, ZPPOTrainer
 from zppo_trl.rewards import completion_text
 
-QUESTIONS = [dict(id=f"q{i:02d}", question=f"What is {i} + {i}?", images=[], answer=str(2 * i), source="toy", subdataset="sum") for i in range(24)]
+QUESTIONS = [
+    dict(id=f"q{i:02d}", question=f"What is {i} + {i}?", images=[], answer=str(2 * i), source="toy", subdataset="sum")
+    for i in range(24)
+]
 
 
 class CoinReward:
@@ -98,12 +101,20 @@ def instrument(trainer: ZPPOTrainer) -> dict:
 
     def _rollout_step(inputs):
         current.clear()
-        current.update(buffer_before=trainer.replay_buffer.residents(), rounds=[], global_step=trainer.state.global_step)
+        current.update(
+            buffer_before=trainer.replay_buffer.residents(), rounds=[], global_step=trainer.state.global_step
+        )
         micro_batches = rollout_step(inputs)
-        zppo = {k.removeprefix("zppo/"): v[-1] for k, v in trainer._metrics["train"].items() if k.startswith("zppo/") and not k.startswith("zppo/time") and v}
+        zppo = {
+            k.removeprefix("zppo/"): v[-1]
+            for k, v in trainer._metrics["train"].items()
+            if k.startswith("zppo/") and not k.startswith("zppo/time") and v
+        }
         # teacher/* are this rank's own client statistics (requests, failures, latency), not decisions
         zppo = {k: v for k, v in zppo.items() if not k.startswith("teacher/") and k != "teacher_wait_fraction"}
-        record["rollout_steps"].append({**current, "micro_batches": [_describe(m) for m in micro_batches], "metrics": zppo})
+        record["rollout_steps"].append(
+            {**current, "micro_batches": [_describe(m) for m in micro_batches], "metrics": zppo}
+        )
         return micro_batches
 
     def _score_round(groups):
@@ -209,7 +220,13 @@ def main() -> None:
         params_after_step=checksums.after,
         final_params=param_checksum(trainer.model),
         log_history=[
-            {k: v for k, v in h.items() if k.startswith("zppo/") and not k.startswith(("zppo/time", "zppo/teacher/")) and k != "zppo/teacher_wait_fraction"}
+            {
+                k: v
+                for k, v in h.items()
+                if k.startswith("zppo/")
+                and not k.startswith(("zppo/time", "zppo/teacher/"))
+                and k != "zppo/teacher_wait_fraction"
+            }
             for h in trainer.state.log_history
         ],
     )

@@ -38,7 +38,7 @@ from PIL import Image, ImageDraw
 
 from zppo_trl.evaluation.tasks import ALL_CONFIGS, SUITE
 
-__all__ = ["write_fixture", "write_suite", "fixture_dirs", "expected_rows", "fixture_configs", "CONFIGS", "OCR_TYPES"]
+__all__ = ["CONFIGS", "OCR_TYPES", "expected_rows", "fixture_configs", "fixture_dirs", "write_fixture", "write_suite"]
 
 CONFIGS: dict[str, tuple[str, ...]] = {
     "CEval": ("computer_network", "high_school_physics"),
@@ -362,8 +362,8 @@ def _aime26(i: int, config, split):  # MathArena: the answer is an integer (assu
 
 
 def _ceval(i: int, config, split):  # one column per option (A..D), the answer a letter
-    row = {"id": i, "question": f"{config} 第{i + 1}题：哪一项正确？", "A": "甲", "B": "乙", "C": "丙", "D": "丁",
-           "answer": _LETTERS[i % 4], "explanation": ""}  # fmt: skip
+    row = {"id": i, "question": f"{config} 第{i + 1}题：哪一项正确？", "A": "甲", "B": "乙", "C": "丙",
+           "D": "丁", "answer": _LETTERS[i % 4], "explanation": ""}  # fmt: skip
     return row, {"id": datasets.Value("int32"), "question": _S, "A": _S, "B": _S, "C": _S, "D": _S, "answer": _S,
                  "explanation": _S}  # fmt: skip
 
@@ -380,7 +380,7 @@ def _gpqa(i: int, config, split):  # upstream is a CSV of string columns; the co
         "Subdomain": "Physics (general)",
         "High-level domain": "Physics",
     }
-    return row, {key: _S for key in row}
+    return row, dict.fromkeys(row, _S)
 
 
 def _hle(i: int, config, split):  # image: a base64 data URI string, "" on text-only rows (upstream)
@@ -396,7 +396,7 @@ def _hle(i: int, config, split):  # image: a base64 data URI string, "" on text-
         "category": "Math",
         "canary": "",
     }
-    return row, {key: _S for key in row}
+    return row, dict.fromkeys(row, _S)
 
 
 def _imo(i: int, config, split):  # OpenEvals/IMO-AnswerBench: capitalised column names with spaces
@@ -408,7 +408,7 @@ def _imo(i: int, config, split):  # OpenEvals/IMO-AnswerBench: capitalised colum
         "Subcategory": "Equations",
         "Source": "fixture",
     }
-    return row, {key: _S for key in row}
+    return row, dict.fromkeys(row, _S)
 
 
 def _mmlu(i: int, config, split):  # cais/mmlu: answer is a ClassLabel (the option index)
@@ -454,7 +454,8 @@ def _multich(i: int, config, split):  # lower-cased columns as its spec assumes;
 
 def _mmvu(i: int, config, split):  # validation.json: video is a URL into the repo; choices a letter -> text dict
     choice = i % 2 == 0
-    row = {"id": f"mmvu_{i}", "video": f"https://huggingface.co/datasets/yale-nlp/MMVU/resolve/main/videos/Art/mmvu_{i}.mp4",
+    row = {"id": f"mmvu_{i}",
+           "video": f"https://huggingface.co/datasets/yale-nlp/MMVU/resolve/main/videos/Art/mmvu_{i}.mp4",
            "question": f"Which technique does clip {i} show?",
            "choices": {letter: f"technique {letter}" for letter in "ABCDE"} if choice else {},
            "answer": _LETTERS[i % 5] if choice else f"glazing {i}",

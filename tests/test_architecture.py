@@ -19,10 +19,23 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "zppo_trl"
 PURE = (
-    "prompts", "replay", "reformulate", "advantages", "rewards", "losses", "objectives", "partitioning", "rollout",
-    "step_metrics", "augmentations", "augmentations.base", "augmentations.candidates", "augmentations.guidance",
-    "augmentations.targets", "batches",
-)  # fmt: skip
+    "prompts",
+    "replay",
+    "reformulate",
+    "advantages",
+    "rewards",
+    "losses",
+    "objectives",
+    "partitioning",
+    "rollout",
+    "step_metrics",
+    "augmentations",
+    "augmentations.base",
+    "augmentations.candidates",
+    "augmentations.guidance",
+    "augmentations.targets",
+    "batches",
+)
 
 
 def _module_name(path: Path) -> str:
@@ -99,7 +112,7 @@ def _example(heading: str) -> list[str]:
     """The python code blocks of the architecture page's section ``heading``."""
     text = (ROOT / "docs" / "architecture.md").read_text()
     section = text.split(f"### {heading}\n", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    return re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
 
 
 def _run_as(module: str, code: str) -> dict:
@@ -119,8 +132,14 @@ def test_the_objective_example_registers_a_trainable_objective():
         args = ZPPOConfig(**CPU, policy_objective="clipped_reinforce")
         assert loss_for(args).name == "clipped_reinforce" and args.variant == "ZPPO (Clipped-REINFORCE)"
         logps = torch.tensor([[-1.0, -2.0]], requires_grad=True)
-        inputs = LossInputs(mask=torch.ones(1, 2), normalizer=2.0, logps=logps, old_logps=logps.detach() - 1.0,
-                            advantages=torch.tensor([[1.0]]), entropies=torch.zeros(1, 2))  # fmt: skip
+        inputs = LossInputs(
+            mask=torch.ones(1, 2),
+            normalizer=2.0,
+            logps=logps,
+            old_logps=logps.detach() - 1.0,
+            advantages=torch.tensor([[1.0]]),
+            entropies=torch.zeros(1, 2),
+        )
         out = loss_for(args).fn(inputs, args)
         out.loss.backward()  # ratio e > 1.2: the weight is clamped at 1.2 and carries no gradient
         torch.testing.assert_close(logps.grad, torch.full((1, 2), -1.2 / 2))
@@ -142,7 +161,9 @@ def test_the_augmentation_example_builds_groups_the_trainer_samples():
         evidence = Evidence(["q1", "q2"], {"q1": ["so \\boxed{42}"]}, {"q1": ["\\boxed{7}"], "q2": ["\\boxed{1}"]})
         plan = augmentation.plan(evidence, limit=4, rng=random.Random(0), metrics={})
         built = augmentation.build(plan, teacher=None, args=args, metrics={})
-        assert [(g.kind, g.key, g.block) for g in built.groups] == [("final_answer", "q1", "A reference final answer: \\boxed{42}")]
+        assert [(g.kind, g.key, g.block) for g in built.groups] == [
+            ("final_answer", "q1", "A reference final answer: \\boxed{42}")
+        ]
     finally:
         AUGMENTATIONS.pop("final_answer", None)
 
@@ -155,5 +176,10 @@ def test_the_benchmark_example_is_a_valid_setting():
     assert "BENCHMARK_MODULES" in registration and '"scienceqa"' in registration
     spec = _run_as("zppo_trl.evaluation.benchmarks.scienceqa", module)["SPECS"][0]
     assert isinstance(spec, TaskSpec) and spec.name == "SciQA" and spec.scoring == "exact+judge"
-    assert spec.directives[0][0].sub("", "Which is a mammal? Answer with the option's letter from the given choices directly.") == "Which is a mammal?"
+    assert (
+        spec.directives[0][0].sub(
+            "", "Which is a mammal? Answer with the option's letter from the given choices directly."
+        )
+        == "Which is a mammal?"
+    )
     assert "scienceqa" not in BENCHMARK_MODULES  # the example is not part of the paper's suite

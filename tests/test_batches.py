@@ -17,12 +17,16 @@ def _round(prompts, completions, images=None, offset=0.0):
         "prompt_mask": torch.tensor([[0] * (p_width - len(p)) + [1] * len(p) for p in prompts]),
         "completion_ids": torch.tensor([c + [PAD] * (c_width - len(c)) for c in completions]),
         "completion_mask": torch.tensor([[1] * len(c) + [0] * (c_width - len(c)) for c in completions]),
-        "old_per_token_logps": torch.tensor([[offset - j for j in range(len(c))] + [0.0] * (c_width - len(c)) for c in completions]),
+        "old_per_token_logps": torch.tensor(
+            [[offset - j for j in range(len(c))] + [0.0] * (c_width - len(c)) for c in completions]
+        ),
         "advantages": torch.arange(len(prompts), dtype=torch.float32) + offset,
         "num_items_in_batch": torch.tensor(99),
     }
     # mm_token_type_ids spans prompt and completion: mark prompt token 7 as an image token
-    batch["mm_token_type_ids"] = torch.cat([(batch["prompt_ids"] == 7).long(), torch.zeros_like(batch["completion_ids"])], 1)
+    batch["mm_token_type_ids"] = torch.cat(
+        [(batch["prompt_ids"] == 7).long(), torch.zeros_like(batch["completion_ids"])], 1
+    )
     if images is not None:  # images: number of images per row; each image gets a 1x2x2 grid of 4 patches
         grids = [torch.tensor([[1, 2, 2]]) for n in images for _ in range(n)]
         batch["image_grid_thw"] = torch.cat(grids) if grids else torch.zeros(0, 3, dtype=torch.long)

@@ -10,8 +10,8 @@ completions decoded without special tokens and graded by the reward's grader.
 from __future__ import annotations
 
 import pytest
-
 from boxed_models import STUDENT_ACCURACY, TOY_QUESTIONS, distractors, toy_conversation, toy_rows
+
 from zppo_trl.data import validate_row
 from zppo_trl.rewards import extract_boxed, grade_batch
 from zppo_trl.teacher import TeacherClient
@@ -51,7 +51,10 @@ def test_answers_and_distractors():
 def encode_prompts(processing, rows: list[dict]):
     """The trainer's prompts for ``rows``, tokenized (images included) and left-padded."""
     getattr(processing, "tokenizer", processing).padding_side = "left"
-    prompts = [processing.apply_chat_template(toy_conversation(row), tokenize=False, add_generation_prompt=True) for row in rows]
+    prompts = [
+        processing.apply_chat_template(toy_conversation(row), tokenize=False, add_generation_prompt=True)
+        for row in rows
+    ]
     if rows[0]["images"]:
         return processing(text=prompts, images=[row["images"] for row in rows], padding=True, return_tensors="pt")
     return processing(prompts, padding=True, add_special_tokens=False, return_tensors="pt")
@@ -117,7 +120,9 @@ def assert_student_mix(rows: list[dict], samples: list[list[tuple[str, bool]]]) 
     assert any(len(set(w)) < len(w) for w in wrong.values()), report  # wrong answers repeat
 
 
-def assert_teacher_solves_hard_questions(server, rows: list[dict], replies: list[list[str]], prompt_tokens: int) -> None:
+def assert_teacher_solves_hard_questions(
+    server, rows: list[dict], replies: list[list[str]], prompt_tokens: int
+) -> None:
     """What trainer tests need of a served teacher.
 
     The server saw exactly the trainer's prompts (same token count, image tokens
@@ -174,4 +179,6 @@ def test_served_vlm_teacher_solves_the_hard_questions_from_images(boxed_vlm_teac
     with TeacherClient(boxed_vlm_teacher_server.base_url, boxed_vlm_teacher_server.model) as client:
         replies = client.sample(conversations, n=4, max_tokens=MAX_NEW_TOKENS)
         prompt_tokens = client.stats()["prompt_tokens"]
-    assert_teacher_solves_hard_questions(boxed_vlm_teacher_server, rows, replies, prompt_tokens)  # image tokens included
+    assert_teacher_solves_hard_questions(
+        boxed_vlm_teacher_server, rows, replies, prompt_tokens
+    )  # image tokens included

@@ -47,7 +47,14 @@ class Spy:
     def __call__(self, prompts, completions, answer, id, completion_ids=None, **kwargs):
         rewards = boxed_accuracy_reward(completions, answer)
         if completion_ids is not None:  # the trainer grades teacher rollouts without ids
-            self.calls.append(dict(prompts=[p[-1]["content"] for p in prompts], ids=list(id), texts=[completion_text(c) for c in completions], rewards=rewards))
+            self.calls.append(
+                dict(
+                    prompts=[p[-1]["content"] for p in prompts],
+                    ids=list(id),
+                    texts=[completion_text(c) for c in completions],
+                    rewards=rewards,
+                )
+            )
         return rewards
 
 
@@ -90,7 +97,11 @@ def _trainer(student_dir, server, tmp_path, reformulations, spy, **overrides) ->
 
 
 def _rollout_logs(trainer) -> list[dict]:
-    return [{k[5:]: v for k, v in h.items() if k.startswith("zppo/")} for h in trainer.state.log_history if "zppo/buffer_size" in h]
+    return [
+        {k[5:]: v for k, v in h.items() if k.startswith("zppo/")}
+        for h in trainer.state.log_history
+        if "zppo/buffer_size" in h
+    ]
 
 
 def _expected_buffer(plain_calls) -> PromptReplayBuffer:
@@ -103,7 +114,9 @@ def _expected_buffer(plain_calls) -> PromptReplayBuffer:
     return expected
 
 
-def test_hint_row_puts_an_answer_free_teacher_hint_before_the_closer(boxed_text_student_dir, boxed_teacher_server, tmp_path):
+def test_hint_row_puts_an_answer_free_teacher_hint_before_the_closer(
+    boxed_text_student_dir, boxed_teacher_server, tmp_path
+):
     spy = Spy()
     trainer = _trainer(boxed_text_student_dir, boxed_teacher_server, tmp_path, ["hint"], spy)
     assert trainer.args.variant == "GRPO\u2020+Hint"
@@ -131,7 +144,9 @@ def test_hint_row_puts_an_answer_free_teacher_hint_before_the_closer(boxed_text_
     assert trainer.replay_buffer.residents() == _expected_buffer(plain).residents()
 
 
-def test_prefix_row_continues_a_correct_teacher_prefix_that_carries_no_loss(boxed_text_student_dir, boxed_teacher_server, tmp_path):
+def test_prefix_row_continues_a_correct_teacher_prefix_that_carries_no_loss(
+    boxed_text_student_dir, boxed_teacher_server, tmp_path
+):
     spy = Spy()
     trainer = _trainer(boxed_text_student_dir, boxed_teacher_server, tmp_path, ["prefix"], spy)
     assert trainer.args.variant == "GRPO\u2020+Prefix"
@@ -170,14 +185,19 @@ def test_prefix_row_continues_a_correct_teacher_prefix_that_carries_no_loss(boxe
             cuts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in correct]
             assert any(ids[: math.floor(0.4 * len(ids))] == prefix for ids in cuts)
             plain_prompt = tokenizer.apply_chat_template(
-                [{"role": "user", "content": compose_prompt(group.row["question"], None, RL_CLOSER)}], add_generation_prompt=True, tokenize=True, return_dict=True
+                [{"role": "user", "content": compose_prompt(group.row["question"], None, RL_CLOSER)}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
             )["input_ids"]
             for i in range(g * G, (g + 1) * G):
                 prompt = out["prompt_ids"][i][out["prompt_mask"][i].bool()].tolist()
                 completion = out["completion_ids"][i][out["completion_mask"][i].bool()].tolist()
                 assert prompt == [*plain_prompt, *prefix]  # the prefix conditions the rollout ...
                 assert len(completion) <= budget - len(prefix)  # ... shares the length budget ...
-                assert call["texts"][i] == tokenizer.decode([*prefix, *completion], skip_special_tokens=True)  # ... and is graded with it
+                assert call["texts"][i] == tokenizer.decode(
+                    [*prefix, *completion], skip_special_tokens=True
+                )  # ... and is graded with it
                 checked += 1
     assert checked == G * trainer.counters["prefix_trained_total"]
     plain = [c for (groups, _), c in zip(rounds, spy.calls) if groups[0].kind in ("new", "replay")]
@@ -186,13 +206,31 @@ def test_prefix_row_continues_a_correct_teacher_prefix_that_carries_no_loss(boxe
 
 @pytest.mark.parametrize(
     "objective, variant, logged",
-    [("gspo", "ZPPO (GSPO)", "clip_ratio/region_mean"), ("cispo", "ZPPO (CISPO)", "cispo_clip_ratio"), ("dispo", "ZPPO (DISPO)", "clip_ratio/neg_high_mean")],
+    [
+        ("gspo", "ZPPO (GSPO)", "clip_ratio/region_mean"),
+        ("cispo", "ZPPO (CISPO)", "cispo_clip_ratio"),
+        ("dispo", "ZPPO (DISPO)", "clip_ratio/neg_high_mean"),
+    ],
 )
-def test_zppo_trains_under_each_step_6_objective(boxed_text_student_dir, boxed_teacher_server, tmp_path, objective, variant, logged):
-    trainer = _trainer(boxed_text_student_dir, boxed_teacher_server, tmp_path, ["bcq", "ncq"], Spy(), policy_objective=objective, max_steps=2)
+def test_zppo_trains_under_each_step_6_objective(
+    boxed_text_student_dir, boxed_teacher_server, tmp_path, objective, variant, logged
+):
+    trainer = _trainer(
+        boxed_text_student_dir,
+        boxed_teacher_server,
+        tmp_path,
+        ["bcq", "ncq"],
+        Spy(),
+        policy_objective=objective,
+        max_steps=2,
+    )
     assert trainer.args.variant == variant
     # what makes it that objective in TRL's loss (the loss formulas themselves: tests/test_objectives.py)
-    assert (trainer.importance_sampling_level, trainer.loss_type) == {"gspo": ("sequence", "dapo"), "cispo": ("token", "cispo"), "dispo": ("token", "dapo")}[objective]
+    assert (trainer.importance_sampling_level, trainer.loss_type) == {
+        "gspo": ("sequence", "dapo"),
+        "cispo": ("token", "cispo"),
+        "dispo": ("token", "dapo"),
+    }[objective]
     if objective == "cispo":
         assert trainer.epsilon_high == pytest.approx(1.28)  # MiniMax-M1's bound 1 + eps_high
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
@@ -228,7 +266,9 @@ def _train_recorded(trainer) -> dict:
 
     def prepare_inputs(batch):
         out = prepare(batch)
-        if not isinstance(batch, dict) and not out.get("zppo_skip"):  # a micro-batch is prepared once more inside training_step
+        if not isinstance(batch, dict) and not out.get(
+            "zppo_skip"
+        ):  # a micro-batch is prepared once more inside training_step
             record["micro"].append(out)
         return out
 
@@ -236,7 +276,9 @@ def _train_recorded(trainer) -> dict:
         sample = trainer.teacher.sample_async
 
         def sample_async(conversations, *args, **kwargs):
-            record["requests"] += [(c[-1]["content"], kwargs.get("n", args[0] if args else None)) for c in conversations]
+            record["requests"] += [
+                (c[-1]["content"], kwargs.get("n", args[0] if args else None)) for c in conversations
+            ]
             return sample(conversations, *args, **kwargs)
 
         trainer.teacher.sample_async = sample_async
@@ -259,7 +301,9 @@ def _trained_rows(trainer, micro_batches):
         for i in range(micro["prompt_ids"].size(0)):
             if micro["completion_mask"][i].any():
                 prompt = tokenizer.decode(micro["prompt_ids"][i][micro["prompt_mask"][i].bool()])
-                target = tokenizer.decode(micro["completion_ids"][i][micro["completion_mask"][i].bool()], skip_special_tokens=True)
+                target = tokenizer.decode(
+                    micro["completion_ids"][i][micro["completion_mask"][i].bool()], skip_special_tokens=True
+                )
                 rows.append((prompt, target))
     return rows
 
@@ -268,12 +312,20 @@ def _plain_scores(record):
     """The plain rounds as `_expected_buffer` reads them: question id and reward per rollout (fillers left out)."""
     for plain in record["plain"]:
         G = len(plain.texts) // len(plain.meta[0])
-        kept = [(key, plain.rewards[g * G : (g + 1) * G].tolist()) for g, (kind, key) in enumerate(plain.meta[0]) if kind != "filler"]
-        yield {"ids": [key for key, rewards in kept for _ in rewards], "rewards": [r for _, rewards in kept for r in rewards]}
+        kept = [
+            (key, plain.rewards[g * G : (g + 1) * G].tolist())
+            for g, (kind, key) in enumerate(plain.meta[0])
+            if kind != "filler"
+        ]
+        yield {
+            "ids": [key for key, rewards in kept for _ in rewards],
+            "rewards": [r for _, rewards in kept for r in rewards],
+        }
 
 
 def _check_cross_entropy(trainer, micro):
-    """The trainer's loss on a supervised micro-batch is the summed NLL of its target tokens over the partition's count."""
+    """The trainer's loss on a supervised micro-batch is the summed NLL of its target tokens over the partition's
+    count."""
     model = trainer.model
     ids = torch.cat([micro["prompt_ids"], micro["completion_ids"]], dim=1)
     attention = torch.cat([micro["prompt_mask"], micro["completion_mask"]], dim=1)
@@ -287,7 +339,9 @@ def _check_cross_entropy(trainer, micro):
     assert float(loss) == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
 
 
-def test_correction_sft_trains_verified_corrections_and_the_wrong_attempt_under_their_tags(boxed_text_student_dir, boxed_teacher_server, tmp_path):
+def test_correction_sft_trains_verified_corrections_and_the_wrong_attempt_under_their_tags(
+    boxed_text_student_dir, boxed_teacher_server, tmp_path
+):
     trainer, record = _supervised_run(boxed_text_student_dir, boxed_teacher_server, tmp_path, "correction")
     assert trainer.args.variant == "Correction-SFT\u2020"
     questions = {row["id"]: row["question"] for row in toy_rows("text")}
@@ -304,7 +358,12 @@ def test_correction_sft_trains_verified_corrections_and_the_wrong_attempt_under_
     rows = _trained_rows(trainer, record["micro"])
     tags = defaultdict(int)
     for prompt, target in rows:
-        key = next(k for k, q in questions.items() if compose_prompt(q, "<correct>", RL_CLOSER) in prompt or compose_prompt(q, "<incorrect>", RL_CLOSER) in prompt)
+        key = next(
+            k
+            for k, q in questions.items()
+            if compose_prompt(q, "<correct>", RL_CLOSER) in prompt
+            or compose_prompt(q, "<incorrect>", RL_CLOSER) in prompt
+        )
         tag = "<correct>" if compose_prompt(questions[key], "<correct>", RL_CLOSER) in prompt else "<incorrect>"
         tags[tag] += 1
         if tag == "<correct>":
@@ -316,7 +375,9 @@ def test_correction_sft_trains_verified_corrections_and_the_wrong_attempt_under_
     assert trainer.replay_buffer.residents() == _expected_buffer(_plain_scores(record)).residents()
 
 
-def test_error_reflection_sft_trains_verified_revisions_under_the_bare_question(boxed_text_student_dir, boxed_teacher_server, tmp_path):
+def test_error_reflection_sft_trains_verified_revisions_under_the_bare_question(
+    boxed_text_student_dir, boxed_teacher_server, tmp_path
+):
     trainer, record = _supervised_run(boxed_text_student_dir, boxed_teacher_server, tmp_path, "reflection")
     assert trainer.args.variant == "Error-reflection-SFT\u2020"
     questions = {row["id"]: row["question"] for row in toy_rows("text")}
@@ -344,7 +405,9 @@ def test_a_correction_that_fails_grading_never_becomes_a_target(boxed_teacher_se
         graded.append((key, list(texts)))
         return [False] * len(texts)  # a grader that finds every correction wrong
 
-    targets = CorrectionTargets(lambda key: row["question"], lambda key, text: [{"role": "user", "content": text}], grade)
+    targets = CorrectionTargets(
+        lambda key: row["question"], lambda key, text: [{"role": "user", "content": text}], grade
+    )
     args = _config(tmp_path, boxed_teacher_server, ["correction"])
     metrics: dict = {}
     instances = [SupervisedInstance("correction", row["id"], "<think> guess </think> \\boxed{1}")] * 2
@@ -355,7 +418,8 @@ def test_a_correction_that_fails_grading_never_becomes_a_target(boxed_teacher_se
 
 
 def _direct_jsd(student_logits, teacher_logits, mask, beta=0.5):
-    """GKD's generalized JSD per position, written out from probabilities: beta KL(T||M) + (1-beta) KL(S||M), M = beta T + (1-beta) S."""
+    """GKD's generalized JSD per position, written out from probabilities: beta KL(T||M) + (1-beta) KL(S||M),
+    M = beta T + (1-beta) S."""
     s, t = torch.softmax(student_logits.double(), -1), torch.softmax(teacher_logits.double(), -1)
     m = beta * t + (1 - beta) * s
     kl = lambda p, q: (p * (p.clamp_min(1e-300).log() - q.clamp_min(1e-300).log())).sum(-1)  # noqa: E731
@@ -369,7 +433,9 @@ def test_generalized_jsd_is_gkds_formula_and_zero_when_the_distributions_agree()
     student, teacher = torch.randn(2, 5, 11), torch.randn(2, 5, 11)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
     for beta in (0.5, 0.2):
-        assert float(generalized_jsd(student, teacher, mask, beta, 8.0)) == pytest.approx(float(_direct_jsd(student, teacher, mask, beta)) / 8.0, rel=1e-5)
+        assert float(generalized_jsd(student, teacher, mask, beta, 8.0)) == pytest.approx(
+            float(_direct_jsd(student, teacher, mask, beta)) / 8.0, rel=1e-5
+        )
     assert float(generalized_jsd(student, student.clone(), mask, 0.5, 8.0)) == pytest.approx(0.0, abs=1e-7)
     assert float(generalized_jsd(student, teacher + 100 * (1 - mask)[..., None], mask, 0.5, 8.0)) == pytest.approx(
         float(_direct_jsd(student, teacher, mask)) / 8.0, rel=1e-5
@@ -378,12 +444,15 @@ def test_generalized_jsd_is_gkds_formula_and_zero_when_the_distributions_agree()
 
 def _distill_run(student_dir, teacher_dir, server, tmp_path, mode, **overrides):
     """Train the ``mode`` distillation row against ``teacher_dir``'s logits, recorded (`_train_recorded`)."""
-    trainer = _trainer(student_dir, server, tmp_path, [], Spy(), distillation=mode, distill_teacher=str(teacher_dir), **overrides)
+    trainer = _trainer(
+        student_dir, server, tmp_path, [], Spy(), distillation=mode, distill_teacher=str(teacher_dir), **overrides
+    )
     return trainer, _train_recorded(trainer)
 
 
 def _check_jsd_loss(trainer, micro):
-    """The trainer's loss on a distillation micro-batch is the direct JSD of student and teacher over the partition's tokens."""
+    """The trainer's loss on a distillation micro-batch is the direct JSD of student and teacher over the
+    partition's tokens."""
     ids = torch.cat([micro["prompt_ids"], micro["completion_ids"]], dim=1)
     attention = torch.cat([micro["prompt_mask"], micro["completion_mask"]], dim=1)
     width, vocab = micro["prompt_ids"].size(1), len(trainer.processing_class)
@@ -393,12 +462,18 @@ def _check_jsd_loss(trainer, micro):
         teacher = trainer.distill_teacher(input_ids=ids, attention_mask=attention).logits[:, width - 1 : -1, :vocab]
     args = trainer.args
     tokens = micro["num_items_in_batch"] * args.gradient_accumulation_steps / args.steps_per_generation
-    assert float(loss) == pytest.approx(float(_direct_jsd(student, teacher, micro["completion_mask"]) / tokens), rel=1e-4, abs=1e-7)
+    assert float(loss) == pytest.approx(
+        float(_direct_jsd(student, teacher, micro["completion_mask"]) / tokens), rel=1e-4, abs=1e-7
+    )
     assert float(loss) > 0
 
 
-def test_on_distill_imitates_the_teacher_on_every_student_rollout(boxed_text_student_dir, boxed_text_teacher_dir, boxed_teacher_server, tmp_path):
-    trainer, record = _distill_run(boxed_text_student_dir, boxed_text_teacher_dir, boxed_teacher_server, tmp_path, "on")
+def test_on_distill_imitates_the_teacher_on_every_student_rollout(
+    boxed_text_student_dir, boxed_text_teacher_dir, boxed_teacher_server, tmp_path
+):
+    trainer, record = _distill_run(
+        boxed_text_student_dir, boxed_text_teacher_dir, boxed_teacher_server, tmp_path, "on"
+    )
     assert trainer.args.variant == "On-Distill\u2020" and trainer.teacher is None  # no teacher server: logits only
     sampled = {text.strip() for plain in record["plain"] for text in plain.texts}
     rows = _trained_rows(trainer, record["micro"])
@@ -411,8 +486,12 @@ def test_on_distill_imitates_the_teacher_on_every_student_rollout(boxed_text_stu
     assert trainer.replay_buffer.residents() == _expected_buffer(_plain_scores(record)).residents()
 
 
-def test_off_distill_imitates_only_graded_correct_teacher_rollouts(boxed_text_student_dir, boxed_text_teacher_dir, boxed_teacher_server, tmp_path):
-    trainer, record = _distill_run(boxed_text_student_dir, boxed_text_teacher_dir, boxed_teacher_server, tmp_path, "off", replay_fraction=0.0)
+def test_off_distill_imitates_only_graded_correct_teacher_rollouts(
+    boxed_text_student_dir, boxed_text_teacher_dir, boxed_teacher_server, tmp_path
+):
+    trainer, record = _distill_run(
+        boxed_text_student_dir, boxed_text_teacher_dir, boxed_teacher_server, tmp_path, "off", replay_fraction=0.0
+    )
     assert trainer.args.variant == "Off-Distill"
     correct = {(key, text.strip()) for key, text, ok in record["graded"] if ok}
     questions = {row["id"]: row["question"] for row in toy_rows("text")}
@@ -425,12 +504,22 @@ def test_off_distill_imitates_only_graded_correct_teacher_rollouts(boxed_text_st
 
 
 def test_distillation_against_itself_has_zero_divergence(boxed_text_student_dir, boxed_teacher_server, tmp_path):
-    trainer, record = _distill_run(boxed_text_student_dir, boxed_text_student_dir, boxed_teacher_server, tmp_path, "on", max_steps=1, learning_rate=0.0)
+    trainer, record = _distill_run(
+        boxed_text_student_dir,
+        boxed_text_student_dir,
+        boxed_teacher_server,
+        tmp_path,
+        "on",
+        max_steps=1,
+        learning_rate=0.0,
+    )
     logged = [h["distill/jsd"] for h in trainer.state.log_history if "distill/jsd" in h]
     assert logged and all(abs(v) < 1e-6 for v in logged)
 
 
-def test_prefix_row_trains_a_vlm_student_whose_processor_marks_token_types(boxed_vlm_student_dir, boxed_vlm_teacher_server, tmp_path):
+def test_prefix_row_trains_a_vlm_student_whose_processor_marks_token_types(
+    boxed_vlm_student_dir, boxed_vlm_teacher_server, tmp_path
+):
     """Qwen3.5's processor returns mm_token_type_ids for every prompt: the prefix tokens extend them as text."""
     from transformers import Qwen3_5ForConditionalGeneration
 
@@ -439,7 +528,15 @@ def test_prefix_row_trains_a_vlm_student_whose_processor_marks_token_types(boxed
     trainer = ZPPOTrainer(
         model=Qwen3_5ForConditionalGeneration.from_pretrained(boxed_vlm_student_dir),
         reward_funcs=Spy(),
-        args=_config(tmp_path, boxed_vlm_teacher_server, ["prefix"], per_device_train_batch_size=12, max_steps=2, augment_fraction=1.0, replay_fraction=0.0),
+        args=_config(
+            tmp_path,
+            boxed_vlm_teacher_server,
+            ["prefix"],
+            per_device_train_batch_size=12,
+            max_steps=2,
+            augment_fraction=1.0,
+            replay_fraction=0.0,
+        ),
         train_dataset=Dataset.from_list(toy_rows("vlm")),
         processing_class=load_processor(boxed_vlm_student_dir),
     )

@@ -13,11 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
-
 from tiny_models import save_tiny_vlm, tiny_processor
+
 from zppo_trl import corpus, data
-from zppo_trl.processing import load_processor
-from zppo_trl.prompts import compose_prompt
 from zppo_trl.corpus import (
     MMFINEREASON,
     MMFINEREASON_SUBDATASETS,
@@ -29,6 +27,8 @@ from zppo_trl.corpus import (
     build_corpus,
     canonical_name,
 )
+from zppo_trl.processing import load_processor
+from zppo_trl.prompts import compose_prompt
 
 CAPS = {1: 20, 2: 5}  # small caps so a few dozen rows exercise them
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,25 +62,29 @@ def write(path: Path, rows: list[dict], schema: pa.Schema) -> None:
 
 
 IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-VERO_SCHEMA = pa.schema([
-    ("id", pa.string()),
-    ("data_source", pa.string()),
-    ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-    ("image", IMAGE),
-    ("ability", pa.string()),
-    ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
-    ("extra_info", pa.struct([("question", pa.string()), ("answer", pa.string()), ("reward_type", pa.string())])),
-])
-MMF_SCHEMA = pa.schema([
-    ("id", pa.int64()),
-    ("question", pa.string()),
-    ("answer", pa.string()),
-    ("original_answer", pa.string()),
-    ("qwen3vl_235b_thinking_response", pa.string()),
-    ("image", IMAGE),
-    ("source", pa.string()),
-    ("pass_rate", pa.float64()),
-])
+VERO_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("data_source", pa.string()),
+        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        ("image", IMAGE),
+        ("ability", pa.string()),
+        ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+        ("extra_info", pa.struct([("question", pa.string()), ("answer", pa.string()), ("reward_type", pa.string())])),
+    ]
+)
+MMF_SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("question", pa.string()),
+        ("answer", pa.string()),
+        ("original_answer", pa.string()),
+        ("qwen3vl_235b_thinking_response", pa.string()),
+        ("image", IMAGE),
+        ("source", pa.string()),
+        ("pass_rate", pa.float64()),
+    ]
+)
 
 
 def vero_row(key, question, answer="A", img=PNG, truth=None):
@@ -130,44 +134,57 @@ def sources(tmp_path_factory) -> tuple[Path, Path]:
     vero_file("stem-ai2d_merged", [vero_row(f"a{i}", f"shared ai2d question {i}") for i in range(6)])
     vero_file("stem-ai2d_merged", [vero_row(f"v{i}", f"val {i}") for i in range(5)], split="val")
     at_limit, over_limit = prompt_questions(4096)
-    vero_file("stem-geo170k", [
-        vero_row("g0", "plain"),
-        vero_row("g1", "answer at the limit", answer="x" * 512),
-        vero_row("g2", "answer over the limit", answer="x" * 513),
-        vero_row("g3", "image side at the limit", img=png(100, 300)),
-        vero_row("g4", "image side under the limit", img=png(300, 99)),
-        vero_row("g5", "not an image", img=b"definitely not a png"),
-        vero_row("g6", "truncated image", img=TRUNCATED),
-        vero_row("g7", at_limit),
-        vero_row("g8", over_limit),
-        vero_row("g9", "no answer anywhere", answer=None, truth=""),
-        vero_row("g10", "no image", img=None),
-        vero_row("g11", ""),
-        vero_row("g12", "<image>"),
-        vero_row("g13", "answer only in reward_model", answer=None, truth="7"),
-        vero_row("g14", "aspect ratio the processor rejects", img=png(20100, 100)),
-    ])
+    vero_file(
+        "stem-geo170k",
+        [
+            vero_row("g0", "plain"),
+            vero_row("g1", "answer at the limit", answer="x" * 512),
+            vero_row("g2", "answer over the limit", answer="x" * 513),
+            vero_row("g3", "image side at the limit", img=png(100, 300)),
+            vero_row("g4", "image side under the limit", img=png(300, 99)),
+            vero_row("g5", "not an image", img=b"definitely not a png"),
+            vero_row("g6", "truncated image", img=TRUNCATED),
+            vero_row("g7", at_limit),
+            vero_row("g8", over_limit),
+            vero_row("g9", "no answer anywhere", answer=None, truth=""),
+            vero_row("g10", "no image", img=None),
+            vero_row("g11", ""),
+            vero_row("g12", "<image>"),
+            vero_row("g13", "answer only in reward_model", answer=None, truth="7"),
+            vero_row("g14", "aspect ratio the processor rejects", img=png(20100, 100)),
+        ],
+    )
     vero_file("chart_ocr-CoSyn_400k_chart", [vero_row(f"c{i}", f"chart {i}") for i in range(30)])
     vero_file("counting_grounding_search-pixmo", [vero_row(f"p{i}", f"count {i}") for i in range(12)])
-    vero_file("counting_grounding_search-tallyqa",
-              [vero_row(f"t{i}", f"tally {i}", answer="y" * 600 if i % 2 else "3") for i in range(10)])
+    vero_file(
+        "counting_grounding_search-tallyqa",
+        [vero_row(f"t{i}", f"tally {i}", answer="y" * 600 if i % 2 else "3") for i in range(10)],
+    )
     vero_file("captioning_IF-PixMo-Cap", [vero_row(f"cap{i}", "describe") for i in range(4)])
     vero_file("stem-wemath20_pro", [vero_row(f"wp{i}", f"we pro {i}") for i in range(3)])
     vero_file("stem-wemath20_standard", [vero_row(f"ws{i}", f"we std {i}") for i in range(4)])
 
     rates = [0.0, 0.25, 0.49, 0.5, 0.75, None]
-    write(mmf / "data" / "train-00000-of-00003.parquet", [
-        *[mmf_row(i, "FineVision-ai2d_merged", question=f"shared ai2d question {i}") for i in range(4)],
-        *[mmf_row(10 + i, "MMR1", pass_rate=r) for i, r in enumerate(rates)],
-        *[mmf_row(20 + i, "FineVision-tqa", pass_rate=0.25) for i in range(3)],
-        *[mmf_row(30 + i, "GameQA-140K") for i in range(2)],
-        *[mmf_row(40 + i, "Euclid30K") for i in range(2)],
-    ], MMF_SCHEMA)
-    write(mmf / "data" / "train-00001-of-00003.parquet", [
-        *[mmf_row(50 + i, "MMK12") for i in range(2)],
-        *[mmf_row(60 + i, "FineVision-geo170k(qa)") for i in range(2)],
-        *[mmf_row(42 + i, "Euclid30K") for i in range(2)],
-    ], MMF_SCHEMA)
+    write(
+        mmf / "data" / "train-00000-of-00003.parquet",
+        [
+            *[mmf_row(i, "FineVision-ai2d_merged", question=f"shared ai2d question {i}") for i in range(4)],
+            *[mmf_row(10 + i, "MMR1", pass_rate=r) for i, r in enumerate(rates)],
+            *[mmf_row(20 + i, "FineVision-tqa", pass_rate=0.25) for i in range(3)],
+            *[mmf_row(30 + i, "GameQA-140K") for i in range(2)],
+            *[mmf_row(40 + i, "Euclid30K") for i in range(2)],
+        ],
+        MMF_SCHEMA,
+    )
+    write(
+        mmf / "data" / "train-00001-of-00003.parquet",
+        [
+            *[mmf_row(50 + i, "MMK12") for i in range(2)],
+            *[mmf_row(60 + i, "FineVision-geo170k(qa)") for i in range(2)],
+            *[mmf_row(42 + i, "Euclid30K") for i in range(2)],
+        ],
+        MMF_SCHEMA,
+    )
     (mmf / "data" / "train-00002-of-00003.parquet").write_bytes(b"this is not parquet")
     return vero, mmf
 
@@ -202,23 +219,32 @@ def test_recipe_constants_match_the_paper():
     assert TIER_CAPS == {1: 2800, 2: 1400}
     assert (corpus.MAX_ANSWER_CHARS, corpus.MIN_IMAGE_SIDE, corpus.MAX_PROMPT_TOKENS) == (512, 100, 4096)
     assert set(VERO_SUBDATASETS) & set(MMFINEREASON_SUBDATASETS) == {
-        "ai2d", "geo170k", "wemath", "visualwebinstruct", "tqa", "raven"}
+        "ai2d",
+        "geo170k",
+        "wemath",
+        "visualwebinstruct",
+        "tqa",
+        "raven",
+    }
     # A shared name has one tier.
-    assert all(VERO_SUBDATASETS[n] == MMFINEREASON_SUBDATASETS[n] for n in {"ai2d", "raven", "tqa"})
+    assert all(VERO_SUBDATASETS[n] == MMFINEREASON_SUBDATASETS[n] for n in ("ai2d", "raven", "tqa"))
 
 
-@pytest.mark.parametrize(("raw", "name"), [
-    ("stem-ai2d_merged", "ai2d"),
-    ("FineVision-ai2d_merged", "ai2d"),
-    ("chart_ocr-CoSyn_400k_table", "cosyn_table"),
-    ("FineVision-geo170k(qa)", "geo170k"),
-    ("FineVision-geometry3k(mathv360k)", "geo3k"),
-    ("FineVision-visualwebinstruct(filtered)", "visualwebinstruct"),
-    ("Euclid30K", "euclid"),
-    ("stem-wemath20_standard", "wemath"),
-    ("counting_grounding_search-multihop", "multihop"),
-    ("LLaVA-CoT", "llava-cot"),
-])
+@pytest.mark.parametrize(
+    ("raw", "name"),
+    [
+        ("stem-ai2d_merged", "ai2d"),
+        ("FineVision-ai2d_merged", "ai2d"),
+        ("chart_ocr-CoSyn_400k_table", "cosyn_table"),
+        ("FineVision-geo170k(qa)", "geo170k"),
+        ("FineVision-geometry3k(mathv360k)", "geo3k"),
+        ("FineVision-visualwebinstruct(filtered)", "visualwebinstruct"),
+        ("Euclid30K", "euclid"),
+        ("stem-wemath20_standard", "wemath"),
+        ("counting_grounding_search-multihop", "multihop"),
+        ("LLaVA-CoT", "llava-cot"),
+    ],
+)
 def test_canonical_names(raw, name):
     assert canonical_name(raw) == name
 
@@ -235,9 +261,14 @@ def test_counts_per_subdataset(built):
     assert (geo.read, geo.invalid, geo.before_cap, geo.after_cap) == (15, 4, 11, 11)
     filters = (geo.answer_too_long, geo.corrupt_image, geo.image_too_small, geo.prompt_too_long)
     assert (*filters, geo.kept) == (1, 3, 1, 1, 5)
-    assert geo.reasons == {"missing:answer": 1, "missing:image": 1, "missing:question": 2,
-                           "corrupt_image:UnidentifiedImageError": 1, "corrupt_image:OSError": 1,
-                           "unprocessable_image:ValueError": 1}
+    assert geo.reasons == {
+        "missing:answer": 1,
+        "missing:image": 1,
+        "missing:question": 2,
+        "corrupt_image:UnidentifiedImageError": 1,
+        "corrupt_image:OSError": 1,
+        "unprocessable_image:ValueError": 1,
+    }
     mmr1 = counts(report, "mmfinereason", "mmr1")  # pass_rate < 0.5 is strict; a missing rate is invalid
     assert (mmr1.read, mmr1.invalid, mmr1.pass_rate, mmr1.before_cap, mmr1.kept) == (6, 1, 2, 3, 3)
     wemath = counts(report, "vero", "wemath")  # both WeMath configs are one sub-dataset
@@ -334,8 +365,10 @@ def test_sample_does_not_depend_on_row_order(built, sources, tmp_path):
         table = pq.read_table(file)
         pq.write_table(table.take(list(reversed(range(table.num_rows)))), target)
     build_corpus(make_config((shuffled, mmf), tmp_path / "out"), tiny_processor())
-    picked = [sorted(i for i in read_output(path).column("id").to_pylist() if "/cosyn_chart/" in i)
-              for path in (tmp_path / "out", out)]
+    picked = [
+        sorted(i for i in read_output(path).column("id").to_pylist() if "/cosyn_chart/" in i)
+        for path in (tmp_path / "out", out)
+    ]
     assert picked[0] == picked[1]
 
 
@@ -344,8 +377,13 @@ def test_prompt_counter_matches_the_processor():
     count = PromptTokenCounter(processor)
     for sizes in ([(120, 120)], [(640, 480)], [(30, 1000), (200, 100)]):
         images = [Image.new("RGB", size) for size in sizes]
-        messages = [{"role": "user", "content": [{"type": "image"}] * len(images)
-                     + [{"type": "text", "text": compose_prompt("What is 2+2?")}]}]
+        messages = [
+            {
+                "role": "user",
+                "content": [{"type": "image"}] * len(images)
+                + [{"type": "text", "text": compose_prompt("What is 2+2?")}],
+            }
+        ]
         text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         assert count("What is 2+2?", images) == len(processor(text=[text], images=images)["input_ids"][0])
     assert count("What is 2+2?", [images[0]]) < count("What is 2+2?", images)
@@ -395,8 +433,25 @@ def test_cli_builds_and_pushes(sources, tmp_path, monkeypatch):
     pushed = []
     monkeypatch.setattr(corpus, "push_corpus_to_hub", lambda path, repo, private: pushed.append((str(path), repo)))
     target = tmp_path / "cli"
-    cli.main(["--vero", str(vero), "--mmfinereason", str(mmf), "--output_dir", str(target), "--processor", str(model),
-              "--tier1_cap", "20", "--tier2_cap", "5", "--no_progress", "--push_to_hub", "me/zppo-77k"])
+    cli.main(
+        [
+            "--vero",
+            str(vero),
+            "--mmfinereason",
+            str(mmf),
+            "--output_dir",
+            str(target),
+            "--processor",
+            str(model),
+            "--tier1_cap",
+            "20",
+            "--tier2_cap",
+            "5",
+            "--no_progress",
+            "--push_to_hub",
+            "me/zppo-77k",
+        ]
+    )
     assert read_output(target).equals(read_output(library))
     assert (target / "report.txt").read_text() == (library / "report.txt").read_text()
     assert pushed == [(str(target), "me/zppo-77k")]

@@ -18,7 +18,14 @@ DEMO_FILE = REPO / "recipes" / "data" / "demo_math.jsonl"
 
 
 def _row(i: int, **overrides) -> dict:
-    row = {"id": f"q{i}", "question": f"What is {i} + 1?", "images": [], "answer": str(i + 1), "source": "unit", "subdataset": "add"}
+    row = {
+        "id": f"q{i}",
+        "question": f"What is {i} + 1?",
+        "images": [],
+        "answer": str(i + 1),
+        "source": "unit",
+        "subdataset": "add",
+    }
     row.update(overrides)
     return row
 
@@ -53,7 +60,9 @@ def test_image_paths_relative_to_the_file_are_decoded(tmp_path):
     Image.new("RGB", (12, 8), "red").save(tmp_path / "red.png")
     (tmp_path / "img").mkdir()
     Image.new("RGB", (5, 7), "blue").save(tmp_path / "img" / "blue.png")
-    path = _write_jsonl([_row(0, images=["red.png"]), _row(1, images=["img/blue.png", "red.png"])], tmp_path / "train.jsonl")
+    path = _write_jsonl(
+        [_row(0, images=["red.png"]), _row(1, images=["img/blue.png", "red.png"])], tmp_path / "train.jsonl"
+    )
     dataset, _ = data.load_questions(str(path))
     first, second = dataset[0]["images"], dataset[1]["images"]
     assert [im.size for im in first] == [(12, 8)]
@@ -75,7 +84,9 @@ def test_skip_invalid_drops_counts_and_logs(tmp_path, caplog):
         dataset, skipped = data.load_questions(str(path), skip_invalid=True)
     assert dataset["id"] == ["q0", "q2"]
     assert [index for index, _ in skipped] == [1, 3, 4]
-    assert "field 'question'" in skipped[0][1] and "field 'images'" in skipped[1][1] and "repeats row 0" in skipped[2][1]
+    assert (
+        "field 'question'" in skipped[0][1] and "field 'images'" in skipped[1][1] and "repeats row 0" in skipped[2][1]
+    )
     assert "skipped 3 invalid row(s) of 5" in caplog.text
 
 

@@ -61,9 +61,26 @@ def _accelerate(script: Path, script_args: list[str], env: dict, timeout: float)
     """``accelerate launch`` 2 processes of ``script``; (exit code, output). On timeout the whole
     process group (launcher, torchrun and both ranks) is killed and the exit code is None."""
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(WORLD)]
-    command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port())]
+    command += [
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(_free_port()),
+    ]
     command += [str(script), *script_args]
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         output, _ = process.communicate(timeout=timeout)
         return process.returncode, output
@@ -104,7 +121,10 @@ def grpo_run(tiny_text_model_dir, tmp_path_factory) -> list[dict]:
 
 def test_two_gloo_processes(grpo_run):
     assert [r["rank"] for r in grpo_run] == [0, 1]
-    assert all(r["world"] == WORLD and r["backend"] == "gloo" and r["distributed_type"] == "DistributedType.MULTI_CPU" for r in grpo_run)
+    assert all(
+        r["world"] == WORLD and r["backend"] == "gloo" and r["distributed_type"] == "DistributedType.MULTI_CPU"
+        for r in grpo_run
+    )
     assert all(len(r["rollout_steps"]) == 3 and len(r["micro_steps"]) == 3 * STEPS_PER_ROLLOUT for r in grpo_run)
 
 
@@ -127,7 +147,9 @@ def test_equal_rows_per_rank_at_every_micro_step(grpo_run):
         assert [len(r) for r in s0["rounds"]] == [len(r) for r in s1["rounds"]]
         assert [_rows(m) for m in s0["micro_batches"]] == [_rows(m) for m in s1["micro_batches"]]
         # TRL's token-mean divisor of a partition is the partition's token count over both ranks
-        assert [m.get("num_items_in_batch") for m in s0["micro_batches"]] == [m.get("num_items_in_batch") for m in s1["micro_batches"]]
+        assert [m.get("num_items_in_batch") for m in s0["micro_batches"]] == [
+            m.get("num_items_in_batch") for m in s1["micro_batches"]
+        ]
     # what the training loop consumed, micro-step by micro-step
     assert [_rows(m) for m in rank0["micro_steps"]] == [_rows(m) for m in rank1["micro_steps"]]
     for record in grpo_run:
@@ -177,7 +199,9 @@ def test_parameters_identical_and_skips_change_nothing(grpo_run):
     assert rank0["final_params"] == rank1["final_params"] != rank0["initial_params"]
     before = [rank0["initial_params"], *rank0["params_after_step"][:-1]]
     for micro, b, a in zip(rank0["micro_steps"], before, rank0["params_after_step"]):
-        assert (a == b) == micro["skip"], "an optimizer step must change the parameters exactly when its partition has signal"
+        assert (a == b) == micro["skip"], (
+            "an optimizer step must change the parameters exactly when its partition has signal"
+        )
 
 
 # ---------------------------------------------------------------------- ZPPO (BCQ/NCQ, teacher server)
@@ -187,7 +211,9 @@ def test_parameters_identical_and_skips_change_nothing(grpo_run):
 def zppo_run(boxed_text_student_dir, boxed_teacher_server, tmp_path_factory) -> list[dict]:
     outdir = tmp_path_factory.mktemp("distributed-zppo")
     args = [str(boxed_text_student_dir), "--mode", "zppo", "--max-steps", str(3 * STEPS_PER_ROLLOUT)]
-    return _launch(outdir, [*args, "--teacher-url", boxed_teacher_server.base_url, "--teacher-model", boxed_teacher_server.model])
+    return _launch(
+        outdir, [*args, "--teacher-url", boxed_teacher_server.base_url, "--teacher-model", boxed_teacher_server.model]
+    )
 
 
 def test_zppo_decisions_identical_and_reformulations_dealt_over_ranks(zppo_run):
@@ -206,7 +232,9 @@ def test_zppo_decisions_identical_and_reformulations_dealt_over_ranks(zppo_run):
         assert [_rows(m) for m in s0["micro_batches"]] == [_rows(m) for m in s1["micro_batches"]]
         reform = [_groups(r, step, 1) for r in zppo_run]
         for groups in reform:
-            assert all(has_block == (kind != "filler") for kind, _, has_block in groups), "only BCQ/NCQ prompts carry a block"
+            assert all(has_block == (kind != "filler") for kind, _, has_block in groups), (
+                "only BCQ/NCQ prompts carry a block"
+            )
         per_rank = [sum(kind in ("bcq", "ncq") for kind, _, _ in groups) for groups in reform]
         fillers = [sum(kind == "filler" for kind, _, _ in groups) for groups in reform]
         assert fillers == [max(per_rank) - n for n in per_rank]
@@ -230,10 +258,19 @@ def test_zppo_decisions_identical_and_reformulations_dealt_over_ranks(zppo_run):
 
 
 @pytest.fixture(scope="module", params=["correction", "on-distill"])
-def row_run(request, boxed_text_student_dir, boxed_text_teacher_dir, boxed_teacher_server, tmp_path_factory) -> list[dict]:
+def row_run(
+    request, boxed_text_student_dir, boxed_text_teacher_dir, boxed_teacher_server, tmp_path_factory
+) -> list[dict]:
     outdir = tmp_path_factory.mktemp(f"distributed-{request.param}")
     args = [str(boxed_text_student_dir), "--mode", request.param, "--max-steps", str(2 * STEPS_PER_ROLLOUT)]
-    args += ["--teacher-url", boxed_teacher_server.base_url, "--teacher-model", boxed_teacher_server.model, "--distill-teacher", str(boxed_text_teacher_dir)]
+    args += [
+        "--teacher-url",
+        boxed_teacher_server.base_url,
+        "--teacher-model",
+        boxed_teacher_server.model,
+        "--distill-teacher",
+        str(boxed_text_teacher_dir),
+    ]
     return _launch(outdir, args)
 
 

@@ -36,9 +36,16 @@ SCRIPTS = {
     "recipes/zppo.py": [sys.executable, "recipes/zppo.py", "--help"],
     "recipes/build_corpus.py": [sys.executable, "recipes/build_corpus.py", "--help"],
     "recipes/demo/plot_run.py": [sys.executable, "recipes/demo/plot_run.py", "--help"],
-    **{f"recipes/launch/{p.name}": ["bash", f"recipes/launch/{p.name}", "--help"] for p in (REPO / "recipes/launch").glob("*.sh") if p.name != "common.sh"},
+    **{
+        f"recipes/launch/{p.name}": ["bash", f"recipes/launch/{p.name}", "--help"]
+        for p in (REPO / "recipes/launch").glob("*.sh")
+        if p.name != "common.sh"
+    },
     "recipes/launch/slurm_zppo.sbatch": ["bash", "recipes/launch/slurm_zppo.sbatch", "--help"],
-    **{f"benchmarks/{p.name}": [sys.executable, f"benchmarks/{p.name}", "--help"] for p in (REPO / "benchmarks").glob("*.py")},
+    **{
+        f"benchmarks/{p.name}": [sys.executable, f"benchmarks/{p.name}", "--help"]
+        for p in (REPO / "benchmarks").glob("*.py")
+    },
     "evaluation/run.py": [sys.executable, "evaluation/run.py", "--help"],
     "evaluation/compare.py": [sys.executable, "evaluation/compare.py", "--help"],
     "zppo-eval run": [sys.executable, "-m", "zppo_trl.evaluation.cli", "run", "--help"],
@@ -68,7 +75,7 @@ def _code_lines(text: str) -> list[str]:
 
 def _prose(text: str) -> str:
     """The text outside fenced code blocks."""
-    return re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    return re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
 
 
 def _inline_code(text: str) -> list[str]:
@@ -83,7 +90,14 @@ def _slug(heading: str) -> str:
 
 @cache
 def _help(script: str) -> str:
-    run = subprocess.run(SCRIPTS[script], cwd=REPO, capture_output=True, text=True, timeout=180, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    run = subprocess.run(
+        SCRIPTS[script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert run.returncode == 0, f"{script} --help failed: {run.stderr[-1000:]}"
     return run.stdout
 
@@ -106,13 +120,15 @@ def test_links_and_anchors_resolve(doc):
         file = (doc.parent / path).resolve() if path else doc
         assert file.exists(), f"{doc.name}: link to {target} goes nowhere"
         if anchor and file.suffix == ".md":
-            headings = {_slug(h) for h in re.findall(r"^#+ (.+)$", _text(file), flags=re.M)}
+            headings = {_slug(h) for h in re.findall(r"^#+ (.+)$", _text(file), flags=re.MULTILINE)}
             assert anchor in headings, f"{doc.name}: no heading #{anchor} in {file.name}"
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_repository_paths_exist(doc):
-    for token in [t for t in _inline_code(_text(doc)) if " " not in t] + re.findall(r"(?<![\w/.-])((?:%s)[\w./*-]+)" % "|".join(map(re.escape, ROOTS)), "\n".join(_code_lines(_text(doc)))):
+    for token in [t for t in _inline_code(_text(doc)) if " " not in t] + re.findall(
+        r"(?<![\w/.-])((?:" + "|".join(map(re.escape, ROOTS)) + r")[\w./*-]+)", "\n".join(_code_lines(_text(doc)))
+    ):
         token = token.rstrip(".,:;)")
         if not token.startswith(ROOTS) or token.startswith(PRODUCED):
             continue
@@ -122,7 +138,7 @@ def test_repository_paths_exist(doc):
 
 
 def test_make_targets_exist():
-    targets = set(re.findall(r"^([a-z][\w-]*):", _text(REPO / "Makefile"), flags=re.M))
+    targets = set(re.findall(r"^([a-z][\w-]*):", _text(REPO / "Makefile"), flags=re.MULTILINE))
     for doc in DOCS:
         for target in re.findall(r"\bmake ([a-z][\w-]*)", _text(doc)):
             assert target in targets, f"{doc.name}: `make {target}` is no Makefile target"
@@ -141,13 +157,19 @@ def test_every_flag_is_an_option_of_the_script_that_takes_it():
             after = line.split(script, 1)[1]
             after, _, passed_on = after.partition(" -- ")  # after a bare --: the wrapped program's own flags
             for flag in re.findall(r"(?<![\w-])(--[a-zA-Z][\w-]*)", after):
-                assert flag in _help(script) or flag == "--help", f"{doc.name}: `{script} {flag}` is not an option of {script}"
+                assert flag in _help(script) or flag == "--help", (
+                    f"{doc.name}: `{script} {flag}` is not an option of {script}"
+                )
             for flag in re.findall(r"(?<![\w-])(--[a-zA-Z][\w-]*)", passed_on):
-                assert flag in EXTERNAL_FLAGS, f"{doc.name}: `{flag}`, passed on by {script}, is not on the list of other tools' flags"
+                assert flag in EXTERNAL_FLAGS, (
+                    f"{doc.name}: `{flag}`, passed on by {script}, is not on the list of other tools' flags"
+                )
     # A flag named outside a command line (prose, tables) is an option of one of our scripts
     # (the recipe's first: its flags are the YAML keys).
     for flag in sorted(ours):
-        assert any(flag in _help(script) for script in SCRIPTS), f"{flag} is no option of our scripts nor on the list of other tools' flags"
+        assert any(flag in _help(script) for script in SCRIPTS), (
+            f"{flag} is no option of our scripts nor on the list of other tools' flags"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +182,11 @@ def recipe_fields() -> set[str]:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
-    return set(ZPPOConfig.__dataclass_fields__) | set(module.ScriptArguments.__dataclass_fields__) | set(ModelConfig.__dataclass_fields__)
+    return (
+        set(ZPPOConfig.__dataclass_fields__)
+        | set(module.ScriptArguments.__dataclass_fields__)
+        | set(ModelConfig.__dataclass_fields__)
+    )
 
 
 def test_configuration_tables_name_real_fields(recipe_fields):

@@ -16,12 +16,12 @@ import datasets
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # eval_fixtures, however pytest imports this file
-from eval_fixtures import CONFIGS, OCR_TYPES, expected_rows, fixture_dirs, write_fixture, write_suite  # noqa: E402
+from eval_fixtures import CONFIGS, OCR_TYPES, expected_rows, fixture_dirs, write_fixture, write_suite
 
-from zppo_trl.evaluation.data import load_setting, spec_columns  # noqa: E402
-from zppo_trl.evaluation.judges import render_bench_judge  # noqa: E402
-from zppo_trl.evaluation.scorers import PRESENTED_OPTIONS, score_deterministic  # noqa: E402
-from zppo_trl.evaluation.tasks import SUITE  # noqa: E402
+from zppo_trl.evaluation.data import load_setting, spec_columns
+from zppo_trl.evaluation.judges import render_bench_judge
+from zppo_trl.evaluation.scorers import PRESENTED_OPTIONS, score_deterministic
+from zppo_trl.evaluation.tasks import SUITE
 
 # No fixture setting may need more: the OCR rows cycle through OCR_TYPES.
 ROWS = 3

@@ -745,6 +745,10 @@ def test_a_condition_tag_sits_right_before_the_closer(name):
     closer, last."""
     (plain,) = build_requests(name, _row(name))
     (tagged,) = build_requests(name, _row(name), condition="<correct>")
-    last = lambda request: (lambda c: c if isinstance(c, str) else c[-1]["text"])(request.messages[-1]["content"])  # noqa: E731
+
+    def last(request):
+        content = request.messages[-1]["content"]
+        return content if isinstance(content, str) else content[-1]["text"]
+
     assert "<correct>" not in last(plain)
     assert last(tagged) == last(plain).replace(f"\n\n{RL_CLOSER}", f"\n\n<correct>\n\n{RL_CLOSER}")

@@ -98,7 +98,7 @@ def test_load_run_reads_file_or_directory(tmp_path):
         run = load_run(path)
         assert run.name == "zppo-0.8b"
         assert run.scores == scores and list(run.scores) == ["AI2D", "GPQA-D", "MMVU"]
-        assert run.stderr == {name: 0.25 for name in scores}
+        assert run.stderr == dict.fromkeys(scores, 0.25)
         assert run.complete == {"AI2D": True, "GPQA-D": True, "MMVU": False}
         assert run.families == {"vlm": 71.25, "llm": 40.5, "video": 55.0}
         # one setting of a family is not the family

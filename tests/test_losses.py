@@ -18,9 +18,14 @@ from zppo_trl.losses import LOSSES, LossInputs, loss_for, register_loss
 from zppo_trl.objectives import DispoBounds
 
 ARGS = SimpleNamespace(
-    epsilon=0.2, epsilon_high=0.28, delta=10.0, policy_objective="grpo", distillation=None, distill_beta=0.5,
+    epsilon=0.2,
+    epsilon_high=0.28,
+    delta=10.0,
+    policy_objective="grpo",
+    distillation=None,
+    distill_beta=0.5,
     dispo_bounds=DispoBounds(0.2, 10.0, 1.0, 100.0),
-)  # fmt: skip
+)
 
 
 def _inputs(ratios, advantages, mask=None, normalizer=None):
@@ -31,8 +36,14 @@ def _inputs(ratios, advantages, mask=None, normalizer=None):
     mask = torch.ones_like(ratios) if mask is None else torch.tensor(mask, dtype=torch.float64)
     normalizer = mask.sum() if normalizer is None else torch.tensor(float(normalizer), dtype=torch.float64)
     adv = torch.tensor(advantages, dtype=torch.float64)
-    return LossInputs(mask=mask, normalizer=normalizer, logps=logps, old_logps=old, advantages=adv,
-                      entropies=torch.zeros_like(ratios))  # fmt: skip
+    return LossInputs(
+        mask=mask,
+        normalizer=normalizer,
+        logps=logps,
+        old_logps=old,
+        advantages=adv,
+        entropies=torch.zeros_like(ratios),
+    )
 
 
 def _per_token_grad(name, inputs, args=ARGS):
@@ -66,7 +77,9 @@ def test_dapo_regimes_token_by_token():
     expected_token_loss = [-1.1, -1.28, -0.5, 0.8, 20.0, 1.5]  # clip-high; unclipped below; clip-low; dual clip 10 * 2
     assert out.loss.item() == pytest.approx(sum(expected_token_loss) / 6, abs=1e-12)
     expected_grad = [-1.1 / 6, 0.0, -0.5 / 6, 0.0, 0.0, 1.5 / 6]
-    torch.testing.assert_close(grad.squeeze(1), torch.tensor(expected_grad, dtype=torch.float64), rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(
+        grad.squeeze(1), torch.tensor(expected_grad, dtype=torch.float64), rtol=1e-12, atol=1e-15
+    )
     low, count = out.means["clip_ratio/low_mean"]
     high, _ = out.means["clip_ratio/high_mean"]
     assert (low.item(), high.item(), count.item()) == (1.0, 1.0, 6.0)  # 0.5 with A < 0; 2.0 with A > 0
@@ -135,7 +148,9 @@ def test_jsd_is_zero_for_equal_distributions_and_the_symmetric_jsd_otherwise():
     same = LossInputs(mask=torch.ones(1, 1), normalizer=1.0, student_logits=student, teacher_logits=student.detach())
     assert LOSSES["jsd"].fn(same, ARGS).loss.item() == pytest.approx(0.0, abs=1e-12)
     teacher = torch.tensor([[[0.0, math.log(3.0)]]], dtype=torch.float64)  # (1/4, 3/4) against (1/2, 1/2)
-    out = LOSSES["jsd"].fn(LossInputs(mask=torch.ones(1, 1), normalizer=1.0, student_logits=student, teacher_logits=teacher), ARGS)
+    out = LOSSES["jsd"].fn(
+        LossInputs(mask=torch.ones(1, 1), normalizer=1.0, student_logits=student, teacher_logits=teacher), ARGS
+    )
     p, q = torch.tensor([0.5, 0.5]), torch.tensor([0.25, 0.75])
     m = (p + q) / 2
     expected = 0.5 * float((p * (p / m).log()).sum()) + 0.5 * float((q * (q / m).log()).sum())

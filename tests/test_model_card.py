@@ -10,8 +10,17 @@ import yaml
 from zppo_trl import ZPPOConfig
 from zppo_trl.model_card import PAPER_TITLE, CardFacts, render_model_card
 
-ARGS = dict(output_dir="outputs/run", use_cpu=True, bf16=False, report_to=[], teacher_base_url="http://127.0.0.1:8000/v1", teacher_model="Qwen/Qwen3.5-27B-FP8")
-LOG = [{"zppo/rollout_steps": 5.0, "zppo/bcq_total": 3.0, "zppo/ncq_total": 7.0, "zppo/buffer_size": 12.0, "reward": 0.25}]
+ARGS = dict(
+    output_dir="outputs/run",
+    use_cpu=True,
+    bf16=False,
+    report_to=[],
+    teacher_base_url="http://127.0.0.1:8000/v1",
+    teacher_model="Qwen/Qwen3.5-27B-FP8",
+)
+LOG = [
+    {"zppo/rollout_steps": 5.0, "zppo/bcq_total": 3.0, "zppo/ncq_total": 7.0, "zppo/buffer_size": 12.0, "reward": 0.25}
+]
 
 
 def _card(student, dataset, *, on_hub=False, license=None, **overrides) -> str:
@@ -24,7 +33,7 @@ def _card(student, dataset, *, on_hub=False, license=None, **overrides) -> str:
 
 
 def _front_matter(card: str) -> dict:
-    match = re.match(r"---\n(.*?)\n---\n", card, flags=re.S)
+    match = re.match(r"---\n(.*?)\n---\n", card, flags=re.DOTALL)
     assert match, card[:200]
     return yaml.safe_load(match.group(1))
 
@@ -85,7 +94,10 @@ def test_the_training_procedure_and_both_citations_are_there():
     procedure = card.split("## Training procedure", 1)[1].split("## Framework versions", 1)[0]
     assert "**ZPPO**" in procedure and PAPER_TITLE in procedure
     assert "**Teacher:** `Qwen/Qwen3.5-27B-FP8`" in procedure and "G_T = 4" in procedure
-    assert "**Schedule:** 5 rollout steps of 8 student rollouts per prompt, 20 optimizer updates (4 per rollout step)." in procedure
+    assert (
+        "**Schedule:** 5 rollout steps of 8 student rollouts per prompt, 20 optimizer updates (4 per rollout step)."
+        in procedure
+    )
     assert "| `hard_threshold` | tau | 0.5 |" in procedure and "| BCQ instances | 3 |" in procedure
     citations = card.split("## Citations", 1)[1]
     assert "title  = {{Zone of Proximal Policy Optimization: Teacher in Prompts, Not Gradients}}" in citations

@@ -102,7 +102,12 @@ def make_trainer(tmp_path, length: int, **overrides):
         model=tiny_text_model(seed=0),
         reward_funcs=_zero_reward,
         args=args,
-        train_dataset=Dataset.from_list([dict(id=f"q{i}", question=q, images=[], answer="42", source="t", subdataset="t") for i, q in enumerate(["What is 12 + 30?", "Compute 7 * 6."])]),
+        train_dataset=Dataset.from_list(
+            [
+                dict(id=f"q{i}", question=q, images=[], answer="42", source="t", subdataset="t")
+                for i, q in enumerate(["What is 12 + 30?", "Compute 7 * 6."])
+            ]
+        ),
         processing_class=tiny_tokenizer(),
     )
     trainer.model.train()  # `_compute_loss` picks its train-mode normalizer from `model.training`
@@ -136,7 +141,9 @@ def make_batch(trainer, ratios, advantages, padded_rows=()):
 def current_logps(trainer, inputs):
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-    logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, input_ids, attention_mask, inputs["completion_ids"].size(1))
+    logps, _, _ = trainer._get_per_token_logps_and_entropies(
+        trainer.model, input_ids, attention_mask, inputs["completion_ids"].size(1)
+    )
     return logps
 
 
@@ -162,7 +169,11 @@ def run_real_loss(trainer, inputs, ratios, loss_fn=None):
         out_logps, entropies, aux = scorer(*args, **kwargs)
         return out_logps + probe, entropies, aux
 
-    real_inputs = dict(inputs, old_per_token_logps=old, num_items_in_batch=inputs["completion_mask"].sum() * trainer.args.steps_per_generation)
+    real_inputs = dict(
+        inputs,
+        old_per_token_logps=old,
+        num_items_in_batch=inputs["completion_mask"].sum() * trainer.args.steps_per_generation,
+    )
     trainer.model.zero_grad(set_to_none=True)
     trainer._get_per_token_logps_and_entropies = probed
     try:
@@ -231,7 +242,9 @@ def gspo_ratios():
 def test_gspo_is_the_sequence_level_clipped_surrogate(tmp):
     trainer = make_trainer(tmp, GSPO_LEN, policy_objective="gspo")
     assert (trainer.importance_sampling_level, trainer.loss_type, trainer.args.delta) == ("sequence", "dapo", C_DUAL)
-    inputs, ratios = make_batch(trainer, gspo_ratios(), [a for _, a, _ in GSPO_ROWS], [i for i, row in enumerate(GSPO_ROWS) if row[2]])
+    inputs, ratios = make_batch(
+        trainer, gspo_ratios(), [a for _, a, _ in GSPO_ROWS], [i for i, row in enumerate(GSPO_ROWS) if row[2]]
+    )
     mask = inputs["completion_mask"].bool()
 
     real = run_real_loss(trainer, inputs, ratios)
@@ -277,7 +290,10 @@ def test_gspo_trl_warning_about_dapo_is_expected_and_silenced(tmp, caplog, monke
     monkeypatch.undo()
     for objective, kept in (("grpo", 2), ("gspo", 1)):
         caplog.clear()
-        with caplog.at_level(logging.WARNING), trainer_module._gspo_warning_expected(ZPPOConfig(**CPU, policy_objective=objective)):
+        with (
+            caplog.at_level(logging.WARNING),
+            trainer_module._gspo_warning_expected(ZPPOConfig(**CPU, policy_objective=objective)),
+        ):
             trl_logger.warning(message + " ...")
             trl_logger.warning("another warning")
         assert len(caplog.records) == kept
@@ -303,7 +319,12 @@ def test_cispo_clips_the_weight_at_one_plus_epsilon_high_and_stops_its_gradient(
     adv = inputs["advantages"].unsqueeze(1).expand_as(ratios)
 
     real = run_real_loss(trainer, inputs, ratios)
-    ref = run_reference(trainer, inputs, ratios, lambda logp, old, a, m: reinforce_reference(logp, cispo_weight(torch.exp(logp - old)), a, m))
+    ref = run_reference(
+        trainer,
+        inputs,
+        ratios,
+        lambda logp, old, a, m: reinforce_reference(logp, cispo_weight(torch.exp(logp - old)), a, m),
+    )
     assert_same(real, ref)
 
     # Each token's gradient is -w A / N with w = min(r, 1.28): never zero for A != 0 (no trust region,
@@ -317,7 +338,9 @@ def test_cispo_clips_the_weight_at_one_plus_epsilon_high_and_stops_its_gradient(
     assert real[3] is None or torch.all(real[3] == 0)
     # With TRL's bound read literally (0.28) the weights would differ from 0.27 on: the bound matters here.
     assert not torch.allclose(torch.clamp(rho, max=EPS_HIGH)[mask], w[mask])
-    assert trainer._metrics["train"]["cispo_clip_ratio"][-1] == pytest.approx(above.sum().item() / n.item(), rel=1e-6)  # TRL averages in float32
+    assert trainer._metrics["train"]["cispo_clip_ratio"][-1] == pytest.approx(
+        above.sum().item() / n.item(), rel=1e-6
+    )  # TRL averages in float32
 
 
 # --------------------------------------------------------------------------- DISPO
@@ -333,7 +356,9 @@ def _dispo_config(bounds):
     return {f"dispo_epsilon_{k}": v for k, v in bounds.items()}
 
 
-@pytest.mark.parametrize("bounds, table", [(DISPO_TIGHT, DISPO_RATIOS), (DISPO_DEFAULT, DISPO_DEFAULT_RATIOS)], ids=["tight", "default"])
+@pytest.mark.parametrize(
+    "bounds, table", [(DISPO_TIGHT, DISPO_RATIOS), (DISPO_DEFAULT, DISPO_DEFAULT_RATIOS)], ids=["tight", "default"]
+)
 def test_dispo_is_the_four_way_clipped_reinforce_loss(tmp, bounds, table):
     overrides = dict(policy_objective="dispo", **({} if bounds is DISPO_DEFAULT else _dispo_config(bounds)))
     trainer = make_trainer(tmp, len(table), **overrides)
@@ -344,13 +369,23 @@ def test_dispo_is_the_four_way_clipped_reinforce_loss(tmp, bounds, table):
     adv = inputs["advantages"].unsqueeze(1).expand_as(ratios)
 
     real = run_real_loss(trainer, inputs, ratios)
-    ref = run_reference(trainer, inputs, ratios, lambda logp, old, a, m: reinforce_reference(logp, dispo_weight(torch.exp(logp - old), a, **bounds), a, m))
+    ref = run_reference(
+        trainer,
+        inputs,
+        ratios,
+        lambda logp, old, a, m: reinforce_reference(logp, dispo_weight(torch.exp(logp - old), a, **bounds), a, m),
+    )
     assert_same(real, ref)
 
     # Each token's gradient is -r A / N inside its side's interval and exactly 0 outside it; padding
     # and A = 0 give nothing; the weight is a stop-gradient (the old log-probs get no gradient).
     rho, n, tok = ref[3], mask.sum(), real[2]
-    lo_pos, hi_pos, lo_neg, hi_neg = 1 - bounds["low_pos"], 1 + bounds["high_pos"], 1 - bounds["low_neg"], 1 + bounds["high_neg"]
+    lo_pos, hi_pos, lo_neg, hi_neg = (
+        1 - bounds["low_pos"],
+        1 + bounds["high_pos"],
+        1 - bounds["low_neg"],
+        1 + bounds["high_neg"],
+    )
     regimes = {
         "pos_low": mask & (adv > 0) & (rho < lo_pos),
         "pos_high": mask & (adv > 0) & (rho > hi_pos),
@@ -416,13 +451,20 @@ def test_dispo_divides_by_trls_dapo_normalizer(tmp):
             for k, ga, train in ((1, 1, True), (3, 1, True), (1, 2, True), (3, 2, True), (1, 1, False), (3, 2, False)):
                 trainer.model.train(train)
                 trainer.current_gradient_accumulation_steps = ga
-                batch = dict(inputs, old_per_token_logps=old, num_items_in_batch=n * trainer.args.steps_per_generation * k)
+                batch = dict(
+                    inputs, old_per_token_logps=old, num_items_in_batch=n * trainer.args.steps_per_generation * k
+                )
                 losses[name, k, ga, train] = trainer._compute_loss(trainer.model, batch)
         trainer.model.train()
         trainer.current_gradient_accumulation_steps = 1
     for key in losses:
         if key[0] == "dispo":
-            torch.testing.assert_close(losses[key] / losses["dispo", 1, 1, True], losses[("grpo", *key[1:])] / losses["grpo", 1, 1, True], rtol=1e-12, atol=0)
+            torch.testing.assert_close(
+                losses[key] / losses["dispo", 1, 1, True],
+                losses[("grpo", *key[1:])] / losses["grpo", 1, 1, True],
+                rtol=1e-12,
+                atol=0,
+            )
     # In training the divisor is the mini-batch's own token count here (num_items = n * steps_per_generation).
     assert dispo.args.steps_per_generation == 4
 
@@ -446,13 +488,24 @@ def test_grpo_is_trls_loss_bit_for_bit(tmp):
 
 def test_each_objective_sets_what_it_needs_and_nothing_else():
     base = ZPPOConfig(**CPU)
-    expected = {"grpo": {}, "gspo": {"importance_sampling_level": "sequence"}, "cispo": {"loss_type": "cispo"}, "dispo": {}}
+    expected = {
+        "grpo": {},
+        "gspo": {"importance_sampling_level": "sequence"},
+        "cispo": {"loss_type": "cispo"},
+        "dispo": {},
+    }
     for objective, changes in expected.items():
         c = ZPPOConfig(**CPU, policy_objective=objective)
         for name, (required, _why) in PAPER_OBJECTIVE.items():
             assert getattr(c, name) == changes.get(name, required), (objective, name)
         # every other setting follows the paper's table
-        assert (c.epsilon, c.epsilon_high, c.delta, c.beta, c.learning_rate) == (base.epsilon, base.epsilon_high, base.delta, base.beta, base.learning_rate)
+        assert (c.epsilon, c.epsilon_high, c.delta, c.beta, c.learning_rate) == (
+            base.epsilon,
+            base.epsilon_high,
+            base.delta,
+            base.beta,
+            base.learning_rate,
+        )
         # a configuration of this objective, saved with the TRL values it set, loads again
         assert ZPPOConfig(**CPU, policy_objective=objective, **changes).policy_objective == objective
 
@@ -511,11 +564,30 @@ def test_the_dual_clip_is_checked_only_where_it_acts():
 )
 def test_variant_names_the_objective_as_the_paper_does(reformulations, replay_fraction, objective, variant):
     teacher = dict(teacher_base_url="http://127.0.0.1:8000/v1", teacher_model="t") if reformulations else {}
-    c = ZPPOConfig(**{**CPU, "augmentations": reformulations}, **teacher, replay_fraction=replay_fraction, policy_objective=objective)
+    c = ZPPOConfig(
+        **{**CPU, "augmentations": reformulations},
+        **teacher,
+        replay_fraction=replay_fraction,
+        policy_objective=objective,
+    )
     assert c.variant == variant
 
 
 def test_command_line():
-    args = ["--output_dir", "unused", "--use_cpu", "--bf16", "false", "--augmentations", "", "--policy_objective", "dispo", "--dispo_epsilon_high_neg", "50"]
+    args = [
+        "--output_dir",
+        "unused",
+        "--use_cpu",
+        "--bf16",
+        "false",
+        "--augmentations",
+        "",
+        "--policy_objective",
+        "dispo",
+        "--dispo_epsilon_high_neg",
+        "50",
+    ]
     (config,) = TrlParser((ZPPOConfig,)).parse_args_and_config(args)
-    assert config.policy_objective == "dispo" and config.dispo_bounds.high_neg == 50.0 and config.variant == "DISPO\u2020"
+    assert (
+        config.policy_objective == "dispo" and config.dispo_bounds.high_neg == 50.0 and config.variant == "DISPO\u2020"
+    )

@@ -16,8 +16,9 @@ from zppo_trl.ranks import Ranks
 from zppo_trl.rollout import FILLER, Group, draw_questions, merge_lists, plain_accuracy
 from zppo_trl.step_metrics import accumulate_totals, admission_bins, bin_label, kind_metrics
 
-ARGS = SimpleNamespace(num_partitions=2, gradient_accumulation_steps=1, advantage_normalization="without_zero",
-                       advantage_epsilon=1e-6)  # fmt: skip
+ARGS = SimpleNamespace(
+    num_partitions=2, gradient_accumulation_steps=1, advantage_normalization="without_zero", advantage_epsilon=1e-6
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +46,9 @@ def test_single_rank_arithmetic(ranks):
 
 
 def test_pack_pads_with_zero_weight_rows_and_carries_the_partition_token_count():
-    micro = pack_partition(_batch(4), [1, 3], largest=4, advantages=[0.5, -0.5], tokens=6.0, grad_accum=2,
-                           num_partitions=2, device="cpu")  # fmt: skip
+    micro = pack_partition(
+        _batch(4), [1, 3], largest=4, advantages=[0.5, -0.5], tokens=6.0, grad_accum=2, num_partitions=2, device="cpu"
+    )
     assert len(micro) == 2
     assert micro[0]["completion_ids"][:, 0].tolist() == [1, 3] and micro[0]["advantages"].tolist() == [0.5, -0.5]
     assert micro[1]["completion_mask"].sum() == 0 and micro[1]["advantages"].tolist() == [0.0, 0.0]  # padding rows
@@ -64,9 +66,13 @@ def test_policy_partitions_keep_groups_whole_and_skip_partitions_without_signal(
     for (_, row), adv in result.trained.items():
         partner = row + 1 if row % G == 0 else row - 1
         assert (0, partner) in result.trained  # a group is never split
-        assert adv == pytest.approx(-result.trained[(0, partner)]) if rewards[0][row] != rewards[0][partner] else adv == 0
+        assert (
+            adv == pytest.approx(-result.trained[(0, partner)]) if rewards[0][row] != rewards[0][partner] else adv == 0
+        )
     # the new groups 0 and 1 are dealt into different partitions (each kind spread evenly)
-    groups_in = [{row // G for row in m["completion_ids"][:, 0].tolist()} for m in result.micro_batches if not is_skipped(m)]
+    groups_in = [
+        {row // G for row in m["completion_ids"][:, 0].tolist()} for m in result.micro_batches if not is_skipped(m)
+    ]
     assert result.skipped == sum(is_skipped(m) for m in result.micro_batches)
     assert not any({0, 1} <= groups for groups in groups_in)
 
@@ -90,7 +96,9 @@ def test_draw_deals_replays_and_checks_the_dataloader_repeats(ranks):
     batch = [{"id": "a"}] * 2 + [{"id": "b"}] * 2
     draw = draw_questions(batch, 2, lambda n: ["r1", "r2"][:n], ranks, lambda key: {"id": key})
     assert (draw.new_keys, draw.replay_keys, draw.fillers) == (["a", "b"], ["r1", "r2"], 0)
-    assert [g.kind for g in draw.plain] == ["new", "new", "replay", "replay"] and draw.plain[2] == Group("replay", {"id": "r1"})
+    assert [g.kind for g in draw.plain] == ["new", "new", "replay", "replay"] and draw.plain[2] == Group(
+        "replay", {"id": "r1"}
+    )
     with pytest.raises(RuntimeError, match="repeat each question"):
         draw_questions([{"id": "a"}, {"id": "b"}], 2, lambda n: [], ranks, lambda key: {})
 
@@ -104,7 +112,9 @@ def test_plain_accuracy_pools_per_key_and_ignores_fillers():
 
 def test_step_metrics():
     assert admission_bins(8, 0.5) == ["0of8", "1of8", "2of8", "3of8"] and bin_label(0.375, 8) == "3of8"
-    out = kind_metrics(["bcq", "ncq"], ["bcq", "bcq", "ncq"], [[("bcq", "a"), ("ncq", "b")]], torch.tensor([1.0, 0.0, 0.0, 0.0]), 2)
+    out = kind_metrics(
+        ["bcq", "ncq"], ["bcq", "bcq", "ncq"], [[("bcq", "a"), ("ncq", "b")]], torch.tensor([1.0, 0.0, 0.0, 0.0]), 2
+    )
     assert (out["bcq"], out["bcq_trained"], out["bcq_accuracy"], out["bcq_signal"]) == (2, 1, 0.5, 1)
     assert (out["ncq"], out["ncq_correct"], out["ncq_signal"]) == (1, 0, 0)
     counters = defaultdict(float, {"dropped_total": 1.0, "bcq_total": 0.0})

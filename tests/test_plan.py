@@ -13,8 +13,7 @@ import huggingface_hub
 import pytest
 import transformers
 
-import zppo_trl.plan as plan
-from zppo_trl import ZPPOConfig
+from zppo_trl import ZPPOConfig, plan
 from zppo_trl.plan import HubStatus, dry_run, generation_backend, print_checks, print_plan, probe_hub
 from zppo_trl.recipe import parse_recipe_args
 
@@ -74,7 +73,7 @@ class _Hub(http.server.BaseHTTPRequestHandler):
     status = 200
     requests = 0
 
-    def do_HEAD(self):  # noqa: N802 - http.server's naming
+    def do_HEAD(self):
         type(self).requests += 1
         self.send_response(self.status)
         self.end_headers()

@@ -3,12 +3,12 @@
 import json
 
 import pytest
+from tiny_models import save_tiny_vlm, tiny_processor
 from transformers import Qwen3VLProcessor
 from transformers.models.auto.processing_auto import processor_class_from_name
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-import zppo_trl.processing as processing
-from tiny_models import save_tiny_vlm, tiny_processor
+from zppo_trl import processing
 from zppo_trl.processing import ImageOnlyQwen3VLProcessor, load_processor
 
 

@@ -16,9 +16,12 @@ from zppo_trl.prompts import (
 def test_closer_and_instructions_are_the_papers_text():
     assert RL_CLOSER == (
         "You FIRST think about the reasoning process as an internal monologue and then provide the final answer. "
-        "The reasoning process MUST BE enclosed within <think> </think> tags. The final answer MUST BE put in \\boxed{}."
+        "The reasoning process MUST BE enclosed within <think> </think> tags. "
+        "The final answer MUST BE put in \\boxed{}."
     )
-    assert BCQ_INSTRUCTION.endswith("One is correct and another is wrong. Use these as references to help you solve the problem.")
+    assert BCQ_INSTRUCTION.endswith(
+        "One is correct and another is wrong. Use these as references to help you solve the problem."
+    )
 
 
 def test_bcq_block_keeps_the_given_order():
@@ -64,7 +67,9 @@ def test_judge_renders_options_only_when_present():
     assert "## Question\nQ?\n\n## Model Response\n\\boxed{B}\n\n## Ground Truth Answer\nB\n\n" in without
     with_options = render_judge("Q?", "B", "B", options={"A": "one", "B": "two"})
     assert "## Answer Options\nA. one\nB. two\n\n## Model Response" in with_options
-    assert with_options.endswith('(no prose, no code fences, no trailing commentary): {"verdict": "correct" or "wrong"}')
+    assert with_options.endswith(
+        '(no prose, no code fences, no trailing commentary): {"verdict": "correct" or "wrong"}'
+    )
 
 
 def test_baseline_templates_render():

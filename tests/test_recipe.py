@@ -40,7 +40,9 @@ def test_scale_yaml_is_the_papers_table(scale):
     from zppo_trl import ZPPOConfig
 
     parser = TrlParser((ScriptArguments, ZPPOConfig, ModelConfig))
-    script, args, model = parser.parse_args_and_config(["--config", f"recipes/qwen35_{scale}.yaml", "--use_cpu", "true"])
+    script, args, model = parser.parse_args_and_config(
+        ["--config", f"recipes/qwen35_{scale}.yaml", "--use_cpu", "true"]
+    )
     assert model.model_name_or_path == SCALES[scale] and model.dtype == "bfloat16"
     assert args.teacher_model == "Qwen/Qwen3.5-27B-FP8"
     expected = {
@@ -106,11 +108,23 @@ ROWS = {
     "dispo_dagger": ("DISPO\u2020", dict(policy_objective="dispo", augmentations=[])),
     "correction_sft_dagger": ("Correction-SFT\u2020", dict(augmentations=["correction"])),
     "reflection_sft_dagger": ("Error-reflection-SFT\u2020", dict(augmentations=["reflection"])),
-    "off_distill": ("Off-Distill", dict(augmentations=[], replay_fraction=0.0, distillation="off", distill_teacher="Qwen/Qwen3.5-27B")),
-    "off_distill_dagger": ("Off-Distill\u2020", dict(augmentations=[], distillation="off", distill_teacher="Qwen/Qwen3.5-27B")),
-    "on_distill": ("On-Distill", dict(augmentations=[], replay_fraction=0.0, distillation="on", distill_teacher="Qwen/Qwen3.5-27B")),
-    "on_distill_dagger": ("On-Distill\u2020", dict(augmentations=[], distillation="on", distill_teacher="Qwen/Qwen3.5-27B")),
-}  # fmt: skip
+    "off_distill": (
+        "Off-Distill",
+        dict(augmentations=[], replay_fraction=0.0, distillation="off", distill_teacher="Qwen/Qwen3.5-27B"),
+    ),
+    "off_distill_dagger": (
+        "Off-Distill\u2020",
+        dict(augmentations=[], distillation="off", distill_teacher="Qwen/Qwen3.5-27B"),
+    ),
+    "on_distill": (
+        "On-Distill",
+        dict(augmentations=[], replay_fraction=0.0, distillation="on", distill_teacher="Qwen/Qwen3.5-27B"),
+    ),
+    "on_distill_dagger": (
+        "On-Distill\u2020",
+        dict(augmentations=[], distillation="on", distill_teacher="Qwen/Qwen3.5-27B"),
+    ),
+}
 
 
 def test_every_row_recipe_is_the_0_8b_recipe_changed_only_where_the_row_differs(tmp_path):
@@ -173,10 +187,23 @@ def test_an_unreachable_hub_is_asked_once_and_the_dry_run_goes_on_offline(tmp_pa
 
 
 def test_command_line_overrides_the_yaml():
-    run = _recipe("--config", "recipes/qwen35_0.8b.yaml", "--dry_run", "--num_training_ranks", "24", "--reformulations", "", "--replay_fraction", "0.5")
+    run = _recipe(
+        "--config",
+        "recipes/qwen35_0.8b.yaml",
+        "--dry_run",
+        "--num_training_ranks",
+        "24",
+        "--reformulations",
+        "",
+        "--replay_fraction",
+        "0.5",
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "ZPPO dry run: GRPO\u2020" in run.stdout
-    assert "per rollout step: 192 new + <=96 replayed + <=0 reformulated prompts x 8 rollouts; 4 optimizer updates of 48 new prompts; no teacher" in run.stdout
+    assert (
+        "per rollout step: 192 new + <=96 replayed + <=0 reformulated prompts x 8 rollouts; "
+        "4 optimizer updates of 48 new prompts; no teacher" in run.stdout
+    )
 
 
 def test_bad_config_and_bad_rows_are_named(tmp_path, tiny_text_model_dir):
@@ -197,20 +224,34 @@ def test_bad_config_and_bad_rows_are_named(tmp_path, tiny_text_model_dir):
 
     # a dataset path that does not exist fails the dry run (it is not taken for a Hub id)
     run = _recipe("--config", "recipes/qwen35_0.8b.yaml", "--dry_run", "--dataset_name", "recipes/data/nope.jsonl")
-    assert run.returncode == 1 and "FAIL  dataset recipes/data/nope.jsonl: dataset 'recipes/data/nope.jsonl': no such file" in run.stdout
+    assert (
+        run.returncode == 1
+        and "FAIL  dataset recipes/data/nope.jsonl: dataset 'recipes/data/nope.jsonl': no such file" in run.stdout
+    )
 
     rows = toy_rows("text")[:4]
     rows[2] = {**rows[2], "answer": ""}
     data = tmp_path / "train.jsonl"
     write_jsonl(rows, data)
-    common = ["--config", "recipes/demo.yaml", "--dry_run", "--dataset_name", data, "--model_name_or_path", tiny_text_model_dir]
+    common = [
+        "--config",
+        "recipes/demo.yaml",
+        "--dry_run",
+        "--dataset_name",
+        data,
+        "--model_name_or_path",
+        tiny_text_model_dir,
+    ]
     run = _recipe(*common)
     assert run.returncode == 1
     assert "FAIL  dataset" in run.stdout and "row 2: field 'answer' must be a non-empty string" in run.stdout
     run = _recipe(*common, "--skip_invalid", "true")
     assert run.returncode == 0, run.stdout
     assert "3 valid rows, 1 invalid rows would be skipped" in run.stdout
-    assert "per rollout step: 4 new + <=2 replayed + <=4 reformulated prompts x 4 rollouts; 2 optimizer updates of 2 new prompts; teacher G_T=4" in run.stdout
+    assert (
+        "per rollout step: 4 new + <=2 replayed + <=4 reformulated prompts x 4 rollouts; "
+        "2 optimizer updates of 2 new prompts; teacher G_T=4" in run.stdout
+    )
     assert "llama" not in run.stdout and "qwen3 (text)" in run.stdout
 
 
@@ -219,10 +260,13 @@ def test_a_missing_teacher_stops_the_run_naming_the_fields(tmp_path, tiny_text_m
     write_jsonl(toy_rows("text"), data)
     run = _recipe(
         "--config", "recipes/demo.yaml", "--dataset_name", data, "--model_name_or_path", tiny_text_model_dir,
-        "--teacher_base_url", "http://127.0.0.1:9/v1", "--teacher_wait_s", "1", "--output_dir", tmp_path / "out", "--bf16", "false",
+        "--teacher_base_url", "http://127.0.0.1:9/v1", "--teacher_wait_s", "1", "--output_dir", tmp_path / "out",
+        "--bf16", "false",
     )  # fmt: skip
     assert run.returncode != 0
-    assert "the teacher at http://127.0.0.1:9/v1" in run.stderr and "fix teacher_base_url / teacher_model" in run.stderr
+    assert (
+        "the teacher at http://127.0.0.1:9/v1" in run.stderr and "fix teacher_base_url / teacher_model" in run.stderr
+    )
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
 
 
@@ -271,10 +315,12 @@ def test_recipe_trains_checkpoints_resumes_and_writes_its_card(boxed_text_studen
     assert {r["variant"] for r in rows} == {"ZPPO"}  # every row says which of the paper's rows this run is
     card = (out / "README.md").read_text()
     for text in (
-        "## Training procedure", "trained with **ZPPO**", f"**Student:** the local checkpoint `{boxed_text_student_dir}`",
+        "## Training procedure", "trained with **ZPPO**",
+        f"**Student:** the local checkpoint `{boxed_text_student_dir}`",
         f"**Teacher:** `{boxed_teacher_server.model}`", f"**Data:** the local dataset `{data}`",
         "**Schedule:** 2 rollout steps of 4 student rollouts per prompt, 4 optimizer updates",
-        "| `hard_threshold` | tau | 0.5 |", "| `augment_fraction` | rho_aug | 0.5 |", "### Final metrics", "| rollout steps | 2 |",
+        "| `hard_threshold` | tau | 0.5 |", "| `augment_fraction` | rho_aug | 0.5 |", "### Final metrics",
+        "| rollout steps | 2 |",
         f'pipeline("text-generation", model="{out}")', "Cite ZPPO as:",
     ):  # fmt: skip
         assert text in card, text
@@ -292,11 +338,16 @@ def test_recipe_trains_checkpoints_resumes_and_writes_its_card(boxed_text_studen
     steps = [r["step"] for r in rows if "loss" in r]
     assert steps == sorted(set(steps)) == [1, 2, 3, 4, 5, 6]
 
-    plot = subprocess.run([sys.executable, "recipes/demo/plot_run.py", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    plot = subprocess.run(
+        [sys.executable, "recipes/demo/plot_run.py", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert plot.returncode == 0, plot.stderr
     counters = resumed["counters"]
     totals = f"bcq: {int(counters['bcq_total'])}, ncq: {int(counters['ncq_total'])}"
-    assert f"replay buffer: {len(resumed['buffer']['residents'])} residents; admitted: {int(counters['admitted_total'])}" in plot.stdout
+    assert (
+        f"replay buffer: {len(resumed['buffer']['residents'])} residents; admitted: {int(counters['admitted_total'])}"
+        in plot.stdout
+    )
     assert totals in plot.stdout
     for kind in ("bcq", "ncq"):  # groups trained, with signal, and the in-prompt accuracy with its sample size
         trained, signal = int(counters[f"{kind}_trained_total"]), int(counters[f"{kind}_signal_total"])

@@ -123,11 +123,22 @@ def test_the_deprecated_key_overrides_its_base_at_every_level(tmp_path):
         fields = load_recipe(row)
     assert fields["augmentations"] == ["hint"] and "reformulations" not in fields
     with pytest.warns(FutureWarning):
-        _, args, _ = parse_recipe_args(["--config", str(row), "--output_dir", str(tmp_path / "out"), "--use_cpu", "true"])
+        _, args, _ = parse_recipe_args(
+            ["--config", str(row), "--output_dir", str(tmp_path / "out"), "--use_cpu", "true"]
+        )
     assert args.augmentations == args.reformulations == ["hint"] and args.variant == "GRPO\u2020+Hint"
     with pytest.warns(FutureWarning, match="--augmentations"):
         _, args, _ = parse_recipe_args(
-            ["--config", str(REPO / "recipes/qwen35_0.8b.yaml"), "--output_dir", str(tmp_path / "out"), "--use_cpu", "true", "--reformulations", "ncq"]
+            [
+                "--config",
+                str(REPO / "recipes/qwen35_0.8b.yaml"),
+                "--output_dir",
+                str(tmp_path / "out"),
+                "--use_cpu",
+                "true",
+                "--reformulations",
+                "ncq",
+            ]
         )
     assert args.augmentations == ["ncq"]
     both = tmp_path / "both.yaml"

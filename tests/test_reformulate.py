@@ -111,7 +111,7 @@ def test_failed_compressions_drop_an_ncq_candidate_but_a_bcq_instance():
     plan = plan_reformulations(["a", "b"], teacher, student, limit=4, rng=0)
     assert [(r.kind, r.key) for r in plan] == [("bcq", "a"), ("ncq", "a"), ("bcq", "b"), ("ncq", "b")]
     #            bcq a: both ok     ncq a: middle one failed       bcq b: one failed   ncq b: all failed
-    compressed = ["s1", "s2",       "c1", None, "c3",              "s3", None,         None]
+    compressed = ["s1", "s2", "c1", None, "c3", "s3", None, None]
     kept, failed = attach_compressions(plan, compressed)
     assert failed == 3
     assert [(inst.kind, inst.key) for inst, _ in kept] == [("bcq", "a"), ("ncq", "a")]

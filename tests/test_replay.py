@@ -43,7 +43,7 @@ def test_replay_count_is_min_of_quota_and_buffer():
 
 def test_sample_is_uniform_distinct_and_seeded():
     buf = PromptReplayBuffer()
-    buf.update({k: 0.0 for k in range(10)})
+    buf.update(dict.fromkeys(range(10), 0.0))
     draw = buf.sample(4, rng=3)
     assert len(set(draw)) == 4 and set(draw) <= set(range(10))
     assert buf.sample(4, rng=3) == draw

@@ -1,9 +1,8 @@
 import time
 
 import pytest
-from mathruler.grader import extract_boxed_content, grade_answer
-
 from answer_corpus import realistic_pairs
+from mathruler.grader import extract_boxed_content, grade_answer
 
 from zppo_trl.rewards import (
     GuardedGrader,

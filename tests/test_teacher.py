@@ -18,9 +18,9 @@ import time
 from concurrent.futures import CancelledError, Future
 
 import pytest
+from conftest import free_port
 from PIL import Image
 
-from conftest import free_port
 from zppo_trl.prompts import render_compression
 from zppo_trl.teacher import TeacherClient, extract_summary, parse_verdict, to_openai_messages
 
@@ -104,7 +104,11 @@ def test_parse_verdict_is_strict(reply, verdict):
         # text before "</think>" goes, and a reply cut off inside its thinking is unusable
         ("<think>plan it</think>\n<summary>s \\boxed{2}</summary>", "s \\boxed{2}", True),
         ("reasoning the template opened\n</think>\n\n<summary>t</summary>", "t", True),
-        ("<think>Summary goes in <summary>x</summary>, fine</think>plain summary \\boxed{1}", "plain summary \\boxed{1}", False),
+        (
+            "<think>Summary goes in <summary>x</summary>, fine</think>plain summary \\boxed{1}",
+            "plain summary \\boxed{1}",
+            False,
+        ),
         ("<think>the step-by-step plan, then the token cap hits", None, False),
         ("<think>thinks</think>   ", None, False),
         ("the template opened it; still thinking </think>", None, False),
@@ -124,7 +128,10 @@ def test_images_become_data_url_parts_and_the_input_is_untouched():
     conversation = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "colour?"}, raw]},
-        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.org/a.png", "detail": "low"}}]},
+        {
+            "role": "user",
+            "content": [{"type": "image_url", "image_url": {"url": "https://example.org/a.png", "detail": "low"}}],
+        },
     ]
     messages = to_openai_messages(conversation)
 
@@ -192,7 +199,9 @@ def test_bad_arguments_raise_value_error_naming_them():
 @pytest.mark.integration
 def test_n_replies_per_conversation_with_top_up(teacher_server):
     with fast_client(teacher_server.base_url, teacher_server.model) as client:
-        future = client.sample_async(["What is 6*7?", [{"role": "user", "content": "Name a prime."}], "Hi"], n=3, max_tokens=4)
+        future = client.sample_async(
+            ["What is 6*7?", [{"role": "user", "content": "Name a prime."}], "Hi"], n=3, max_tokens=4
+        )
         assert isinstance(future, Future)
         replies = future.result(timeout=120)
         assert [len(r) for r in replies] == [3, 3, 3]
@@ -213,7 +222,9 @@ def test_n_replies_per_conversation_with_top_up(teacher_server):
 @pytest.mark.integration
 def test_n_replies_come_in_one_request_from_vllm(vllm_teacher_server):
     with fast_client(vllm_teacher_server.base_url, vllm_teacher_server.model) as client:
-        replies = client.sample(["What is 6*7?", [{"role": "user", "content": "Name a prime."}], "Hi"], n=4, max_tokens=4)
+        replies = client.sample(
+            ["What is 6*7?", [{"role": "user", "content": "Name a prime."}], "Hi"], n=4, max_tokens=4
+        )
         stats = client.stats()
     assert [len(r) for r in replies] == [4, 4, 4]
     assert all(isinstance(text, str) for group in replies for text in group)
@@ -246,7 +257,9 @@ def test_images_reach_a_vision_language_server(vlm_server):
 
     with fast_client(vlm_server.base_url, vlm_server.model) as client:
         text_only = prompt_tokens(client, "What colour is it?")
-        with_pil = prompt_tokens(client, [{"type": "image", "image": Image.new("RGB", (64, 64), "red")}, "What colour is it?"])
+        with_pil = prompt_tokens(
+            client, [{"type": "image", "image": Image.new("RGB", (64, 64), "red")}, "What colour is it?"]
+        )
         with_bytes = prompt_tokens(client, [png_bytes(64), {"type": "text", "text": "What colour is it?"}])
         small = prompt_tokens(client, [png_bytes(32), "What colour is it?"])
     assert with_pil == with_bytes > small > text_only  # the server decoded the pixels
@@ -306,7 +319,9 @@ def test_health(live_teacher, caplog):
     assert not [r for r in caplog.records if r.name == "zppo_trl.teacher"]
 
     assert not TeacherClient(live_teacher.base_url, "no-such-model").health()
-    assert ("HTTP 400" in caplog.text or "HTTP 404" in caplog.text) and "no-such-model" in caplog.text  # transformers / vLLM
+    assert (
+        "HTTP 400" in caplog.text or "HTTP 404" in caplog.text
+    ) and "no-such-model" in caplog.text  # transformers / vLLM
     caplog.clear()
     assert not TeacherClient(live_teacher.base_url.removesuffix("/v1"), live_teacher.model).health()
     assert "HTTP 404" in caplog.text and "/v1" in caplog.text
@@ -378,7 +393,9 @@ def test_compression_cut_off_inside_thinking_is_a_failure_not_a_candidate(backen
     # transformers serve moves the think part out of the content, as vLLM's reasoning parser does;
     # vLLM without one (as the recipes serve it) drops the think tokens, special in the tiny
     # tokenizer, from the text. Either way a reply cut off inside it leaves nothing usable.
-    boxed_teacher_server = request.getfixturevalue("vllm_boxed_teacher_server" if backend == "vllm" else "boxed_teacher_server")
+    boxed_teacher_server = request.getfixturevalue(
+        "vllm_boxed_teacher_server" if backend == "vllm" else "boxed_teacher_server"
+    )
     source = "\\boxed{42}"
     with fast_client(boxed_teacher_server.base_url, boxed_teacher_server.model) as client:
         full = client.compress([source], max_tokens=64, temperature=0.0)

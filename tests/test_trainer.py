@@ -24,7 +24,10 @@ from zppo_trl.trainer import ZPPO_STATE_NAME
 
 pytestmark = pytest.mark.integration
 
-QUESTIONS = [dict(id=f"q{i:02d}", question=f"What is {i} + {i}?", images=[], answer=str(2 * i), source="toy", subdataset="sum") for i in range(24)]
+QUESTIONS = [
+    dict(id=f"q{i:02d}", question=f"What is {i} + {i}?", images=[], answer=str(2 * i), source="toy", subdataset="sum")
+    for i in range(24)
+]
 
 
 def _config(tmp_path, **overrides) -> ZPPOConfig:
@@ -54,7 +57,14 @@ def _config(tmp_path, **overrides) -> ZPPOConfig:
 def _trainer(model_dir, args, reward, **kwargs) -> ZPPOTrainer:
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return ZPPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(QUESTIONS), processing_class=tokenizer, **kwargs)
+    return ZPPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=Dataset.from_list(QUESTIONS),
+        processing_class=tokenizer,
+        **kwargs,
+    )
 
 
 class CoinReward:
@@ -102,7 +112,11 @@ def _same(a, b) -> bool:
         return False
     if any(not torch.equal(pa[n], pb[n]) for n in pa):
         return False
-    return all(set(sa[n]) == set(sb[n]) and all(torch.equal(torch.as_tensor(sa[n][k]), torch.as_tensor(sb[n][k])) for k in sa[n]) for n in sa)
+    return all(
+        set(sa[n]) == set(sb[n])
+        and all(torch.equal(torch.as_tensor(sa[n][k]), torch.as_tensor(sb[n][k])) for k in sa[n])
+        for n in sa
+    )
 
 
 class Snapshots(TrainerCallback):
@@ -116,7 +130,9 @@ class Snapshots(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         t = self.trainer
         self.after[state.global_step] = _snapshot(t)
-        self.skipped[state.global_step] = bool(t._buffered_inputs[(t._step - 1) % args.steps_per_generation].get("zppo_skip"))
+        self.skipped[state.global_step] = bool(
+            t._buffered_inputs[(t._step - 1) % args.steps_per_generation].get("zppo_skip")
+        )
 
 
 def test_buffer_follows_plain_groups(tiny_text_model_dir, tmp_path):
@@ -181,7 +197,8 @@ def test_resume_continues_the_same_run(tiny_text_model_dir, tmp_path):
 
 
 def _staircase_reward(completions, id, **kwargs):
-    """Question q's rollout i (of each group of 4) is right when i < q % 4: trivial and mixed groups by construction."""
+    """Question q's rollout i (of each group of 4) is right when i < q % 4: trivial and mixed groups by
+    construction."""
     return [float(n % 4 < int(key[1:]) % 4) for n, key in enumerate(id)]
 
 
@@ -220,16 +237,25 @@ def test_async_reward_functions_grade_teacher_rollouts(tiny_text_model_dir, tmp_
     assert trainer._grade(row, ["so \\boxed{6}", "\\boxed{7}", "no box"]) == [True, False, False]
 
 
-def test_prompts_that_leave_less_than_a_completion_in_the_context_are_counted_and_warned(tiny_text_model_dir, tmp_path, caplog):
-    # vllm_max_model_length is the student's context (TRL reads it only under use_vllm; ZPPO checks every round against it).
-    roomy = _trainer(tiny_text_model_dir, _config(tmp_path / "roomy", max_steps=2, vllm_max_model_length=4096), CoinReward(seed=1))
+def test_prompts_that_leave_less_than_a_completion_in_the_context_are_counted_and_warned(
+    tiny_text_model_dir, tmp_path, caplog
+):
+    # vllm_max_model_length is the student's context (TRL reads it only under use_vllm; ZPPO checks every round
+    # against it).
+    roomy = _trainer(
+        tiny_text_model_dir, _config(tmp_path / "roomy", max_steps=2, vllm_max_model_length=4096), CoinReward(seed=1)
+    )
     roomy.train()
     logged = next(h for h in roomy.state.log_history if "zppo/prompts_over_context" in h)
     assert logged["zppo/prompts_over_context"] == 0 and logged["zppo/plain_prompt_tokens_max"] > 0
     longest = int(logged["zppo/plain_prompt_tokens_max"])
 
     # A context one token short for the longest prompt: it, and any prompt as long, is over.
-    tight = _trainer(tiny_text_model_dir, _config(tmp_path / "tight", max_steps=2, vllm_max_model_length=longest + 6 - 1), CoinReward(seed=1))
+    tight = _trainer(
+        tiny_text_model_dir,
+        _config(tmp_path / "tight", max_steps=2, vllm_max_model_length=longest + 6 - 1),
+        CoinReward(seed=1),
+    )
     with caplog.at_level("WARNING", logger="zppo_trl.trainer"):
         tight.train()
     logged = next(h for h in tight.state.log_history if "zppo/prompts_over_context" in h)
@@ -246,14 +272,20 @@ def test_the_console_shows_a_line_per_rollout_step_not_trls_metrics_dict(tiny_te
     console = out.out + out.err
     lines = [line for line in console.splitlines() if line.startswith("rollout ")]
     assert [line.split(" |")[0] for line in lines] == ["rollout 1/2", "rollout 2/2"]
-    assert all("plain acc" in line and "buffer" in line and "BCQ" not in line for line in lines)  # GRPO†: no augmentation
+    assert all(
+        "plain acc" in line and "buffer" in line and "BCQ" not in line for line in lines
+    )  # GRPO†: no augmentation
     assert "training done: 4 optimizer updates" in console
     assert "'learning_rate'" not in console and "zppo/buffer_size" not in console  # TRL's dict stays off the console
     assert "4/4" in console  # the progress bar
     # the loggers still get everything
     assert any("zppo/buffer_size" in h and "learning_rate" in h for h in trainer.state.log_history)
 
-    loud = _trainer(tiny_text_model_dir, _config(tmp_path / "loud", max_steps=2, disable_tqdm=False, full_console_logs=True), CoinReward(seed=1))
+    loud = _trainer(
+        tiny_text_model_dir,
+        _config(tmp_path / "loud", max_steps=2, disable_tqdm=False, full_console_logs=True),
+        CoinReward(seed=1),
+    )
     loud.train()
     out = capsys.readouterr()
     assert "'zppo/buffer_size'" in out.out + out.err and "rollout 1/1 |" in out.out + out.err

@@ -53,16 +53,27 @@ class Spy:
 
     def __call__(self, prompts, completions, answer, id, completion_ids=None, **kwargs):
         rewards = boxed_accuracy_reward(completions, answer)
-        self.calls.append(dict(prompts=prompts, ids=list(id), texts=[completion_text(c) for c in completions], rewards=rewards, teacher=completion_ids is None))
+        self.calls.append(
+            dict(
+                prompts=prompts,
+                ids=list(id),
+                texts=[completion_text(c) for c in completions],
+                rewards=rewards,
+                teacher=completion_ids is None,
+            )
+        )
         return rewards
 
     def rounds(self, reformulated: bool) -> list[dict]:
         """The student's scoring rounds: plain ones, or BCQ/NCQ ones."""
-        return [c for c in self.calls if not c["teacher"] and ("<candidate>" in _text(c["prompts"][0])) == reformulated]
+        return [
+            c for c in self.calls if not c["teacher"] and ("<candidate>" in _text(c["prompts"][0])) == reformulated
+        ]
 
 
 class TrainedRows(TrainerCallback):
-    """After each optimizer step that was not skipped: the prompt, advantage and image count of every row with loss tokens."""
+    """After each optimizer step that was not skipped: the prompt, advantage and image count of every row with loss
+    tokens."""
 
     def __init__(self):
         self.trainer = None
@@ -86,7 +97,9 @@ class TrainedRows(TrainerCallback):
 
 def _text(prompt) -> str:
     content = prompt[-1]["content"]
-    return content if isinstance(content, str) else "".join(p.get("text", "") for p in content if p.get("type") == "text")
+    return (
+        content if isinstance(content, str) else "".join(p.get("text", "") for p in content if p.get("type") == "text")
+    )
 
 
 def _config(tmp_path, server, **overrides) -> ZPPOConfig:
@@ -118,12 +131,16 @@ def _config(tmp_path, server, **overrides) -> ZPPOConfig:
 
 
 def _rollout_logs(trainer) -> list[dict]:
-    return [{k[5:]: v for k, v in h.items() if k.startswith("zppo/")} for h in trainer.state.log_history if "zppo/buffer_size" in h]
+    return [
+        {k[5:]: v for k, v in h.items() if k.startswith("zppo/")}
+        for h in trainer.state.log_history
+        if "zppo/buffer_size" in h
+    ]
 
 
 def _check_reformulated_prompt(text: str, question: str) -> str:
     """Assert ``text`` is exactly question + a block re-rendered from its own parts + closer; return the kind."""
-    candidates = re.findall(r"<candidate>\n(.*?)\n</candidate>", text, flags=re.S)
+    candidates = re.findall(r"<candidate>\n(.*?)\n</candidate>", text, flags=re.DOTALL)
     assert candidates, text
     if BCQ_INSTRUCTION in text:
         kind, block = "bcq", bcq_block(candidates)
@@ -139,7 +156,9 @@ def _check_reformulated_prompt(text: str, question: str) -> str:
 
 @pytest.mark.parametrize("backend", ["vllm", "transformers"])
 def test_zppo_trains_bcq_and_ncq_groups_against_a_real_teacher(boxed_text_student_dir, backend, request, tmp_path):
-    boxed_teacher_server = request.getfixturevalue("vllm_boxed_teacher_server" if backend == "vllm" else "boxed_teacher_server")
+    boxed_teacher_server = request.getfixturevalue(
+        "vllm_boxed_teacher_server" if backend == "vllm" else "boxed_teacher_server"
+    )
     rows = toy_rows("text")
     questions = {row["id"]: row["question"] for row in rows}
     spy, trained = Spy(), TrainedRows()
@@ -216,13 +235,15 @@ def test_uncompressed_candidates_are_the_raw_rollouts(boxed_text_student_dir, bo
     trainer.train()
 
     assert teacher.compressed == 0
-    written = {text.strip() for call in spy.calls if not ("<candidate>" in _text(call["prompts"][0])) for text in call["texts"]}
+    written = {
+        text.strip() for call in spy.calls if "<candidate>" not in _text(call["prompts"][0]) for text in call["texts"]
+    }
     teacher_written = {text.strip() for call in spy.calls if call["teacher"] for text in call["texts"]}
     kinds = defaultdict(int)
     for call in spy.rounds(True):
         for prompt in call["prompts"][:: trainer.num_generations]:
             text = _text(prompt)
-            candidates = re.findall(r"<candidate>\n(.*?)\n</candidate>", text, flags=re.S)
+            candidates = re.findall(r"<candidate>\n(.*?)\n</candidate>", text, flags=re.DOTALL)
             assert candidates and set(candidates) <= written, candidates
             kind = "bcq" if BCQ_INSTRUCTION in text else "ncq"
             kinds[kind] += 1
@@ -238,7 +259,14 @@ def test_vlm_student_sees_question_image_block_closer(boxed_vlm_student_dir, box
     trainer = ZPPOTrainer(
         model=Qwen3_5ForConditionalGeneration.from_pretrained(boxed_vlm_student_dir),
         reward_funcs=spy,
-        args=_config(tmp_path, boxed_vlm_teacher_server, per_device_train_batch_size=12, max_steps=2, augment_fraction=1.0, replay_fraction=0.0),
+        args=_config(
+            tmp_path,
+            boxed_vlm_teacher_server,
+            per_device_train_batch_size=12,
+            max_steps=2,
+            augment_fraction=1.0,
+            replay_fraction=0.0,
+        ),
         train_dataset=Dataset.from_list(rows),
         processing_class=load_processor(boxed_vlm_student_dir),
         callbacks=[trained],
@@ -275,7 +303,9 @@ def test_teacher_outage_degrades_and_recovers(boxed_text_student_dir, boxed_text
             elif state.global_step == 4:
                 server.restart()
 
-    teacher = TeacherClient(server.base_url, server.model, max_retries=1, timeout=30, backoff_base=0.05, backoff_max=0.1)
+    teacher = TeacherClient(
+        server.base_url, server.model, max_retries=1, timeout=30, backoff_base=0.05, backoff_max=0.1
+    )
     try:
         trainer = ZPPOTrainer(
             model=AutoModelForCausalLM.from_pretrained(boxed_text_student_dir),

@@ -18,15 +18,27 @@ import pytest
 import transformers
 from datasets import Dataset
 from packaging.requirements import Requirement
+from tiny_models import tiny_text_model, tiny_tokenizer
 from trl import GRPOTrainer
 
 import zppo_trl.trainer as trainer_module
-from tiny_models import tiny_text_model, tiny_tokenizer
 from zppo_trl import ZPPOConfig, ZPPOTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
 # State ZPPOTrainer adds itself (everything else it reads on self is TRL's or transformers').
-ZPPO_ATTRIBUTES = {"replay_buffer", "counters", "teacher", "dataset_name", "model_license", "_row_of", "_rng", "_admitted_at", "_active_round", "ranks", "objective_loss"}
+ZPPO_ATTRIBUTES = {
+    "replay_buffer",
+    "counters",
+    "teacher",
+    "dataset_name",
+    "model_license",
+    "_row_of",
+    "_rng",
+    "_admitted_at",
+    "_active_round",
+    "ranks",
+    "objective_loss",
+}
 
 
 def _requirements() -> dict[str, Requirement]:
@@ -40,20 +52,32 @@ def test_installed_versions_are_within_the_declared_bounds():
     requirements = _requirements()
     for name in ("trl", "transformers"):
         specifier = requirements[name].specifier
-        assert any(s.operator == "<" for s in specifier), f"{name} needs an upper bound: the trainer overrides its private hooks"
+        assert any(s.operator == "<" for s in specifier), (
+            f"{name} needs an upper bound: the trainer overrides its private hooks"
+        )
         assert specifier.contains(version(name)), f"{name} {version(name)} is outside the declared {specifier}"
     for name, requirement in requirements.items():
-        assert requirement.specifier.contains(version(name), prereleases=True), f"{name} {version(name)} not in {requirement.specifier}"
+        assert requirement.specifier.contains(version(name), prereleases=True), (
+            f"{name} {version(name)} not in {requirement.specifier}"
+        )
 
 
 def _overridden_hooks() -> list[str]:
     own = vars(ZPPOTrainer)
-    return sorted(name for name in own if callable(own[name]) and not name.startswith("__") and hasattr(GRPOTrainer, name))
+    return sorted(
+        name for name in own if callable(own[name]) and not name.startswith("__") and hasattr(GRPOTrainer, name)
+    )
 
 
 def test_every_overridden_hook_exists_upstream_with_the_same_parameters():
     hooks = _overridden_hooks()
-    assert {"training_step", "_prepare_inputs", "_calculate_rewards", "_save_rng_state", "_load_optimizer_and_scheduler"} <= set(hooks)
+    assert {
+        "training_step",
+        "_prepare_inputs",
+        "_calculate_rewards",
+        "_save_rng_state",
+        "_load_optimizer_and_scheduler",
+    } <= set(hooks)
     for name in hooks:
         ours = list(inspect.signature(getattr(ZPPOTrainer, name)).parameters)
         theirs = list(inspect.signature(getattr(GRPOTrainer, name)).parameters)
@@ -68,29 +92,56 @@ def test_the_upstream_methods_and_state_the_trainer_uses_exist(tmp_path):
     for name in called_upstream:
         assert callable(getattr(GRPOTrainer, name, None)), f"GRPOTrainer.{name} is gone"
     args = ZPPOConfig(
-        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=2,
-        num_generations=2, max_completion_length=4, augmentations=[], replay_fraction=0.0,
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=4,
+        augmentations=[],
+        replay_fraction=0.0,
     )
-    rows = [dict(id=f"q{i}", question="What is 1 + 1?", images=[], answer="2", source="t", subdataset="t") for i in range(2)]
+    rows = [
+        dict(id=f"q{i}", question="What is 1 + 1?", images=[], answer="2", source="t", subdataset="t")
+        for i in range(2)
+    ]
 
     async def async_reward(completions, **kwargs):  # so that TRL starts its async loop, which _grade uses
         return [0.0] * len(completions)
 
     trainer = ZPPOTrainer(
-        model=tiny_text_model(), reward_funcs=[async_reward], args=args, train_dataset=Dataset.from_list(rows),
+        model=tiny_text_model(),
+        reward_funcs=[async_reward],
+        args=args,
+        train_dataset=Dataset.from_list(rows),
         processing_class=tiny_tokenizer(),
     )
     upstream_state = sorted(used - defined_here - called_upstream)
-    assert {"_metrics", "_logs", "async_loop", "_tokenizer", "_buffered_inputs", "_step", "reward_weights"} <= set(upstream_state)
+    assert {"_metrics", "_logs", "async_loop", "_tokenizer", "_buffered_inputs", "_step", "reward_weights"} <= set(
+        upstream_state
+    )
     # Set at construction, or (e.g. current_gradient_accumulation_steps) by the training loop.
     upstream_source = inspect.getsource(GRPOTrainer) + inspect.getsource(transformers.Trainer)
-    missing = [name for name in upstream_state if not hasattr(trainer, name) and f"self.{name} =" not in upstream_source]
+    missing = [
+        name for name in upstream_state if not hasattr(trainer, name) and f"self.{name} =" not in upstream_source
+    ]
     assert not missing, f"ZPPOTrainer uses {missing}, which the installed TRL/transformers no longer sets"
     assert "advantages" in trainer._logs and hasattr(trainer._logs["advantages"], "pop")
 
 
-@pytest.mark.parametrize("name", ["vllm_importance_sampling_correction", "importance_sampling_level", "top_entropy_quantile", "off_policy_mask_threshold"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "vllm_importance_sampling_correction",
+        "importance_sampling_level",
+        "top_entropy_quantile",
+        "off_policy_mask_threshold",
+    ],
+)
 def test_the_objective_settings_zppo_pins_exist_in_trl(name):
     from trl import GRPOConfig
 
-    assert name in GRPOConfig.__dataclass_fields__, f"GRPOConfig.{name} is gone: revisit zppo_trl.config.PAPER_OBJECTIVE"
+    assert name in GRPOConfig.__dataclass_fields__, (
+        f"GRPOConfig.{name} is gone: revisit zppo_trl.config.PAPER_OBJECTIVE"
+    )

@@ -63,7 +63,7 @@ def tiny_tokenizer():
     return copy.deepcopy(_trained_tokenizer())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _trained_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -130,7 +130,9 @@ def tiny_processor():
     image_processor = Qwen2VLImageProcessorPil(
         patch_size=16, temporal_patch_size=2, merge_size=2, min_pixels=32 * 32, max_pixels=64 * 64
     )
-    return ImageOnlyQwen3VLProcessor(image_processor=image_processor, tokenizer=tiny_tokenizer(), chat_template=CHAT_TEMPLATE)
+    return ImageOnlyQwen3VLProcessor(
+        image_processor=image_processor, tokenizer=tiny_tokenizer(), chat_template=CHAT_TEMPLATE
+    )
 
 
 def tiny_vlm(seed: int = 0):

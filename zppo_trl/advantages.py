@@ -22,7 +22,7 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-__all__ = ["NORMALIZATIONS", "two_step_advantages", "nontrivial_groups", "partition_groups"]
+__all__ = ["NORMALIZATIONS", "nontrivial_groups", "partition_groups", "two_step_advantages"]
 
 NORMALIZATIONS = ("without_zero", "with_zero", "none")
 

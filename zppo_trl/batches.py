@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-__all__ = ["concat_batches", "select_rows", "num_rows"]
+__all__ = ["concat_batches", "num_rows", "select_rows"]
 
 # (B, P) fields, left-padded like the prompts; value = padding (None: the tokenizer's pad id)
 _PROMPT_FIELDS = {"prompt_ids": None, "prompt_mask": 0}
@@ -164,11 +164,17 @@ def _trim(out: dict) -> None:
     for name in _PROMPT_FIELDS:
         out[name] = out[name][:, start:]
     for name in _COMPLETION_FIELDS:
-        if name in out and out[name].size(1) == completion_width and not (completion_width == 1 and name == "importance_sampling_ratio"):
+        if (
+            name in out
+            and out[name].size(1) == completion_width
+            and not (completion_width == 1 and name == "importance_sampling_ratio")
+        ):
             out[name] = out[name][:, :end]
     for name in _SEQUENCE_FIELDS:
         if name in out:
-            out[name] = torch.cat([out[name][:, start:prompt_width], out[name][:, prompt_width : prompt_width + end]], dim=1)
+            out[name] = torch.cat(
+                [out[name][:, start:prompt_width], out[name][:, prompt_width : prompt_width + end]], dim=1
+            )
 
 
 def select_rows(batch: Mapping, rows: Sequence[int], trim: bool = True) -> dict:
@@ -194,4 +200,3 @@ def select_rows(batch: Mapping, rows: Sequence[int], trim: bool = True) -> dict:
             out["image_grid_thw"] = torch.cat([batch["image_grid_thw"][i] for i in with_images])
             out["num_images"] = counts
     return out
-

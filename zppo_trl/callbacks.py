@@ -22,7 +22,13 @@ from transformers.trainer_callback import ProgressCallback
 
 from .augmentations import AUGMENTATION_KINDS
 
-__all__ = ["JsonlMetricsCallback", "read_metrics", "RolloutSummaryCallback", "QuietProgressCallback", "rollout_summary"]
+__all__ = [
+    "JsonlMetricsCallback",
+    "QuietProgressCallback",
+    "RolloutSummaryCallback",
+    "read_metrics",
+    "rollout_summary",
+]
 
 
 class JsonlMetricsCallback(TrainerCallback):
@@ -46,7 +52,10 @@ class JsonlMetricsCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
-        row = {"step": state.global_step, "variant": getattr(args, "variant", None)}  # which of the paper's rows this run is
+        row = {
+            "step": state.global_step,
+            "variant": getattr(args, "variant", None),
+        }  # which of the paper's rows this run is
         for key, value in logs.items():
             if isinstance(value, float) and not math.isfinite(value):
                 value = None  # JSON has no NaN/inf
@@ -73,7 +82,9 @@ def _kind(logs: dict, kind: str) -> str:
     return f"{kind.upper()} {groups} (in-prompt acc {accuracy:.2f}, {signal}/{groups} with signal)"
 
 
-def rollout_summary(logs: dict, total_rollout_steps: int | None = None, updates_per_step: int | None = None) -> str | None:
+def rollout_summary(
+    logs: dict, total_rollout_steps: int | None = None, updates_per_step: int | None = None
+) -> str | None:
     """The console line of one rollout step, from the log dict that carries its ``zppo/`` metrics (else None)."""
     if "zppo/rollout_steps" not in logs:
         return None

@@ -36,7 +36,7 @@ from .prompts import RL_CLOSER
 from .reformulate import KINDS, augment_limit
 from .replay import replay_count
 
-__all__ = ["ZPPOConfig", "StepComposition", "PAPER_OBJECTIVE", "OBJECTIVE_SETTINGS"]
+__all__ = ["OBJECTIVE_SETTINGS", "PAPER_OBJECTIVE", "StepComposition", "ZPPOConfig"]
 
 # TRL settings that would change the paper's objective, with the value it needs and why.
 # The objective (the paper's per-token PPO ratio and dual-clip equations, "What on-policy means"): a per-token PPO
@@ -450,7 +450,9 @@ class ZPPOConfig(GRPOConfig):
                 "(or augmentations: [] for GRPO\u2020)"
             )
         if self.policy_objective not in policy_objectives():
-            raise ValueError(f"policy_objective must be one of {list(policy_objectives())}, got {self.policy_objective!r}")
+            raise ValueError(
+                f"policy_objective must be one of {list(policy_objectives())}, got {self.policy_objective!r}"
+            )
         if self.policy_objective != "grpo" and set(self.augmentations) & set(_SUPERVISED_NAMES):
             raise ValueError(
                 f"policy_objective={self.policy_objective!r} has no effect on the supervised "
@@ -504,7 +506,7 @@ class ZPPOConfig(GRPOConfig):
             "prefix_fraction": ("prefix" in self.augmentations, "augmentations: [prefix]"),
             "distill_teacher": (self.distillation is not None, "distillation: off|on"),
             "distill_beta": (self.distillation is not None, "distillation: off|on"),
-            **{name: (self.policy_objective == "dispo", "policy_objective: dispo") for name in DISPO_FIELDS},
+            **dict.fromkeys(DISPO_FIELDS, (self.policy_objective == "dispo", "policy_objective: dispo")),
         }
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for name, (used, reader) in readers.items():

@@ -32,7 +32,7 @@ from .prompts import (
     hint_block,
 )
 
-__all__ = ["ContextLengths", "context_lengths", "PAPER_MAX_PROMPT_LENGTH", "JUDGE_REPLY_TOKENS"]
+__all__ = ["JUDGE_REPLY_TOKENS", "PAPER_MAX_PROMPT_LENGTH", "ContextLengths", "context_lengths"]
 
 PAPER_MAX_PROMPT_LENGTH = 4096  # the paper's hyperparameter table, "Max prompt length"
 JUDGE_REPLY_TOKENS = 512  # the shared judge's output cap (the paper's benchmark appendix)

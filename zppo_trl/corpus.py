@@ -94,23 +94,23 @@ from zppo_trl import data
 from zppo_trl.prompts import RL_CLOSER, compose_prompt
 
 __all__ = [
-    "VERO_SUBDATASETS",
-    "MMFINEREASON_SUBDATASETS",
-    "TIER_CAPS",
-    "NAME_MAP",
     "MAX_ANSWER_CHARS",
-    "MIN_IMAGE_SIDE",
-    "MAX_PROMPT_TOKENS",
     "MAX_PASS_RATE",
-    "SourceSpec",
-    "VERO",
+    "MAX_PROMPT_TOKENS",
+    "MIN_IMAGE_SIDE",
     "MMFINEREASON",
-    "canonical_name",
+    "MMFINEREASON_SUBDATASETS",
+    "NAME_MAP",
+    "TIER_CAPS",
+    "VERO",
+    "VERO_SUBDATASETS",
     "CorpusConfig",
-    "SubdatasetCounts",
     "CorpusReport",
     "PromptTokenCounter",
+    "SourceSpec",
+    "SubdatasetCounts",
     "build_corpus",
+    "canonical_name",
     "push_corpus_to_hub",
 ]
 
@@ -119,13 +119,42 @@ __all__ = [
 # The 29 Vero sub-datasets, canonical name -> tier.
 VERO_SUBDATASETS: dict[str, int] = {
     **dict.fromkeys(
-        ["ai2d", "geo170k", "geomverse", "geoqa_plus", "mmk12", "cosyn_math", "cosyn_chart", "cosyn_diagram",
-         "cosyn_table", "wemath", "tqa", "visualwebinstruct", "chartqa", "arxivqa"],
+        [
+            "ai2d",
+            "geo170k",
+            "geomverse",
+            "geoqa_plus",
+            "mmk12",
+            "cosyn_math",
+            "cosyn_chart",
+            "cosyn_diagram",
+            "cosyn_table",
+            "wemath",
+            "tqa",
+            "visualwebinstruct",
+            "chartqa",
+            "arxivqa",
+        ],
         1,
     ),
     **dict.fromkeys(
-        ["pathvqa", "vqarad", "raven", "evochart", "infographic_vqa", "aokvqa", "gqa", "iconqa", "vqav2",
-         "visual7w", "tallyqa", "pixelreasoner", "multihop", "pixmo", "visual_probe"],
+        [
+            "pathvqa",
+            "vqarad",
+            "raven",
+            "evochart",
+            "infographic_vqa",
+            "aokvqa",
+            "gqa",
+            "iconqa",
+            "vqav2",
+            "visual7w",
+            "tallyqa",
+            "pixelreasoner",
+            "multihop",
+            "pixmo",
+            "visual_probe",
+        ],
         2,
     ),
 }
@@ -133,8 +162,20 @@ VERO_SUBDATASETS: dict[str, int] = {
 # The MMFineReason sub-datasets, canonical name -> tier (Geo3K/Geometry3K is one sub-dataset).
 MMFINEREASON_SUBDATASETS: dict[str, int] = {
     **dict.fromkeys(
-        ["mmr1", "euclid", "geo170k", "geo3k", "mm-openr1", "wemath", "visualwebinstruct", "bmmr", "tqa", "ai2d",
-         "scienceqa", "virl39k"],
+        [
+            "mmr1",
+            "euclid",
+            "geo170k",
+            "geo3k",
+            "mm-openr1",
+            "wemath",
+            "visualwebinstruct",
+            "bmmr",
+            "tqa",
+            "ai2d",
+            "scienceqa",
+            "virl39k",
+        ],
         1,
     ),
     **dict.fromkeys(["raven", "visualsphinx", "puzzleqa", "llava-cot", "zebra-cot"], 2),
@@ -148,8 +189,13 @@ MAX_PASS_RATE = 0.5  # keep pass_rate < 0.5
 
 # Category prefixes of Vero configs and MMFineReason's FineVision sources, stripped before the map.
 _PREFIXES = (
-    "stem-", "chart_ocr-", "counting_grounding_search-", "knowledge_recognition-", "spatial_action-",
-    "captioning_if-", "finevision-",
+    "stem-",
+    "chart_ocr-",
+    "counting_grounding_search-",
+    "knowledge_recognition-",
+    "spatial_action-",
+    "captioning_if-",
+    "finevision-",
 )
 
 # Raw (lower-cased, prefix-stripped, trailing "(...)" removed) name -> canonical name.
@@ -182,7 +228,7 @@ def canonical_name(raw: str, name_map: Mapping[str, str] = NAME_MAP) -> str:
     name = str(raw).strip().lower()
     for prefix in _PREFIXES:
         if name.startswith(prefix):
-            name = name[len(prefix):]
+            name = name[len(prefix) :]
             break
     name = re.sub(r"\s*\(.*\)$", "", name)
     return name_map.get(name, name)
@@ -299,9 +345,17 @@ class SubdatasetCounts:
 
 
 _TABLE_COLUMNS = (
-    ("read", "read"), ("duplicate", "dup"), ("invalid", "invalid"), ("pass_rate", "pass>=.5"),
-    ("before_cap", "pre-cap"), ("after_cap", "post-cap"), ("answer_too_long", "answer"),
-    ("corrupt_image", "corrupt"), ("image_too_small", "small"), ("prompt_too_long", "prompt"), ("kept", "kept"),
+    ("read", "read"),
+    ("duplicate", "dup"),
+    ("invalid", "invalid"),
+    ("pass_rate", "pass>=.5"),
+    ("before_cap", "pre-cap"),
+    ("after_cap", "post-cap"),
+    ("answer_too_long", "answer"),
+    ("corrupt_image", "corrupt"),
+    ("image_too_small", "small"),
+    ("prompt_too_long", "prompt"),
+    ("kept", "kept"),
 )
 
 
@@ -322,8 +376,14 @@ class CorpusReport:
 
     def to_dict(self) -> dict:
         """JSON-serialisable form (what ``report.json`` holds)."""
-        rows = [{**dataclasses.asdict(c), "reasons": dict(sorted(c.reasons.items())),
-                 "raw_names": dict(sorted(c.raw_names.items()))} for c in self.subdatasets]
+        rows = [
+            {
+                **dataclasses.asdict(c),
+                "reasons": dict(sorted(c.reasons.items())),
+                "raw_names": dict(sorted(c.raw_names.items())),
+            }
+            for c in self.subdatasets
+        ]
         return {
             "output": self.output,
             "settings": self.settings,
@@ -337,8 +397,11 @@ class CorpusReport:
     def format_table(self) -> str:
         """A fixed-width table: one line per sub-dataset, then the totals."""
         head = ["source", "subdataset", "tier", "cap"] + [label for _, label in _TABLE_COLUMNS]
-        lines = [[c.source, c.subdataset, str(c.tier), "-" if c.cap is None else str(c.cap)]
-                 + [str(getattr(c, key)) for key, _ in _TABLE_COLUMNS] for c in self.subdatasets]
+        lines = [
+            [c.source, c.subdataset, str(c.tier), "-" if c.cap is None else str(c.cap)]
+            + [str(getattr(c, key)) for key, _ in _TABLE_COLUMNS]
+            for c in self.subdatasets
+        ]
         totals = self.totals()
         lines.append(["total", "", "", ""] + [str(totals[key]) for key, _ in _TABLE_COLUMNS])
         widths = [max(len(row[i]) for row in [head, *lines]) for i in range(len(head))]
@@ -350,8 +413,10 @@ class CorpusReport:
         text = [fmt(head), rule, *map(fmt, lines[:-1]), rule, fmt(lines[-1])]
         for source, names in self.excluded.items():
             if names:
-                text.append(f"excluded from {source} (not in the paper's lists): "
-                            + ", ".join(f"{k} ({v})" for k, v in sorted(names.items())))
+                text.append(
+                    f"excluded from {source} (not in the paper's lists): "
+                    + ", ".join(f"{k} ({v})" for k, v in sorted(names.items()))
+                )
         for source, configs in self.skipped_configs.items():
             if configs:
                 text.append(f"configs of {source} not read: {', '.join(configs)}")
@@ -391,7 +456,9 @@ class PromptTokenCounter:
     def _tokens_of(self, image) -> int:
         size = (image.height, image.width)
         if size not in self._image_tokens:
-            self._image_tokens[size] = self.processor._get_num_multimodal_tokens(image_sizes=[size]).num_image_tokens[0]
+            self._image_tokens[size] = self.processor._get_num_multimodal_tokens(image_sizes=[size]).num_image_tokens[
+                0
+            ]
         return self._image_tokens[size]
 
     def _text(self, question: str, num_images: int) -> str:
@@ -537,18 +604,21 @@ class _BottomK:
 
 # --- The build --------------------------------------------------------------------------------------
 
+
 def _output_schema() -> pa.Schema:
     """The output's Arrow schema, with the Hugging Face features (images as ``Image``) in its metadata."""
     import datasets
 
-    return datasets.Features({
-        data.ID: datasets.Value("string"),
-        data.QUESTION: datasets.Value("string"),
-        data.IMAGES: datasets.List(datasets.Image()),
-        data.ANSWER: datasets.Value("string"),
-        data.SOURCE: datasets.Value("string"),
-        data.SUBDATASET: datasets.Value("string"),
-    }).arrow_schema
+    return datasets.Features(
+        {
+            data.ID: datasets.Value("string"),
+            data.QUESTION: datasets.Value("string"),
+            data.IMAGES: datasets.List(datasets.Image()),
+            data.ANSWER: datasets.Value("string"),
+            data.SOURCE: datasets.Value("string"),
+            data.SUBDATASET: datasets.Value("string"),
+        }
+    ).arrow_schema
 
 
 class _Builder:
@@ -637,8 +707,9 @@ class _Builder:
                 present = [_image_presence(a).to_pylist() for a in image_arrays]
             except Exception as error:  # columns of unexpected types: report the batch, go on
                 positions[unit] += batch.num_rows
-                self.errors.append({"where": unit, "error": f"{batch.num_rows} unparsable rows: "
-                                                            f"{type(error).__name__}: {error}"})
+                self.errors.append(
+                    {"where": unit, "error": f"{batch.num_rows} unparsable rows: {type(error).__name__}: {error}"}
+                )
                 continue
             for i in range(batch.num_rows):
                 position = positions[unit]
@@ -657,8 +728,16 @@ class _Builder:
                     counts.duplicate += 1
                     continue
                 try:
-                    record = self._parse(spec, ids[i], questions[i], answers[i], rates[i] if rates else None,
-                                         [p[i] for p in present], unit, position)
+                    record = self._parse(
+                        spec,
+                        ids[i],
+                        questions[i],
+                        answers[i],
+                        rates[i] if rates else None,
+                        [p[i] for p in present],
+                        unit,
+                        position,
+                    )
                 except ValueError as error:
                     counts.invalid += 1
                     counts.reasons[str(error)] += 1
@@ -846,5 +925,9 @@ def push_corpus_to_hub(output_dir: str | os.PathLike, repo_id: str, private: boo
     output_dir = Path(output_dir)
     corpus = datasets.load_dataset("parquet", data_files=str(output_dir / "data" / "*.parquet"), split="train")
     corpus.push_to_hub(repo_id, private=private)
-    HfApi().upload_file(path_or_fileobj=str(output_dir / "report.json"), path_in_repo="report.json",
-                        repo_id=repo_id, repo_type="dataset")
+    HfApi().upload_file(
+        path_or_fileobj=str(output_dir / "report.json"),
+        path_in_repo="report.json",
+        repo_id=repo_id,
+        repo_type="dataset",
+    )

@@ -18,18 +18,18 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "ID",
-    "QUESTION",
-    "IMAGES",
     "ANSWER",
+    "COLUMNS",
+    "ID",
+    "IMAGES",
+    "QUESTION",
     "SOURCE",
     "SUBDATASET",
-    "COLUMNS",
-    "validate_row",
-    "validate_dataset",
-    "load_questions",
-    "is_hub_id",
     "demo_questions",
+    "is_hub_id",
+    "load_questions",
+    "validate_dataset",
+    "validate_row",
     "write_jsonl",
 ]
 
@@ -94,7 +94,9 @@ def validate_dataset(dataset, skip_invalid: bool = False):
 
     missing = [c for c in COLUMNS if c not in dataset.column_names]
     if missing:  # a schema problem, not a row problem: never skippable
-        raise ValueError(f"dataset is missing column(s) {missing}; expected the columns {list(COLUMNS)} of zppo_trl.data")
+        raise ValueError(
+            f"dataset is missing column(s) {missing}; expected the columns {list(COLUMNS)} of zppo_trl.data"
+        )
     view = dataset.select_columns(list(COLUMNS))
     if _is_image_list(view.features[IMAGES]):
         view = view.cast_column(IMAGES, datasets.List(datasets.Image(decode=False)))
@@ -104,7 +106,9 @@ def validate_dataset(dataset, skip_invalid: bool = False):
         try:
             validate_row(row, index)
             if row[ID] in seen:
-                raise ValueError(f"row {index}: field {ID!r} repeats row {seen[row[ID]]} ({row[ID]!r}); ids key the replay buffer")
+                raise ValueError(
+                    f"row {index}: field {ID!r} repeats row {seen[row[ID]]} ({row[ID]!r}); ids key the replay buffer"
+                )
             seen[row[ID]] = index
         except ValueError as err:
             if not skip_invalid:
@@ -114,7 +118,10 @@ def validate_dataset(dataset, skip_invalid: bool = False):
         bad = {index for index, _ in skipped}
         dataset = dataset.select([i for i in range(len(dataset)) if i not in bad])
         logger.warning(
-            "skipped %d invalid row(s) of %d; first: %s", len(skipped), len(bad) + len(dataset), "; ".join(r for _, r in skipped[:3])
+            "skipped %d invalid row(s) of %d; first: %s",
+            len(skipped),
+            len(bad) + len(dataset),
+            "; ".join(r for _, r in skipped[:3]),
         )
     return dataset, skipped
 
@@ -127,7 +134,20 @@ def _is_image_list(feature) -> bool:
 
 _SUFFIX_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
 # Endings that make a name a file, never a Hub repository.
-_FILE_SUFFIXES = (*_SUFFIX_BUILDERS, ".csv", ".tsv", ".txt", ".arrow", ".gz", ".zip", ".tar", ".zst", ".safetensors", ".bin", ".gguf")
+_FILE_SUFFIXES = (
+    *_SUFFIX_BUILDERS,
+    ".csv",
+    ".tsv",
+    ".txt",
+    ".arrow",
+    ".gz",
+    ".zip",
+    ".tar",
+    ".zst",
+    ".safetensors",
+    ".bin",
+    ".gguf",
+)
 
 
 def is_hub_id(name: str | None) -> bool:
@@ -150,7 +170,9 @@ def is_hub_id(name: str | None) -> bool:
 def _local_dataset(path: Path, split: str):
     import datasets
 
-    if path.is_dir() and any((path / name).exists() for name in ("dataset_info.json", "state.json", "dataset_dict.json")):
+    if path.is_dir() and any(
+        (path / name).exists() for name in ("dataset_info.json", "state.json", "dataset_dict.json")
+    ):
         loaded = datasets.load_from_disk(str(path))  # a `save_to_disk` folder
         if isinstance(loaded, datasets.DatasetDict):
             if split not in loaded:
@@ -160,7 +182,9 @@ def _local_dataset(path: Path, split: str):
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in _SUFFIX_BUILDERS)
     builders = {_SUFFIX_BUILDERS.get(p.suffix) for p in files}
     if not files or None in builders or len(builders) > 1:
-        raise ValueError(f"{path}: expected a .parquet/.jsonl file, a folder of them (one format), or a save_to_disk folder")
+        raise ValueError(
+            f"{path}: expected a .parquet/.jsonl file, a folder of them (one format), or a save_to_disk folder"
+        )
     return datasets.load_dataset(builders.pop(), data_files=[str(p) for p in files], split="train")
 
 
@@ -173,7 +197,9 @@ def _absolute_image_paths(dataset, root: Path):
             if isinstance(image, str) and image and not Path(image).is_absolute():
                 image = str(root / image)
             elif isinstance(image, Mapping) and isinstance(image.get("path"), str) and not image.get("bytes"):
-                image = {**image, "path": str(root / image["path"])} if not Path(image["path"]).is_absolute() else image
+                image = (
+                    {**image, "path": str(root / image["path"])} if not Path(image["path"]).is_absolute() else image
+                )
             out.append(image)
         return out
 
@@ -201,7 +227,9 @@ def load_questions(source: str, split: str = "train", *, name: str | None = None
     elif is_hub_id(source):
         dataset = datasets.load_dataset(source, name, split=split)
     else:
-        raise FileNotFoundError(f"dataset {source!r}: no such file or folder (a Hub id reads org/name, without a file suffix)")
+        raise FileNotFoundError(
+            f"dataset {source!r}: no such file or folder (a Hub id reads org/name, without a file suffix)"
+        )
     dataset, skipped = validate_dataset(dataset, skip_invalid=skip_invalid)
     if not _is_image_list(dataset.features[IMAGES]) and any(dataset[IMAGES]):
         dataset = dataset.cast_column(IMAGES, datasets.List(datasets.Image()))
@@ -213,7 +241,10 @@ def load_questions(source: str, split: str = "train", *, name: str | None = None
 # A worked example in front of every demo question, as "Q: ... A: ...": a 135M model copies
 # its answer format (and so ends with a gradable \\boxed{}) far more often than it follows a
 # closer alone (measured: 55% of replies gradable at temperature 0.5, against 17% without).
-DEMO_EXAMPLE = "Q: Ann has 2 cats. She gets 3 more cats. How many cats does Ann have?\nA: 2 + 3 = 5. The answer is \\boxed{5}.\n\nQ: "
+DEMO_EXAMPLE = (
+    "Q: Ann has 2 cats. She gets 3 more cats. How many cats does Ann have?\n"
+    "A: 2 + 3 = 5. The answer is \\boxed{5}.\n\nQ: "
+)
 
 _NAMES = ("Tom", "Sara", "Ben", "Mia", "Leo", "Zoe", "Sam", "Ivy")
 _ITEMS = ("apples", "pencils", "stickers", "marbles", "cookies", "books", "shells", "coins")
@@ -224,7 +255,10 @@ _DEMO_TEMPLATES = {
     "sub": ("{name} had {a} {items} and gave away {b}. How many {items} does {name} have left?", "{a} - {b}"),
     "mul": ("There are {a} boxes with {b} {items} in each box. How many {items} are there?", "{a} * {b}"),
     "div": ("{a} {items} are shared equally among {b} friends. How many {items} does each friend get?", "{a} / {b}"),
-    "two_step": ("{name} has {a} {items}, gets {b} more and gives away {c}. How many {items} does {name} have now?", "{a} + {b} - {c}"),
+    "two_step": (
+        "{name} has {a} {items}, gets {b} more and gives away {c}. How many {items} does {name} have now?",
+        "{a} + {b} - {c}",
+    ),
 }
 
 # Kinds in order of appearance: mostly one-step addition and multiplication, which the
@@ -285,7 +319,14 @@ def demo_questions(n: int = 240, seed: int = 0) -> list[dict]:
             raise AssertionError(f"demo question {i} ({kind}, {numbers}) has no non-negative integer answer: {value}")
         text = template.format(name=rng.choice(_NAMES), items=rng.choice(_ITEMS), **numbers)
         rows.append(
-            {ID: f"demo-{i:04d}", QUESTION: DEMO_EXAMPLE + text, IMAGES: [], ANSWER: str(int(value)), SOURCE: "zppo-demo", SUBDATASET: kind}
+            {
+                ID: f"demo-{i:04d}",
+                QUESTION: DEMO_EXAMPLE + text,
+                IMAGES: [],
+                ANSWER: str(int(value)),
+                SOURCE: "zppo-demo",
+                SUBDATASET: kind,
+            }
         )
     return rows
 
@@ -293,5 +334,4 @@ def demo_questions(n: int = 240, seed: int = 0) -> list[dict]:
 def write_jsonl(rows, path: str | Path) -> None:
     """Write text-only rows as JSON lines (one row per line, keys in schema order)."""
     with open(path, "w") as f:
-        for row in rows:
-            f.write(json.dumps({c: row[c] for c in COLUMNS}) + "\n")
+        f.writelines(json.dumps({c: row[c] for c in COLUMNS}) + "\n" for row in rows)

@@ -25,16 +25,29 @@ from typing import Any
 
 import torch
 
-__all__ = ["DISTILLATION_MODES", "DISTILLATION_NAMES", "generalized_jsd", "completion_logits", "load_distill_teacher"]
+__all__ = ["DISTILLATION_MODES", "DISTILLATION_NAMES", "completion_logits", "generalized_jsd", "load_distill_teacher"]
 
 DISTILLATION_MODES = ("off", "on")
 # How the paper's tables print the rows (a dagger is added with the replay buffer).
 DISTILLATION_NAMES = {"off": "Off-Distill", "on": "On-Distill"}
 # The multimodal inputs a TRL batch may carry that a forward pass takes as they are.
-_FORWARD_FIELDS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "image_sizes", "token_type_ids", "mm_token_type_ids")
+_FORWARD_FIELDS = (
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_attention_mask",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+)
 
 
-def generalized_jsd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor, beta: float, normalizer: torch.Tensor | float) -> torch.Tensor:
+def generalized_jsd(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float,
+    normalizer: torch.Tensor | float,
+) -> torch.Tensor:
     """GKD's per-token generalized JSD summed over the positions where ``mask`` is 1, over ``normalizer``.
 
     ``*_logits`` are ``(B, T, V)`` next-token logits at the completion positions; ``mask`` ``(B, T)``.
@@ -44,7 +57,9 @@ def generalized_jsd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
         warnings.simplefilter("ignore")
         from trl.experimental.gkd import GKDTrainer
     labels = torch.where(mask.bool(), 0, -100)
-    return GKDTrainer.generalized_jsd_loss(student_logits, teacher_logits, labels=labels, beta=beta, num_items_in_batch=normalizer)
+    return GKDTrainer.generalized_jsd_loss(
+        student_logits, teacher_logits, labels=labels, beta=beta, num_items_in_batch=normalizer
+    )
 
 
 def completion_logits(model: Any, inputs: dict, vocab: int) -> torch.Tensor:
@@ -54,8 +69,15 @@ def completion_logits(model: Any, inputs: dict, vocab: int) -> torch.Tensor:
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
     extra = {name: inputs[name] for name in _FORWARD_FIELDS if inputs.get(name) is not None}
-    # only the positions that predict a completion token: the full (B, P + C, V) logits would not fit at the paper's lengths
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=completion_width + 1, use_cache=False, **extra).logits
+    # only the positions that predict a completion token: the full (B, P + C, V) logits would not fit at the
+    # paper's lengths
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        logits_to_keep=completion_width + 1,
+        use_cache=False,
+        **extra,
+    ).logits
     return logits[:, :-1, :vocab]
 
 

@@ -84,7 +84,9 @@ class DispoBounds:
     high_neg: float
 
 
-def dispo_outside(ratio: torch.Tensor, advantages: torch.Tensor, bounds: DispoBounds) -> tuple[torch.Tensor, torch.Tensor]:
+def dispo_outside(
+    ratio: torch.Tensor, advantages: torch.Tensor, bounds: DispoBounds
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Where DISPO's trust region excludes a token: ``(below, above)`` boolean masks.
 
     ``below``: the weight is under ``1 - low`` of its response's side; ``above``: over ``1 + high``.
@@ -177,7 +179,9 @@ class Loss:
 LOSSES: dict[str, Loss] = {}
 
 
-def register_loss(name: str, needs: str = "logps", objective: str | None = None, printed: str | None = None) -> Callable:
+def register_loss(
+    name: str, needs: str = "logps", objective: str | None = None, printed: str | None = None
+) -> Callable:
     """Register ``fn(inputs: LossInputs, args) -> LossOutput`` under ``name`` (``args`` is the ZPPOConfig).
 
     With ``objective``, the loss is a policy objective: ``policy_objective: <objective>`` selects it, and
@@ -191,7 +195,9 @@ def register_loss(name: str, needs: str = "logps", objective: str | None = None,
         if name in LOSSES:
             raise ValueError(f"a loss named {name!r} is already registered")
         if objective is not None and objective in policy_objectives():
-            raise ValueError(f"policy_objective {objective!r} is already registered (loss {policy_objectives()[objective].name!r})")
+            raise ValueError(
+                f"policy_objective {objective!r} is already registered (loss {policy_objectives()[objective].name!r})"
+            )
         LOSSES[name] = Loss(name, fn, needs, objective, printed or (objective.upper() if objective else None))
         return fn
 
@@ -266,7 +272,10 @@ def _clipped_surrogate(inputs: LossInputs, args: Any, log_weights: torch.Tensor)
             "clip_ratio/high_mean": masked_sum(high, mask),
             "clip_ratio/region_mean": masked_sum(region, mask),
         },
-        extremes={"clip_ratio/low_min": (_per_response(low, mask), "min"), "clip_ratio/high_max": (_per_response(high, mask), "max")},
+        extremes={
+            "clip_ratio/low_min": (_per_response(low, mask), "min"),
+            "clip_ratio/high_max": (_per_response(high, mask), "max"),
+        },
     )
 
 
@@ -293,7 +302,9 @@ def cispo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     per_token_loss = -torch.clamp(weight, max=bound).detach() * advantages * inputs.logps
     loss = (per_token_loss * mask).sum() / inputs.normalizer
     clipped = ((weight > bound) & (advantages > 0)).float()
-    return LossOutput(loss, means={"entropy": masked_sum(inputs.entropies, mask), "cispo_clip_ratio": masked_sum(clipped, mask)})
+    return LossOutput(
+        loss, means={"entropy": masked_sum(inputs.entropies, mask), "cispo_clip_ratio": masked_sum(clipped, mask)}
+    )
 
 
 @register_loss("dispo", objective="dispo", printed="DISPO")
@@ -328,7 +339,9 @@ def sft_loss(inputs: LossInputs, args: Any) -> LossOutput:
 def jsd_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """GKD's generalized JSD to the teacher at every completion token (:func:`zppo_trl.distill.generalized_jsd`)."""
     mask = inputs.mask
-    loss = generalized_jsd(inputs.student_logits.float(), inputs.teacher_logits.float(), mask, args.distill_beta, inputs.normalizer)
+    loss = generalized_jsd(
+        inputs.student_logits.float(), inputs.teacher_logits.float(), mask, args.distill_beta, inputs.normalizer
+    )
     return LossOutput(loss, means={"distill/jsd": ((loss * inputs.normalizer).detach(), mask.sum().to(loss.dtype))})
 
 

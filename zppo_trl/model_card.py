@@ -16,7 +16,15 @@ from importlib.metadata import PackageNotFoundError, version
 
 from .data import is_hub_id
 
-__all__ = ["PAPER_TITLE", "PAPER_CITATION", "TRL_CITATION", "CardFacts", "render_model_card", "zppo_card_section", "final_metrics"]
+__all__ = [
+    "PAPER_CITATION",
+    "PAPER_TITLE",
+    "TRL_CITATION",
+    "CardFacts",
+    "final_metrics",
+    "render_model_card",
+    "zppo_card_section",
+]
 
 PAPER_TITLE = "Zone of Proximal Policy Optimization: Teacher in Prompts, Not Gradients"
 PAPER_CITATION = """@misc{lee_zppo,
@@ -79,7 +87,13 @@ _FINAL = (
     ("dropped_total", "augmented instances dropped for them"),
 )
 
-_PACKAGES = (("zppo-trl", "zppo-trl"), ("TRL", "trl"), ("Transformers", "transformers"), ("PyTorch", "torch"), ("Datasets", "datasets"))
+_PACKAGES = (
+    ("zppo-trl", "zppo-trl"),
+    ("TRL", "trl"),
+    ("Transformers", "transformers"),
+    ("PyTorch", "torch"),
+    ("Datasets", "datasets"),
+)
 
 
 def _link(name: str | None, kind: str) -> str:
@@ -124,7 +138,14 @@ def _table(header: tuple[str, ...], rows: Iterable[tuple]) -> list[str]:
 
 def zppo_card_section(args, *, log_history: Iterable[Mapping] = ()) -> str:
     """The settings and final-counter tables of a ZPPO run of ``args`` (a :class:`zppo_trl.ZPPOConfig`)."""
-    lines = ["### Settings", "", *_table(("setting", "paper symbol", "value"), ((f"`{name}`", symbol, getattr(args, name)) for name, symbol in _SETTINGS))]
+    lines = [
+        "### Settings",
+        "",
+        *_table(
+            ("setting", "paper symbol", "value"),
+            ((f"`{name}`", symbol, getattr(args, name)) for name, symbol in _SETTINGS),
+        ),
+    ]
     metrics = final_metrics(log_history)
     rows = [(label, metrics[f"zppo/{key}"]) for key, label in _FINAL if f"zppo/{key}" in metrics]
     if "reward" in metrics:
@@ -181,7 +202,8 @@ def _quick_start(facts: CardFacts, closer: str, max_new_tokens: int) -> list[str
         lines += [
             f'generator = pipeline("image-text-to-text", model="{facts.load_from}")',
             'image = "figure.png"  # a path or URL to the question\'s image',
-            'messages = [{"role": "user", "content": [{"type": "image", "url": image}, {"type": "text", "text": question + "\\n\\n" + CLOSER}]}]',
+            'messages = [{"role": "user", "content": [{"type": "image", "url": image}, '
+            '{"type": "text", "text": question + "\\n\\n" + CLOSER}]}]',
             f"output = generator(text=messages, max_new_tokens={max_new_tokens}, return_full_text=False)[0]",
         ]
     else:
@@ -197,42 +219,87 @@ def _quick_start(facts: CardFacts, closer: str, max_new_tokens: int) -> list[str
 _TEACHER_ROLE = {
     "correction": "corrects one wrong student answer per hard question",
     "reflection": "revises one of its correct answers with the student's wrong ones",
-    "hint": "writes an answer-free hint from one of its graded-correct answers, shown in a `<hint>` block before the closer",
-    "prefix": "opens the student's response with the first {alpha:.0%} of the tokens of one of its graded-correct answers, which the student continues",
+    "hint": (
+        "writes an answer-free hint from one of its graded-correct answers, "
+        "shown in a `<hint>` block before the closer"
+    ),
+    "prefix": (
+        "opens the student's response with the first {alpha:.0%} of the tokens of one of its graded-correct answers, "
+        "which the student continues"
+    ),
 }
 
 
 def _approach(args) -> str:
     """What the row trains on and with which loss, in a sentence or two."""
-    replay = " A prompt replay buffer brings hard questions back until they graduate." if args.replay_fraction > 0 else ""
+    replay = (
+        " A prompt replay buffer brings hard questions back until they graduate." if args.replay_fraction > 0 else ""
+    )
     if args.distillation:
         on = "graded-correct teacher rollouts" if args.distillation == "off" else "its own rollouts"
-        return f"The student imitates the teacher's per-token distributions on {on} (GKD's generalized JSD, beta = {args.distill_beta:g}).{replay}"
+        return (
+            f"The student imitates the teacher's per-token distributions on {on} "
+            f"(GKD's generalized JSD, beta = {args.distill_beta:g}).{replay}"
+        )
     kind = args.augmentations[0] if args.augmentations else None
     if kind in ("correction", "reflection"):
-        target = "teacher corrections of its wrong answers (and those answers, tagged)" if kind == "correction" else "teacher revisions written from its wrong answers"
+        target = (
+            "teacher corrections of its wrong answers (and those answers, tagged)"
+            if kind == "correction"
+            else "teacher revisions written from its wrong answers"
+        )
         return f"The student is fine-tuned with cross-entropy on {target}, each graded correct before use.{replay}"
     kinds = " and ".join(k.upper() if len(k) == 3 else k.capitalize() for k in args.augmentations)
     where = "open the student's *response* as a prefix it continues" if kind == "prefix" else "enter the *prompt*"
-    teacher = f"On questions the student mostly fails, the teacher's answers {where} ({kinds}), never the gradient." if kinds else "No teacher takes part."
-    objective = {"grpo": "GRPO with DAPO's clip-higher, token-level loss and no KL, a dual clip,"}.get(
-        args.policy_objective, f"{args.policy_objective.upper()} (in place of GRPO's clipped surrogate), with DAPO's token-level loss and no KL,"
+    teacher = (
+        f"On questions the student mostly fails, the teacher's answers {where} ({kinds}), never the gradient."
+        if kinds
+        else "No teacher takes part."
     )
-    return f"{teacher}{replay} The objective is {objective} and two-step advantages normalised per optimizer mini-batch without zero-variance groups."
+    objective = {"grpo": "GRPO with DAPO's clip-higher, token-level loss and no KL, a dual clip,"}.get(
+        args.policy_objective,
+        f"{args.policy_objective.upper()} (in place of GRPO's clipped surrogate), "
+        "with DAPO's token-level loss and no KL,",
+    )
+    return (
+        f"{teacher}{replay} The objective is {objective} and two-step advantages normalised per optimizer mini-batch "
+        "without zero-variance groups."
+    )
 
 
 def _teacher_line(args) -> str:
     if args.distillation:
-        sampled = f"; rollouts sampled from `{args.teacher_model}` behind an OpenAI-compatible endpoint (G_T = {args.teacher_num_generations})" if args.distillation == "off" else ""
-        return f"`{args.distill_teacher}`, frozen, loaded next to the student: its per-token distributions are the targets{sampled}."
+        sampled = (
+            f"; rollouts sampled from `{args.teacher_model}` behind an OpenAI-compatible endpoint "
+            f"(G_T = {args.teacher_num_generations})"
+            if args.distillation == "off"
+            else ""
+        )
+        return (
+            f"`{args.distill_teacher}`, frozen, loaded next to the student: "
+            f"its per-token distributions are the targets{sampled}."
+        )
     if not args.augmentations:
         return "none."
     kind = args.augmentations[0]
-    samples = "" if kind == "correction" else f"it samples G_T = {args.teacher_num_generations} answers per question and "
-    candidates = "compresses each candidate to at most {cap} tokens" if args.compress_candidates else "its answers and the student's enter BCQ/NCQ prompts uncompressed (`compress_candidates: false`, not the paper's setting)"
+    samples = (
+        "" if kind == "correction" else f"it samples G_T = {args.teacher_num_generations} answers per question and "
+    )
+    candidates = (
+        "compresses each candidate to at most {cap} tokens"
+        if args.compress_candidates
+        else "its answers and the student's enter BCQ/NCQ prompts uncompressed "
+        "(`compress_candidates: false`, not the paper's setting)"
+    )
     role = _TEACHER_ROLE.get(kind, candidates).format(alpha=args.prefix_fraction, cap=args.compression_max_tokens)
-    use = "." if kind in ("correction", "reflection") else "; its text is only ever context (prompt or response prefix), never a loss token."
-    return f"`{args.teacher_model}`, a frozen teacher served behind an OpenAI-compatible endpoint: {samples}{role}{use}"
+    use = (
+        "."
+        if kind in ("correction", "reflection")
+        else "; its text is only ever context (prompt or response prefix), never a loss token."
+    )
+    return (
+        f"`{args.teacher_model}`, a frozen teacher served behind an OpenAI-compatible endpoint: {samples}{role}{use}"
+    )
 
 
 def _procedure(args, facts: CardFacts) -> list[str]:
@@ -269,8 +336,8 @@ def render_model_card(args, facts: CardFacts, log_history: Iterable[Mapping] = (
         _front_matter(facts),
         f"# {facts.model_name}",
         "",
-        f"A fine-tuned version of {student}, trained with {args.variant} using [TRL](https://github.com/huggingface/trl) "
-        "and zppo-trl.",
+        f"A fine-tuned version of {student}, trained with {args.variant} using "
+        "[TRL](https://github.com/huggingface/trl) and zppo-trl.",
         "",
         *_quick_start(facts, args.closer, args.max_completion_length),
         "",

@@ -20,7 +20,15 @@ from __future__ import annotations
 
 from .losses import DispoBounds, cispo_weight_bound, dispo_outside, dispo_per_token_loss, policy_objectives
 
-__all__ = ["OBJECTIVES", "OBJECTIVE_NAMES", "DUAL_CLIP_OBJECTIVES", "DispoBounds", "cispo_weight_bound", "dispo_outside", "dispo_per_token_loss"]
+__all__ = [
+    "DUAL_CLIP_OBJECTIVES",
+    "OBJECTIVES",
+    "OBJECTIVE_NAMES",
+    "DispoBounds",
+    "cispo_weight_bound",
+    "dispo_outside",
+    "dispo_per_token_loss",
+]
 
 # The values of policy_objective (the paper's four first, then any registered later) and how the paper
 # prints each one; read once at import, after zppo_trl.losses.OBJECTIVE_MODULES have registered theirs.

@@ -42,8 +42,16 @@ def is_skipped(micro_batch: Mapping) -> bool:
     return bool(micro_batch.get(SKIP))
 
 
-def pack_partition(batch: dict, local: Sequence[int], largest: int, advantages: Sequence[float], tokens: float,
-                   grad_accum: int, num_partitions: int, device: Any) -> list[dict]:  # fmt: skip
+def pack_partition(
+    batch: dict,
+    local: Sequence[int],
+    largest: int,
+    advantages: Sequence[float],
+    tokens: float,
+    grad_accum: int,
+    num_partitions: int,
+    device: Any,
+) -> list[dict]:
     """One optimizer update's ``grad_accum`` micro-batches of this rank's rows ``local``.
 
     Rows are padded with zero-weight copies to ``largest`` (the largest rank's row count, rounded up to a
@@ -85,8 +93,15 @@ class PolicyPartitions:
     trained: dict[tuple[int, int], float]
 
 
-def policy_partitions(batch: dict, kinds_per_rank: Sequence[Sequence[str]], rewards_per_rank: Sequence[Sequence[float]],
-                      group_size: int, args: Any, ranks: Any, seed: int) -> PolicyPartitions:  # fmt: skip
+def policy_partitions(
+    batch: dict,
+    kinds_per_rank: Sequence[Sequence[str]],
+    rewards_per_rank: Sequence[Sequence[float]],
+    group_size: int,
+    args: Any,
+    ranks: Any,
+    seed: int,
+) -> PolicyPartitions:
     """Deal every rank's groups (``kinds_per_rank[r]``: the kind of each group of rank ``r``, in row order;
     ``rewards_per_rank[r]``: its rows' rewards) into ``args.num_partitions`` partitions, compute two-step
     advantages per partition, and pack this rank's share. Fillers are never trained."""
@@ -109,7 +124,9 @@ def policy_partitions(batch: dict, kinds_per_rank: Sequence[Sequence[str]], rewa
 
     loss_mask = _loss_mask(batch)
     device = ranks.accelerator.device
-    local_tokens = torch.tensor([float(loss_mask[rows[ranks.rank][p]].sum()) for p in range(partitions)], device=device)
+    local_tokens = torch.tensor(
+        [float(loss_mask[rows[ranks.rank][p]].sum()) for p in range(partitions)], device=device
+    )
     tokens = ranks.reduce_sum(local_tokens).tolist()
 
     micro_batches: list[dict] = []
@@ -133,8 +150,15 @@ def policy_partitions(batch: dict, kinds_per_rank: Sequence[Sequence[str]], rewa
     return PolicyPartitions(micro_batches, skipped_count, trained)
 
 
-def deal_targets(batch: dict | None, keys_per_rank: Sequence[Sequence[tuple[str, Any]]], new_keys: Sequence[Any],
-                 replay_keys: Sequence[Any], args: Any, ranks: Any, seed: int) -> tuple[list[dict], int, int]:  # fmt: skip
+def deal_targets(
+    batch: dict | None,
+    keys_per_rank: Sequence[Sequence[tuple[str, Any]]],
+    new_keys: Sequence[Any],
+    replay_keys: Sequence[Any],
+    args: Any,
+    ranks: Any,
+    seed: int,
+) -> tuple[list[dict], int, int]:
     """The target rows' partitions: the step's questions dealt into ``args.num_partitions`` (new and replayed
     evenly, as the RL rows are); each target row (``keys_per_rank[r]``: ``(kind, key)`` per row of rank ``r``)
     trains in its question's partition, with zero advantage (the losses read only the tokens). Returns this
@@ -145,9 +169,12 @@ def deal_targets(batch: dict | None, keys_per_rank: Sequence[Sequence[tuple[str,
     split = partition_groups(list(range(len(keys))), args.num_partitions, rng=random.Random(seed), strata=strata)
     partition_of = {keys[i]: p for p, part in enumerate(split) for i in part}
     members = [
-        [[i for i, (kind, key) in enumerate(keys_per_rank[r]) if kind != FILLER and partition_of.get(key) == p] for r in range(ranks.world)]
+        [
+            [i for i, (kind, key) in enumerate(keys_per_rank[r]) if kind != FILLER and partition_of.get(key) == p]
+            for r in range(ranks.world)
+        ]
         for p in range(len(split))
-    ]  # fmt: skip
+    ]
     micro_batches: list[dict] = []
     trained = skipped_count = 0
     for rows in members:
@@ -160,7 +187,14 @@ def deal_targets(batch: dict | None, keys_per_rank: Sequence[Sequence[tuple[str,
         tokens = float(ranks.reduce_sum(tokens))
         largest = max(len(m) for m in rows)
         micro_batches += pack_partition(
-            batch, local, largest, [0.0] * len(local), tokens, grad_accum, args.num_partitions, ranks.accelerator.device
+            batch,
+            local,
+            largest,
+            [0.0] * len(local),
+            tokens,
+            grad_accum,
+            args.num_partitions,
+            ranks.accelerator.device,
         )
         trained += sum(len(m) for m in rows)
     return micro_batches, skipped_count, trained

@@ -23,7 +23,7 @@ from typing import Any
 
 from transformers import AutoConfig, AutoProcessor, AutoTokenizer, Qwen3VLProcessor
 
-__all__ = ["ImageOnlyQwen3VLProcessor", "STANDARD_PROCESSOR_CLASS", "has_torchvision", "load_processor"]
+__all__ = ["STANDARD_PROCESSOR_CLASS", "ImageOnlyQwen3VLProcessor", "has_torchvision", "load_processor"]
 
 # The class name every Qwen3-VL / Qwen3.5 checkpoint's processor is saved under.
 STANDARD_PROCESSOR_CLASS = Qwen3VLProcessor.__name__
@@ -39,7 +39,11 @@ def _standard_video_config(image_processor: Any) -> dict:
     """The standard Qwen3-VL video processor configuration at ``image_processor``'s patch sizes."""
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-    sizes = {name: getattr(image_processor, name) for name in ("patch_size", "temporal_patch_size", "merge_size") if hasattr(image_processor, name)}
+    sizes = {
+        name: getattr(image_processor, name)
+        for name in ("patch_size", "temporal_patch_size", "merge_size")
+        if hasattr(image_processor, name)
+    }
     # Building the configuration object needs no torchvision; only processing videos does.
     return json.loads(Qwen3VLVideoProcessor(**sizes).to_json_string())
 
@@ -63,7 +67,9 @@ class ImageOnlyQwen3VLProcessor(Qwen3VLProcessor):
 
     def __init__(self, image_processor=None, tokenizer=None, chat_template=None, video_processor=None, **kwargs):
         if video_processor is not None and not isinstance(video_processor, dict):
-            raise ValueError("ImageOnlyQwen3VLProcessor takes a video processor configuration (a dict), not a video processor")
+            raise ValueError(
+                "ImageOnlyQwen3VLProcessor takes a video processor configuration (a dict), not a video processor"
+            )
         # The parent passes (image, tokenizer, video) positionally; ProcessorMixin pairs them
         # with get_attributes(), so the missing video processor is never type-checked.
         super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
@@ -128,7 +134,8 @@ def load_processor(name_or_path: str, **kwargs):
             raise RuntimeError(
                 f"{name_or_path}: a vision-language checkpoint ({config.model_type}), but AutoProcessor returned a "
                 f"{type(processor).__name__} without an image processor: its processor files name a class this "
-                "machine cannot build (an older zppo-trl saved 'ImageOnlyQwen3VLProcessor' without a video processor). "
+                "machine cannot build (an older zppo-trl saved 'ImageOnlyQwen3VLProcessor' "
+                "without a video processor). "
                 "Copy the base model's processor files into the checkpoint, or re-save them with this zppo-trl "
                 "where torchvision is not installed: load_processor(path).save_pretrained(path)"
             )

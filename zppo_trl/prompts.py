@@ -15,26 +15,26 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = [
-    "RL_CLOSER",
     "BCQ_INSTRUCTION",
-    "NCQ_INSTRUCTION",
     "COMPRESSION_TEMPLATE",
-    "JUDGE_TEMPLATE",
-    "HINT_TEMPLATE",
     "CORRECTION_TEMPLATE",
-    "REFLECTION_TEMPLATE",
     "CORRECT_TAG",
+    "HINT_TEMPLATE",
     "INCORRECT_TAG",
-    "fill",
-    "candidate_blocks",
+    "JUDGE_TEMPLATE",
+    "NCQ_INSTRUCTION",
+    "REFLECTION_TEMPLATE",
+    "RL_CLOSER",
     "bcq_block",
-    "ncq_block",
-    "hint_block",
+    "candidate_blocks",
     "compose_prompt",
+    "fill",
+    "hint_block",
+    "ncq_block",
     "render_compression",
-    "render_judge",
-    "render_hint",
     "render_correction",
+    "render_hint",
+    "render_judge",
     "render_reflection",
 ]
 
@@ -229,7 +229,9 @@ def render_compression(response: str) -> str:
     return fill(COMPRESSION_TEMPLATE, response=response.strip())
 
 
-def render_judge(question: str, model_response: str, ground_truth: str, options: str | Sequence[str] | Mapping | None = None) -> str:
+def render_judge(
+    question: str, model_response: str, ground_truth: str, options: str | Sequence[str] | Mapping | None = None
+) -> str:
     """The shared judge prompt; the options section appears only when options are non-empty.
 
     ``options`` may be a string, a list (one option a line) or a mapping (``"A. text"`` lines).
@@ -240,7 +242,9 @@ def render_judge(question: str, model_response: str, ground_truth: str, options:
         options = "\n".join(str(option) for option in options)
     options = (options or "").strip()
     template = JUDGE_TEMPLATE if options else JUDGE_TEMPLATE.replace(_JUDGE_OPTIONS_SECTION, "")
-    fields = dict(question=question.strip(), model_response=model_response.strip(), ground_truth=str(ground_truth).strip())
+    fields = dict(
+        question=question.strip(), model_response=model_response.strip(), ground_truth=str(ground_truth).strip()
+    )
     if options:
         fields["options"] = options
     return fill(template, **fields)

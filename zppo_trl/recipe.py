@@ -20,8 +20,8 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-import warnings
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -136,7 +136,9 @@ def _renamed(fields: dict, where: str) -> dict:
     fields = dict(fields)
     old = fields.pop(_OLD_KEY)
     if _NEW_KEY in fields and fields[_NEW_KEY] != old:
-        raise ValueError(f"{where}: augmentations {fields[_NEW_KEY]} and reformulations {old} disagree; set only augmentations")
+        raise ValueError(
+            f"{where}: augmentations {fields[_NEW_KEY]} and reformulations {old} disagree; set only augmentations"
+        )
     warnings.warn(f"{where}: reformulations is deprecated, it is now called augmentations; write augmentations: {old}",
                   FutureWarning, stacklevel=2)  # fmt: skip
     fields[_NEW_KEY] = old

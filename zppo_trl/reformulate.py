@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from .prompts import distinct_answers
 from .rewards import extract_boxed
 
-__all__ = ["KINDS", "Reformulation", "augment_limit", "select_hard", "plan_reformulations", "attach_compressions"]
+__all__ = ["KINDS", "Reformulation", "attach_compressions", "augment_limit", "plan_reformulations", "select_hard"]
 
 KINDS = ("bcq", "ncq")
 

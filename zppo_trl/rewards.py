@@ -38,15 +38,15 @@ from typing import Any, Protocol
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "GuardedGrader",
+    "boxed_accuracy_reward",
+    "completion_text",
+    "default_grader",
     "extract_boxed",
-    "strip_degree_percent",
     "grade",
     "grade_batch",
-    "completion_text",
-    "boxed_accuracy_reward",
     "judged_accuracy_reward",
-    "GuardedGrader",
-    "default_grader",
+    "strip_degree_percent",
 ]
 
 DEFAULT_WORKERS = 2
@@ -122,7 +122,7 @@ def _install_sympy_screen() -> list[int]:
     wrapping that one name guards the only step that evaluates an expression while every
     other step of mathruler runs as published. Returns a one-element counter of refusals.
     """
-    import mathruler.grader as grader
+    from mathruler import grader
 
     evaluate = grader.are_equal_under_sympy
     refused = [0]
@@ -319,7 +319,9 @@ class GuardedGrader:
                     if worker.deadline < now and (worker.task is not None or not worker.ready):
                         if worker.task is not None:
                             self.stats["timeouts"] += 1
-                            logger.warning("grading %r timed out after %.1fs; scored 0", pairs[worker.task][0][:80], self.timeout)
+                            logger.warning(
+                                "grading %r timed out after %.1fs; scored 0", pairs[worker.task][0][:80], self.timeout
+                            )
                         self._fail(selector, worker, results)
         return [bool(r) for r in results]
 
@@ -390,7 +392,9 @@ def completion_text(completion: Any) -> str:
         if isinstance(content, str):
             return content
         if isinstance(content, Sequence):
-            return "".join(part.get("text", "") for part in content if isinstance(part, Mapping) and part.get("type") == "text")
+            return "".join(
+                part.get("text", "") for part in content if isinstance(part, Mapping) and part.get("type") == "text"
+            )
     if completion in (None, []):
         return ""
     raise TypeError(f"cannot read a completion of type {type(completion).__name__}")
@@ -412,7 +416,9 @@ class Judge(Protocol):
     def judge(self, items: Sequence[Mapping[str, Any]]) -> list[bool]: ...
 
 
-def judged_accuracy_reward(judge: Judge, question_column: str = "question", options_column: str = "options") -> Callable[..., list[float]]:
+def judged_accuracy_reward(
+    judge: Judge, question_column: str = "question", options_column: str = "options"
+) -> Callable[..., list[float]]:
     """A TRL reward function that routes as the paper does: grader first, judge on zeros.
 
     The deterministic grader scores every completion; only completions it scores 0 go
@@ -427,7 +433,9 @@ def judged_accuracy_reward(judge: Judge, question_column: str = "question", opti
         scores = [float(ok) for ok in grade_batch(texts, answer)]
         retry = [i for i, score in enumerate(scores) if score == 0.0]
         if retry:
-            questions = kwargs.get(question_column) or [completion_text(p) for p in kwargs.get("prompts", [""] * len(texts))]
+            questions = kwargs.get(question_column) or [
+                completion_text(p) for p in kwargs.get("prompts", [""] * len(texts))
+            ]
             options = kwargs.get(options_column)
             items = [
                 {

@@ -104,8 +104,13 @@ class Draw:
         return [g for g in self.plain if g.kind != FILLER]
 
 
-def draw_questions(batch: Sequence[Mapping], group_size: int, sample_replay: Callable[[int], list], ranks: Any,
-                   row_of: Callable[[Any], Mapping]) -> Draw:  # fmt: skip
+def draw_questions(
+    batch: Sequence[Mapping],
+    group_size: int,
+    sample_replay: Callable[[int], list],
+    ranks: Any,
+    row_of: Callable[[Any], Mapping],
+) -> Draw:
     """Step 1 from the dataloader's ``batch`` (each question repeated ``group_size`` times in a row);
     ``sample_replay(n)`` draws the replayed residents for ``n`` new questions over all ranks, and
     ``row_of(key)`` looks one up. Replay draws are dealt round-robin over ``ranks``; a rank short of one
@@ -124,8 +129,9 @@ def draw_questions(batch: Sequence[Mapping], group_size: int, sample_replay: Cal
     return Draw(new_keys, list(replay_keys), plain, fillers)
 
 
-def plain_accuracy(groups_per_rank: Sequence[Sequence[tuple[str, Any]]], rewards: torch.Tensor, group_size: int,
-                   order: Sequence[Any]) -> dict:  # fmt: skip
+def plain_accuracy(
+    groups_per_rank: Sequence[Sequence[tuple[str, Any]]], rewards: torch.Tensor, group_size: int, order: Sequence[Any]
+) -> dict:
     """``{key: r_x}`` over the plain groups of all ranks, pooled per key, in ``order`` (new, then replay)."""
     sums: dict[Any, float] = defaultdict(float)
     counts: dict[Any, int] = defaultdict(int)

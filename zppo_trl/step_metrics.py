@@ -97,7 +97,9 @@ def timing_metrics(per_rank: torch.Tensor, uses_teacher: bool) -> dict[str, floa
     return out
 
 
-def accumulate_totals(counters: MutableMapping[str, float], metrics: Mapping[str, float], kinds: Iterable[str]) -> None:
+def accumulate_totals(
+    counters: MutableMapping[str, float], metrics: Mapping[str, float], kinds: Iterable[str]
+) -> None:
     """Add this step's counts to the running ``<name>_total`` counters (the step metrics of :data:`TOTALS`
     and each augmentation kind's counts)."""
     kind_names = [kind + suffix for kind in kinds for suffix in _KIND_TOTALS if kind + suffix in metrics]

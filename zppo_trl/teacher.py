@@ -40,15 +40,15 @@ from zppo_trl.rewards import extract_boxed
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "TeacherClient",
-    "parse_verdict",
-    "extract_summary",
-    "strip_thinking",
-    "to_openai_messages",
-    "image_data_url",
-    "TEACHER_MAX_TOKENS",
     "COMPRESSION_MAX_TOKENS",
     "JUDGE_MAX_TOKENS",
+    "TEACHER_MAX_TOKENS",
+    "TeacherClient",
+    "extract_summary",
+    "image_data_url",
+    "parse_verdict",
+    "strip_thinking",
+    "to_openai_messages",
 ]
 
 # The paper's hyperparameter table and its benchmark appendix.
@@ -381,7 +381,9 @@ class TeacherClient:
         error, starting ``"rejected: "`` where the server refused it as a client error (a bad or
         too long request: retrying cannot help).
         """
-        return self.sample_async(conversations, n, max_tokens, temperature, top_p, extra_body=extra_body, errors=errors).result()
+        return self.sample_async(
+            conversations, n, max_tokens, temperature, top_p, extra_body=extra_body, errors=errors
+        ).result()
 
     def sample_async(
         self,
@@ -493,7 +495,12 @@ class TeacherClient:
                 raise ValueError(f"items[{i}]: 'question' and 'response' must be strings")
             span = extract_boxed(item["response"])
             prompts.append(
-                render_judge(item["question"], span if span is not None else item["response"], str(item["ground_truth"]), item.get("options"))
+                render_judge(
+                    item["question"],
+                    span if span is not None else item["response"],
+                    str(item["ground_truth"]),
+                    item.get("options"),
+                )
             )
         params = self._params(max_tokens, 0.0, 1.0, extra_body)
         return self._submit(self._judge(prompts, params))
@@ -545,7 +552,7 @@ class TeacherClient:
             return
         try:
             asyncio.run_coroutine_threadsafe(_shutdown(client), loop).result(timeout=10)
-        except Exception:  # noqa: BLE001 - closing is best effort
+        except Exception:
             logger.debug("closing the HTTP client failed", exc_info=True)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=5)
@@ -555,7 +562,7 @@ class TeacherClient:
     def __enter__(self) -> TeacherClient:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ------------------------------------------------------------ internals: plumbing
@@ -566,7 +573,7 @@ class TeacherClient:
             "requests succeeded failed retries in_flight replies top_ups prompt_tokens completion_tokens "
             "latency_total_s latency_max_s compressed untagged unusable hinted judged judged_correct verdict_unparsed"
         )
-        return {name: 0 for name in names.split()}
+        return dict.fromkeys(names.split(), 0)
 
     def _count(self, **deltas: float) -> None:
         with self._lock:
@@ -605,7 +612,9 @@ class TeacherClient:
             delay = max(delay, min(retry_after, self.backoff_max))
         return delay
 
-    async def _chat(self, messages: list[dict], n: int, params: dict, failures: list[str]) -> tuple[list[str] | None, bool]:
+    async def _chat(
+        self, messages: list[dict], n: int, params: dict, failures: list[str]
+    ) -> tuple[list[str] | None, bool]:
         """One logical request with retries: (reply texts or None, whether the server rejected it as a client error).
 
         A request that finally fails appends its last error to ``failures``.
@@ -668,12 +677,16 @@ class TeacherClient:
         """Run a batch; one warning with the last error when some of its requests failed."""
         results = await asyncio.gather(*coroutines)
         if failures:
-            logger.warning("%s: %d request(s) to %s failed (last error: %s)", what, len(failures), self.base_url, failures[-1])
+            logger.warning(
+                "%s: %d request(s) to %s failed (last error: %s)", what, len(failures), self.base_url, failures[-1]
+            )
         return list(results)
 
     # ------------------------------------------------------------ internals: the three jobs
 
-    async def _sample(self, conversations: list[list[dict]], n: int, params: dict, errors: list | None = None) -> list[list[str]]:
+    async def _sample(
+        self, conversations: list[list[dict]], n: int, params: dict, errors: list | None = None
+    ) -> list[list[str]]:
         failures: list[str] = []
 
         async def replies_for(messages: list[dict], mine: list[str]) -> tuple[list[str], bool]:
@@ -686,7 +699,12 @@ class TeacherClient:
                 if texts is not None:  # (a refused n-request falls through to single requests)
                     replies = texts[:n]
                     if len(texts) < n and self._n_honored is None:
-                        logger.info("%s returned %d of n=%d choices; topping up with single requests", self.base_url, len(texts), n)
+                        logger.info(
+                            "%s returned %d of n=%d choices; topping up with single requests",
+                            self.base_url,
+                            len(texts),
+                            n,
+                        )
                     self._n_honored = len(texts) >= n
             missing = n - len(replies)
             if missing == 1 and n == 1:

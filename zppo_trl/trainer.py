@@ -64,20 +64,39 @@ from .ranks import Ranks
 from .reformulate import augment_limit, select_hard
 from .replay import PromptReplayBuffer, replay_count
 from .rewards import boxed_accuracy_reward, completion_text
-from .rollout import CORRECT, FILLER, Draw, Group, Round, RoundRequest, draw_questions, empty_round, merge_lists, plain_accuracy
+from .rollout import (
+    CORRECT,
+    FILLER,
+    Draw,
+    Group,
+    Round,
+    RoundRequest,
+    draw_questions,
+    empty_round,
+    merge_lists,
+    plain_accuracy,
+)
 from .step_metrics import accumulate_totals, admission_bins, advantage_stats, bin_label, kind_metrics, timing_metrics
 from .teacher import TeacherClient
 
-__all__ = ["ZPPOTrainer", "ZPPO_STATE_NAME"]
+__all__ = ["ZPPO_STATE_NAME", "ZPPOTrainer"]
 
 logger = logging.getLogger(__name__)
 
 ZPPO_STATE_NAME = "zppo_state.json"
 _TOKEN_TYPE_FIELDS = ("token_type_ids", "mm_token_type_ids")  # per-token multimodal inputs
 _MULTIMODAL_FIELDS = (
-    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
-    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
-)  # fmt: skip
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
 
 
 class ZPPOTrainer(GRPOTrainer):
@@ -136,9 +155,13 @@ class ZPPOTrainer(GRPOTrainer):
         row_of = _row_index(train_dataset)
         with _gspo_warning_expected(args):
             super().__init__(
-                model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
-                eval_dataset=eval_dataset, **kwargs,
-            )  # fmt: skip
+                model=model,
+                reward_funcs=reward_funcs,
+                args=args,
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                **kwargs,
+            )
         if args.policy_objective == "cispo":
             # TRL's own cispo clamps the weight at epsilon_high as an absolute bound; MiniMax-M1's bound is
             # 1 + eps_high. The loss is ours (zppo_trl.losses), but TRL's attribute states the bound in force.
@@ -181,13 +204,19 @@ class ZPPOTrainer(GRPOTrainer):
 
             if AutoTokenizer.from_pretrained(self.args.distill_teacher).get_vocab() != self._tokenizer.get_vocab():
                 raise ValueError(
-                    f"distill_teacher {self.args.distill_teacher} has another tokenizer than the student: the distillation rows "
+                    f"distill_teacher {self.args.distill_teacher} has another tokenizer than the student: "
+                    "the distillation rows "
                     "compare next-token distributions token by token, so teacher and student must share one"
                 )
-        teacher = load_distill_teacher(self.args.distill_teacher, self.model) if model is None else model.eval().requires_grad_(False)
+        teacher = (
+            load_distill_teacher(self.args.distill_teacher, self.model)
+            if model is None
+            else model.eval().requires_grad_(False)
+        )
         if teacher.get_output_embeddings().weight.size(0) < len(self._tokenizer):
             raise ValueError(
-                f"distill_teacher's vocabulary ({teacher.get_output_embeddings().weight.size(0)}) is smaller than the student's tokenizer "
+                f"distill_teacher's vocabulary ({teacher.get_output_embeddings().weight.size(0)}) is smaller than "
+                "the student's tokenizer "
                 f"({len(self._tokenizer)}): the distillation rows need a teacher that shares the student's tokenizer"
             )
         if self.is_deepspeed_enabled:
@@ -248,7 +277,8 @@ class ZPPOTrainer(GRPOTrainer):
             if self._step % steps_per_generation:
                 logger.warning(
                     "resumed at global step %d, inside a rollout step (num_partitions=%d): that step's rollouts are "
-                    "regenerated and its first partitions are not trained; save checkpoints at multiples of num_partitions",
+                    "regenerated and its first partitions are not trained; save checkpoints at multiples of "
+                    "num_partitions",
                     self.state.global_step,
                     self.args.num_partitions,
                 )
@@ -269,15 +299,31 @@ class ZPPOTrainer(GRPOTrainer):
             for name in _TOKEN_TYPE_FIELDS:  # per-token fields (Qwen3.5: mm_token_type_ids): prefix tokens are text
                 if name in multimodal_fields:
                     multimodal_fields[name] = [
-                        [*types, *[0] * len(prefix or ())] for types, prefix in zip(multimodal_fields[name], prefixes, strict=True)
-                    ]  # fmt: skip
+                        [*types, *[0] * len(prefix or ())]
+                        for types, prefix in zip(multimodal_fields[name], prefixes, strict=True)
+                    ]
         return prompt_ids, images, multimodal_fields
 
     def _get_per_token_logps_and_entropies(
-        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, compute_aux_loss=False,
-        pixel_values=None, image_grid_thw=None, num_images=None, pixel_attention_mask=None, spatial_shapes=None, num_tiles=None,
-        image_sizes=None, token_type_ids=None, mm_token_type_ids=None, image_position_ids=None,
-    ):  # fmt: skip
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        pixel_values=None,
+        image_grid_thw=None,
+        num_images=None,
+        pixel_attention_mask=None,
+        spatial_shapes=None,
+        num_tiles=None,
+        image_sizes=None,
+        token_type_ids=None,
+        mm_token_type_ids=None,
+        image_position_ids=None,
+    ):
         if self._active_round is not None and self._active_round.given_responses is not None:
             # Teacher-forced targets: TRL's old log-probs of them are never read (the SFT and JSD losses).
             empty = torch.zeros(input_ids.size(0), logits_to_keep, device=input_ids.device)
@@ -289,11 +335,24 @@ class ZPPOTrainer(GRPOTrainer):
         if mm_token_type_ids is not None and mm_token_type_ids.size(1) != input_ids.size(1):
             mm_token_type_ids = self._token_types(input_ids)
         return super()._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, compute_entropy=compute_entropy,
-            compute_aux_loss=compute_aux_loss, pixel_values=pixel_values, image_grid_thw=image_grid_thw, num_images=num_images,
-            pixel_attention_mask=pixel_attention_mask, spatial_shapes=spatial_shapes, num_tiles=num_tiles, image_sizes=image_sizes,
-            token_type_ids=token_type_ids, mm_token_type_ids=mm_token_type_ids, image_position_ids=image_position_ids,
-        )  # fmt: skip
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size=batch_size,
+            compute_entropy=compute_entropy,
+            compute_aux_loss=compute_aux_loss,
+            pixel_values=pixel_values,
+            image_grid_thw=image_grid_thw,
+            num_images=num_images,
+            pixel_attention_mask=pixel_attention_mask,
+            spatial_shapes=spatial_shapes,
+            num_tiles=num_tiles,
+            image_sizes=image_sizes,
+            token_type_ids=token_type_ids,
+            mm_token_type_ids=mm_token_type_ids,
+            image_position_ids=image_position_ids,
+        )
 
     def _token_types(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Image (1) and video (2) placeholder positions of ``input_ids``, as TRL marks them for tool images."""
@@ -310,7 +369,9 @@ class ZPPOTrainer(GRPOTrainer):
             return [list(ids) for ids in request.given_responses], None
         # Prefix and continuation share max_completion_length (the paper's Prefix): a continuation is cut at
         # what its prefix leaves, which samples exactly as a shorter generation limit would.
-        completion_ids, logprobs = super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        completion_ids, logprobs = super()._generate_single_turn(
+            prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+        )
         if request is not None and request.has_prefixes:
             budget = [self.max_completion_length - len(prefix or ()) for prefix in request.response_prefixes]
             completion_ids = [list(ids)[:n] for ids, n in zip(completion_ids, budget, strict=True)]
@@ -322,7 +383,9 @@ class ZPPOTrainer(GRPOTrainer):
         request = self._active_round
         if request is not None and request.given_responses is not None:
             # Teacher-forced targets: already graded, never judged again (their reward is never read).
-            return torch.zeros(len(prompts) * self.accelerator.num_processes, len(self.reward_funcs), device=self.accelerator.device)
+            return torch.zeros(
+                len(prompts) * self.accelerator.num_processes, len(self.reward_funcs), device=self.accelerator.device
+            )
         if request is not None and request.has_prefixes:  # a Prefix group's response is prefix || continuation
             completions = [
                 _with_text(c, self._tokenizer.decode([*prefix, *ids], skip_special_tokens=True)) if prefix else c
@@ -362,7 +425,9 @@ class ZPPOTrainer(GRPOTrainer):
             with open(path) as f:
                 self.load_zppo_state_dict(json.load(f))
         else:
-            logger.warning("checkpoint %s has no %s: the replay buffer and ZPPO counters start empty", checkpoint, ZPPO_STATE_NAME)
+            logger.warning(
+                "checkpoint %s has no %s: the replay buffer and ZPPO counters start empty", checkpoint, ZPPO_STATE_NAME
+            )
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """Write ``output_dir/README.md``: the model card of this run (see :mod:`zppo_trl.model_card`).
@@ -376,7 +441,8 @@ class ZPPOTrainer(GRPOTrainer):
         args = self.args
         on_hub = bool(args.push_to_hub and args.hub_model_id)
         facts = CardFacts(
-            model_name=model_name or (args.hub_model_id or os.path.basename(os.path.normpath(args.output_dir))).split("/")[-1],
+            model_name=model_name
+            or (args.hub_model_id or os.path.basename(os.path.normpath(args.output_dir))).split("/")[-1],
             student=getattr(self.model.config, "_name_or_path", None) or None,
             dataset=dataset_name or self.dataset_name,
             load_from=args.hub_model_id if on_hub else args.output_dir,
@@ -397,7 +463,9 @@ class ZPPOTrainer(GRPOTrainer):
         on what it needs (per-token log-probs, or student and teacher logits), plus the MoE router's
         balancing loss as TRL adds it; what the loss reports is logged over every rank."""
         mode = "train" if self.model.training else "eval"
-        mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        mask = (
+            inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        )
         loss_inputs = LossInputs(mask=mask, normalizer=self._dapo_normalizer(inputs, mode))
         aux_loss = None
         if self.objective_loss.needs == "logits":
@@ -412,7 +480,9 @@ class ZPPOTrainer(GRPOTrainer):
         out = self.objective_loss.fn(loss_inputs, self.args)
         loss = out.loss
         if self.aux_loss_enabled and aux_loss is not None:  # as TRL: scaled for gradient accumulation
-            loss = loss + self.router_aux_loss_coef * aux_loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)
+            loss = loss + self.router_aux_loss_coef * aux_loss / (
+                self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            )
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
         self._log_loss(mode, out)
         return loss
@@ -422,9 +492,14 @@ class ZPPOTrainer(GRPOTrainer):
         input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
         return self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, inputs["completion_ids"].size(1), compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled, **{key: inputs.get(key) for key in _MULTIMODAL_FIELDS},
-        )  # fmt: skip
+            model,
+            input_ids,
+            attention_mask,
+            inputs["completion_ids"].size(1),
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **{key: inputs.get(key) for key in _MULTIMODAL_FIELDS},
+        )
 
     def _dapo_normalizer(self, inputs, mode: str) -> torch.Tensor:
         """TRL's ``"dapo"`` divisor: ``num_items_in_batch`` rescaled to one accumulation window (ZPPO's
@@ -458,7 +533,7 @@ class ZPPOTrainer(GRPOTrainer):
     def load_zppo_state_dict(self, state: Mapping) -> None:
         """Restore :meth:`zppo_state_dict` exactly."""
         self.replay_buffer.load_state_dict(state["buffer"])
-        self._admitted_at = {key: r for key, r in state["admitted_at"]}
+        self._admitted_at = dict(state["admitted_at"])
         self.counters = defaultdict(float, state["counters"])
         version, internal, gauss = state["rng"]
         self._rng.setstate((version, tuple(internal), gauss))
@@ -480,7 +555,12 @@ class ZPPOTrainer(GRPOTrainer):
         images = row.get(data.IMAGES) or []
         if not images:
             return [{"role": "user", "content": text}]
-        return [{"role": "user", "content": [*({"type": "image", "image": im} for im in images), {"type": "text", "text": text}]}]
+        return [
+            {
+                "role": "user",
+                "content": [*({"type": "image", "image": im} for im in images), {"type": "text", "text": text}],
+            }
+        ]
 
     def _grade(self, row: Mapping, texts: Sequence[str]) -> list[bool]:
         """Grade teacher rollouts with the trainer's own reward functions (sync or async, as TRL allows)."""
@@ -520,7 +600,10 @@ class ZPPOTrainer(GRPOTrainer):
         # 3. Plain rollouts, scored; plain accuracy r_x per question over all ranks.
         plain_round = self._generate_round(draw.plain, "plain", metrics)
         accuracy = plain_accuracy(
-            plain_round.groups_per_rank, plain_round.rewards, self.num_generations, order=draw.new_keys + draw.replay_keys
+            plain_round.groups_per_rank,
+            plain_round.rewards,
+            self.num_generations,
+            order=draw.new_keys + draw.replay_keys,
         )
         # 4-6. The row's optimizer micro-batches.
         if args.distillation is not None:
@@ -535,7 +618,9 @@ class ZPPOTrainer(GRPOTrainer):
         self._record_step(metrics, start)
         return micro_batches
 
-    def _augmented_batches(self, teacher_future: Any, draw: Draw, plain_round: Round, accuracy: Mapping, metrics: dict) -> list[dict]:
+    def _augmented_batches(
+        self, teacher_future: Any, draw: Draw, plain_round: Round, accuracy: Mapping, metrics: dict
+    ) -> list[dict]:
         """Steps 4-6 of ZPPO and of the rows built on its step 5 (GRPO†, Hint, Prefix, the SFT controls)."""
         augmenting = self._augmenting
         # 4. The pre-cap; the teacher's replies collected and graded, with the wrong plain rollouts of those questions.
@@ -570,7 +655,9 @@ class ZPPOTrainer(GRPOTrainer):
             evidence = self._gather_evidence(teacher_future, draw, plain_round, keys, metrics)
             built = BuiltGroups()
             for key in self.ranks.share(keys):
-                built.groups += [BuiltGroup("off_distill", key, target=text) for text in evidence.teacher_correct.get(key, ())]
+                built.groups += [
+                    BuiltGroup("off_distill", key, target=text) for text in evidence.teacher_correct.get(key, ())
+                ]
             metrics["distill_questions_with_target"] = sum(1 for key in keys if evidence.teacher_correct.get(key))
             targets = self._target_round(built, draw.plain[0].row, metrics)
         return self._target_batches(targets, draw, metrics)
@@ -607,14 +694,20 @@ class ZPPOTrainer(GRPOTrainer):
         G = self.num_generations
         t0 = time.perf_counter()
         rows = [self._with_prompt(g.row, g.block) for g in groups for _ in range(G)]
-        with self._round_in_flight(RoundRequest(response_prefixes=[g.response_prefix for g in groups for _ in range(G)])) as request:
+        with self._round_in_flight(
+            RoundRequest(response_prefixes=[g.response_prefix for g in groups for _ in range(G)])
+        ) as request:
             batch = super()._generate_and_score_completions(rows)
-        for name in _TOKEN_TYPE_FIELDS:  # widths as the prompts with their prefixes (see _get_per_token_logps_and_entropies)
+        for (
+            name
+        ) in _TOKEN_TYPE_FIELDS:  # widths as the prompts with their prefixes (see _get_per_token_logps_and_entropies)
             if name in batch and batch[name].size(1) != batch["prompt_ids"].size(1) + batch["completion_ids"].size(1):
                 batch[name] = self._token_types(torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1))
         groups_per_rank = self.ranks.gather([(g.kind, g.row[data.ID]) for g in groups])
         unscorable = torch.isnan(request.rewards)
-        real = torch.tensor([kind != FILLER for rank_groups in groups_per_rank for kind, _ in rank_groups]).repeat_interleave(G)
+        real = torch.tensor(
+            [kind != FILLER for rank_groups in groups_per_rank for kind, _ in rank_groups]
+        ).repeat_interleave(G)
         self.counters["unscorable_total"] += int((unscorable & real).sum())
         rewards = torch.nan_to_num(request.rewards, nan=0.0)
         metrics[f"time/{round_name}_generation_s"] = time.perf_counter() - t0
@@ -636,14 +729,21 @@ class ZPPOTrainer(GRPOTrainer):
         if over:
             logger.warning(
                 "%d %s prompt(s) leave less than max_completion_length=%d tokens to generate in the student's context "
-                "(vllm_max_model_length=%d; longest prompt %d tokens): their rollouts are cut short. Start the student "
-                "server with a larger --max-model-len and set vllm_max_model_length to it (see ZPPOConfig.context_lengths())",
-                over, round_name, args.max_completion_length, context, longest,
-            )  # fmt: skip
+                "(vllm_max_model_length=%d; longest prompt %d tokens): their rollouts are cut short. Start the "
+                "student server with a larger --max-model-len and set vllm_max_model_length to it (see "
+                "ZPPOConfig.context_lengths())",
+                over,
+                round_name,
+                args.max_completion_length,
+                context,
+                longest,
+            )
 
     # 4.
 
-    def _gather_evidence(self, teacher_future: Any, draw: Draw, plain_round: Round, hard: Sequence, metrics: dict) -> Evidence:
+    def _gather_evidence(
+        self, teacher_future: Any, draw: Draw, plain_round: Round, hard: Sequence, metrics: dict
+    ) -> Evidence:
         """Step 4: the teacher's replies graded, and the wrong plain rollouts, of the hard questions (all ranks)."""
         G = self.num_generations
         t0 = time.perf_counter()
@@ -675,7 +775,9 @@ class ZPPOTrainer(GRPOTrainer):
         most_built = self.ranks.largest(len(built.groups))
         metrics["compression_failures"] = self.ranks.total(built.failures)
         metrics["dropped"] = len(plan) - self.ranks.total(len(built.instances))
-        for name in self.augmentation.summed_metrics if self.augmentation is not None else ():  # per-rank counts of the build
+        for name in (
+            self.augmentation.summed_metrics if self.augmentation is not None else ()
+        ):  # per-rank counts of the build
             metrics[name] = self.ranks.total(metrics.get(name, 0))
         return built, most_built
 
@@ -726,11 +828,17 @@ class ZPPOTrainer(GRPOTrainer):
         rounds = [r for r in (plain_round, augmented_round) if r.batch is not None]
         batch = concat_batches([r.batch for r in rounds], self._tokenizer.pad_token_id)
         kinds_per_rank = [[kind for r in rounds for kind, _key in r.groups_per_rank[rank]] for rank in range(world)]
-        rewards_per_rank = [sum((r.rewards.view(world, -1)[rank].tolist() for r in rounds), []) for rank in range(world)]
-        result = policy_partitions(batch, kinds_per_rank, rewards_per_rank, G, self.args, self.ranks, self._rng.getrandbits(32))
+        rewards_per_rank = [
+            sum((r.rewards.view(world, -1)[rank].tolist() for r in rounds), []) for rank in range(world)
+        ]
+        result = policy_partitions(
+            batch, kinds_per_rank, rewards_per_rank, G, self.args, self.ranks, self._rng.getrandbits(32)
+        )
         metrics["skipped_partitions"] = result.skipped
         metrics.update(advantage_stats(list(result.trained.values())))
-        self._log_trained_advantages(result.trained, [len(r.groups_per_rank[0]) * G for r in (plain_round, augmented_round)])
+        self._log_trained_advantages(
+            result.trained, [len(r.groups_per_rank[0]) * G for r in (plain_round, augmented_round)]
+        )
         return result.micro_batches
 
     def _target_batches(self, targets: Round, draw: Draw, metrics: dict) -> list[dict]:
@@ -791,7 +899,11 @@ class ZPPOTrainer(GRPOTrainer):
         then the augmentation's own audit (e.g. BCQ's candidate match), summed over ranks."""
         G = self.num_generations
         out = kind_metrics(
-            self.augmentation.kinds, [inst.kind for inst in plan], augmented_round.groups_per_rank, augmented_round.rewards, G
+            self.augmentation.kinds,
+            [inst.kind for inst in plan],
+            augmented_round.groups_per_rank,
+            augmented_round.rewards,
+            G,
         )
         counts = self.augmentation.audit_counts(built.instances, augmented_round.texts, G)
         if counts and self.ranks.world > 1:
@@ -812,14 +924,21 @@ class ZPPOTrainer(GRPOTrainer):
         step_time = time.perf_counter() - start
         uses_teacher = self.teacher is not None
         stats = self.teacher.stats(reset=True) if uses_teacher else {"requests": 0, "failed": 0, "latency_mean_s": 0.0}
-        local = torch.tensor([step_time, teacher_wait, stats["requests"], stats["failed"], stats["latency_mean_s"]], dtype=torch.float64)
-        per_rank = torch.stack([torch.as_tensor(x) for x in self.ranks.gather(local)]) if self.ranks.world > 1 else local[None]
+        local = torch.tensor(
+            [step_time, teacher_wait, stats["requests"], stats["failed"], stats["latency_mean_s"]], dtype=torch.float64
+        )
+        per_rank = (
+            torch.stack([torch.as_tensor(x) for x in self.ranks.gather(local)])
+            if self.ranks.world > 1
+            else local[None]
+        )
         metrics.update(timing_metrics(per_rank, uses_teacher))
         if uses_teacher and metrics["teacher/failures"]:
             logger.warning(
                 "teacher: %d of %d requests failed this step; the step continues with what came back",
-                metrics["teacher/failures"], metrics["teacher/requests"],
-            )  # fmt: skip
+                metrics["teacher/failures"],
+                metrics["teacher/requests"],
+            )
         self.counters["rollout_steps"] += 1
         accumulate_totals(self.counters, metrics, self.augmentation.kinds if self.augmentation is not None else ())
         metrics.update(self.counters)
@@ -838,11 +957,16 @@ def _row_index(dataset: Any) -> dict[Any, int]:
         raise ValueError("train_dataset must be a map-style datasets.Dataset: replayed questions are looked up by id")
     missing = [c for c in (data.ID, data.QUESTION, data.ANSWER, data.IMAGES) if c not in dataset.column_names]
     if missing:
-        raise ValueError(f"train_dataset is missing column(s) {missing}; expected the schema of zppo_trl.data {list(data.COLUMNS)}")
+        raise ValueError(
+            f"train_dataset is missing column(s) {missing}; expected the schema of zppo_trl.data {list(data.COLUMNS)}"
+        )
     seen: dict[Any, int] = {}
     for i, key in enumerate(dataset[data.ID]):
         if key in seen:
-            raise ValueError(f"train_dataset rows {seen[key]} and {i}: duplicate id {key!r}; ids key the replay buffer and must be unique")
+            raise ValueError(
+                f"train_dataset rows {seen[key]} and {i}: duplicate id {key!r}; ids key the replay buffer and "
+                "must be unique"
+            )
         seen[key] = i
     return seen
 
@@ -864,7 +988,10 @@ def _gspo_warning_expected(args: ZPPOConfig):
 
     def expected(record: logging.LogRecord) -> bool:
         # accelerate's logger prefixes the rank ("[RANK 0] "), hence `in`
-        return not (args.policy_objective == "gspo" and "When using `importance_sampling_level='sequence'`" in record.getMessage())
+        return not (
+            args.policy_objective == "gspo"
+            and "When using `importance_sampling_level='sequence'`" in record.getMessage()
+        )
 
     trl_logger.addFilter(expected)
     try:

@@ -32,7 +32,9 @@ def rollout_rows(rows: list[dict]) -> list[dict]:
 def totals(rows: list[dict]) -> dict:
     """Run totals from the rollout rows: counts, and the in-prompt accuracy of BCQ/NCQ rollouts."""
     last = rows[-1]
-    out = {k: int(last.get(f"zppo/{k}_total", 0)) for k in ("admitted", "graduated", "bcq", "ncq", "skipped_partitions")}
+    out = {
+        k: int(last.get(f"zppo/{k}_total", 0)) for k in ("admitted", "graduated", "bcq", "ncq", "skipped_partitions")
+    }
     out["buffer"] = int(last.get("zppo/buffer_size", 0))
     for kind in KINDS:
         for what in ("trained", "signal", "correct", "rollouts"):
@@ -67,8 +69,21 @@ def plot(rows: list[dict], out_path: Path) -> Path:
     ax.legend()
     ax = axes[1][0]
     for offset, kind, color in ((-1.5, "bcq", "tab:blue"), (0.5, "ncq", "tab:red")):
-        ax.bar([s + offset * width for s in x], series(f"{kind}_trained"), width, label=f"{kind.upper()} groups", color=color, alpha=0.45)
-        ax.bar([s + (offset + 1) * width for s in x], series(f"{kind}_signal"), width, label=f"{kind.upper()} with signal", color=color)
+        ax.bar(
+            [s + offset * width for s in x],
+            series(f"{kind}_trained"),
+            width,
+            label=f"{kind.upper()} groups",
+            color=color,
+            alpha=0.45,
+        )
+        ax.bar(
+            [s + (offset + 1) * width for s in x],
+            series(f"{kind}_signal"),
+            width,
+            label=f"{kind.upper()} with signal",
+            color=color,
+        )
     ax.set_title("reformulated groups trained, and those with a learning signal")
     ax.set_ylabel("groups")
     ax.legend(fontsize=8)
@@ -78,11 +93,30 @@ def plot(rows: list[dict], out_path: Path) -> Path:
     for step, accuracy, n in zip(x, series("plain_accuracy"), questions):
         ax.annotate(f"{n}q", (step, accuracy), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
     for kind, color, shift in (("bcq", "tab:blue", -0.12), ("ncq", "tab:red", 0.12)):  # side by side, never hidden
-        points = [(s + shift, r[f"zppo/{kind}_accuracy"], int(r.get(f"zppo/{kind}_rollouts", 0))) for s, r in zip(x, rows) if r.get(f"zppo/{kind}_trained")]
+        points = [
+            (s + shift, r[f"zppo/{kind}_accuracy"], int(r.get(f"zppo/{kind}_rollouts", 0)))
+            for s, r in zip(x, rows)
+            if r.get(f"zppo/{kind}_trained")
+        ]
         if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="s", linestyle="none", color=color, label=f"{kind.upper()} in-prompt")
+            ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                marker="s",
+                linestyle="none",
+                color=color,
+                label=f"{kind.upper()} in-prompt",
+            )
             for step, accuracy, rollouts in points:
-                ax.annotate(f"n={rollouts}", (step, accuracy), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7, color=color)
+                ax.annotate(
+                    f"n={rollouts}",
+                    (step, accuracy),
+                    textcoords="offset points",
+                    xytext=(0, 6),
+                    ha="center",
+                    fontsize=7,
+                    color=color,
+                )
     ax.set_ylim(-0.05, 1.05)
     ax.set_title("accuracy (plain: questions per step; in-prompt: n rollouts)")
     ax.legend(fontsize=8)
@@ -120,7 +154,9 @@ def summary(rows: list[dict]) -> list[str]:
             f"{_accuracy(t[f'{kind}_correct'], t[f'{kind}_rollouts'])}"
         )
     if not t["bcq_trained"] + t["ncq_trained"]:
-        lines.append("warning: no BCQ or NCQ group this run (the teacher's and student's samples decide it); run it again")
+        lines.append(
+            "warning: no BCQ or NCQ group this run (the teacher's and student's samples decide it); run it again"
+        )
     elif not t["bcq_signal"] + t["ncq_signal"]:
         lines.append(
             "note: every BCQ/NCQ group was all right or all wrong, so none carried a learning signal "
@@ -136,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = rollout_rows(read_metrics(args.run_dir / "metrics.jsonl"))
     if not rows:
-        raise SystemExit(f"{args.run_dir / 'metrics.jsonl'} has no rollout-step metrics (zppo/ keys); did the run log any step?")
+        raise SystemExit(
+            f"{args.run_dir / 'metrics.jsonl'} has no rollout-step metrics (zppo/ keys); did the run log any step?"
+        )
     out = plot(rows, args.out or args.run_dir / "zppo_run.png")
     print(f"figure: {out}")
     print("\n".join(summary(rows)))

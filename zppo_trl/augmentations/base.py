@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Evidence", "AugmentationInputs", "Augmentation", "BuiltGroup", "BuiltGroups", "teacher_results"]
+__all__ = ["Augmentation", "AugmentationInputs", "BuiltGroup", "BuiltGroups", "Evidence", "teacher_results"]
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 from ..prompts import hint_block
 from .base import Augmentation, AugmentationInputs, BuiltGroup, BuiltGroups, Evidence, teacher_results
 
-__all__ = ["Guidance", "answer_free", "TeacherHint", "ResponsePrefix"]
+__all__ = ["Guidance", "ResponsePrefix", "TeacherHint", "answer_free"]
 
 
 def answer_free(hint: str) -> bool:

@@ -32,7 +32,7 @@ from typing import Any
 from ..prompts import CORRECT_TAG, INCORRECT_TAG, render_correction, render_reflection
 from .base import Augmentation, AugmentationInputs, BuiltGroup, BuiltGroups, Evidence, teacher_results
 
-__all__ = ["SupervisedInstance", "CorrectionTargets", "ReflectionTargets"]
+__all__ = ["CorrectionTargets", "ReflectionTargets", "SupervisedInstance"]
 
 # key, text -> the teacher chat: the question's images (if any), then the text.
 TeacherChat = Callable[[Hashable, str], list]

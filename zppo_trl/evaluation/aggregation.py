@@ -14,7 +14,7 @@ from typing import Any
 
 from .spec import ItemRecord, ItemVerdict, TaskSpec
 
-__all__ = ["aggregate", "AGGREGATORS"]
+__all__ = ["AGGREGATORS", "aggregate"]
 
 
 def _record(item: Any) -> tuple[float, str | None]:

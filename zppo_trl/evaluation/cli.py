@@ -22,7 +22,7 @@ from ..teacher import TeacherClient
 from .runner import EvalOptions, EvaluationError, run_suite
 from .tasks import PAPER_DECODING, select
 
-__all__ = ["main", "run_main", "data_locations"]
+__all__ = ["data_locations", "main", "run_main"]
 
 
 def _positive(text: str) -> int:

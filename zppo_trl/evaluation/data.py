@@ -42,7 +42,7 @@ from typing import Any
 from ..data import is_hub_id
 from .tasks import ALL_CONFIGS, SUITE, TaskSpec
 
-__all__ = ["load_setting", "spec_columns", "table_configs", "DATA_SUFFIXES"]
+__all__ = ["DATA_SUFFIXES", "load_setting", "spec_columns", "table_configs"]
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from typing import Any
 from .spec import EvalRequest, JudgeScore, TaskSpec
 from .tasks import SUITE
 
-__all__ = ["BENCH_JUDGE_SETTINGS", "JudgeScore", "render_bench_judge", "score_bench_judge", "request_judge_prompt"]
+__all__ = ["BENCH_JUDGE_SETTINGS", "JudgeScore", "render_bench_judge", "request_judge_prompt", "score_bench_judge"]
 
 BENCH_JUDGE_SETTINGS = tuple(name for name, spec in SUITE.items() if spec.bench_judge is not None)
 """The settings scored by their benchmark's own judge prompt, as named in `tasks.SUITE`."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from PIL import Image
 
-__all__ = ["MediaError", "load_image", "video_frames", "read_subtitles", "DEFAULT_MAX_FRAMES"]
+__all__ = ["DEFAULT_MAX_FRAMES", "MediaError", "load_image", "read_subtitles", "video_frames"]
 
 DEFAULT_MAX_FRAMES = 32
 """Frames sampled per video unless the run says otherwise (see `video_frames`)."""
@@ -107,7 +107,7 @@ def load_image(value: Any, where: str) -> Image.Image:
 
 
 def _open_video(path: Any):
-    import av  # noqa: PLC0415 - optional at import time: only video settings need PyAV
+    import av
 
     if path is None:
         raise MediaError("video path is None (the video file was not found)")
@@ -132,7 +132,7 @@ def _frame_time(frame, time_base: Fraction) -> float | None:
 
 def _decode_all(container, stream, path: Path) -> list:
     try:
-        return [frame for frame in container.decode(stream)]
+        return list(container.decode(stream))
     except Exception as err:  # noqa: BLE001
         raise MediaError(f"video file {str(path)!r} cannot be decoded ({err})") from None
 

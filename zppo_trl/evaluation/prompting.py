@@ -54,14 +54,14 @@ from .spec import PRESENTED_OPTIONS, EvalRequest, TaskSpec
 from .tasks import SUITE
 
 __all__ = [
-    "EvalRequest",
-    "build_requests",
-    "strip_directives",
-    "render_options",
     "GENERIC_DIRECTIVES",
     "IMAGE_ONLY_QUESTION",
-    "SUBTITLES_HEADER",
     "NO_SUBTITLES",
+    "SUBTITLES_HEADER",
+    "EvalRequest",
+    "build_requests",
+    "render_options",
+    "strip_directives",
 ]
 
 IMAGE_ONLY_QUESTION = "Answer the question shown in the image."

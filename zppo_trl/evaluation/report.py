@@ -31,7 +31,7 @@ from .runner import RESULTS_FILE
 from .stats import BootstrapResult, macro_average, paired_bootstrap, paired_bootstrap_table
 from .tasks import FAMILIES, FAMILY_NAMES, SUITE, select
 
-__all__ = ["RunResults", "load_run", "comparison_table", "bootstrap_table", "family_plot", "compare_main"]
+__all__ = ["RunResults", "bootstrap_table", "compare_main", "comparison_table", "family_plot", "load_run"]
 
 FAMILY_TITLES = {"vlm": "VLM", "llm": "LLM", "video": "Video"}
 """How the paper's tables spell each family."""

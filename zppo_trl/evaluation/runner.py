@@ -54,11 +54,11 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "EvalOptions",
     "EvaluationError",
+    "RecordStore",
     "RunDirectoryMismatch",
     "run_suite",
     "sampling_extra_body",
     "summarize_setting",
-    "RecordStore",
 ]
 
 RESULTS_FILE = "results.json"
@@ -462,7 +462,7 @@ def _scored_by_pass(
     Skipped items are never scored. Under ``worst_case_variants`` (DynaMath) a seed with a skipped
     variant is left out of that pass entirely: its worst case is unknown.
     """
-    skipped = {p: 0 for p in range(passes)}
+    skipped = dict.fromkeys(range(passes), 0)
     broken: dict[int, set] = {p: set() for p in range(passes)}
     for key, skip in store.skips.items():
         pass_index = _parse_key(key)[0]
@@ -654,7 +654,7 @@ def _write_results(run_dir: Path, manifest: dict, settings: Mapping[str, Any], j
         "base_url": manifest["base_url"],
         "judge_model": manifest["judge_model"],
         "judged": judged,
-        "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "passes": manifest["passes"],
         "max_samples": manifest["max_samples"],
         "paper_decoding": manifest["decoding"] == dataclasses.asdict(PAPER_DECODING)

@@ -37,13 +37,13 @@ from .spec import PRESENTED_OPTIONS, ItemRecord, ItemVerdict, TaskSpec
 from .tasks import SUITE
 
 __all__ = [
-    "ItemVerdict",
+    "PRESENTED_OPTIONS",
     "ItemRecord",
-    "score_deterministic",
+    "ItemVerdict",
+    "aggregate",
     "exact_gold",
     "rule_gold",
-    "aggregate",
-    "PRESENTED_OPTIONS",
+    "score_deterministic",
 ]
 
 

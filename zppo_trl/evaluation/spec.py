@@ -20,21 +20,21 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "FAMILY_NAMES",
-    "SCORINGS",
     "AGGREGATIONS",
-    "GOLD_FORMS",
     "ALL_CONFIGS",
+    "FAMILY_NAMES",
+    "GOLD_FORMS",
+    "JUDGE_DECODING",
+    "PAPER_DECODING",
     "PRESENTED_OPTIONS",
-    "TaskSpec",
+    "SCORINGS",
     "BenchJudge",
     "DecodingConfig",
-    "PAPER_DECODING",
-    "JUDGE_DECODING",
     "EvalRequest",
-    "ItemVerdict",
     "ItemRecord",
+    "ItemVerdict",
     "JudgeScore",
+    "TaskSpec",
 ]
 
 FAMILY_NAMES = ("vlm", "llm", "video")

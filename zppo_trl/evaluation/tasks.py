@@ -26,18 +26,18 @@ from .spec import (
 )
 
 __all__ = [
-    "SUITE",
-    "FAMILIES",
-    "select",
-    "TaskSpec",
-    "DecodingConfig",
-    "PAPER_DECODING",
-    "JUDGE_DECODING",
-    "FAMILY_NAMES",
-    "SCORINGS",
     "AGGREGATIONS",
     "ALL_CONFIGS",
+    "FAMILIES",
+    "FAMILY_NAMES",
+    "JUDGE_DECODING",
+    "PAPER_DECODING",
+    "SCORINGS",
+    "SUITE",
+    "DecodingConfig",
     "Fields",
+    "TaskSpec",
+    "select",
 ]
 
 SUITE: dict[str, TaskSpec] = {spec.name: spec for spec in _SPECS}

@@ -27,16 +27,16 @@ from ..spec import BenchJudge, ItemRecord, JudgeScore, TaskSpec
 
 __all__ = [
     "CHARXIV",
-    "SPECS",
-    "CHARXIV_REASONING_TEMPLATE",
+    "CHARXIV_DESCRIPTIVE_QUESTIONS",
+    "CHARXIV_DESCRIPTIVE_RUBRICS",
     "CHARXIV_DESCRIPTIVE_TEMPLATE",
     "CHARXIV_REASONING_RULES",
-    "CHARXIV_DESCRIPTIVE_RUBRICS",
-    "CHARXIV_DESCRIPTIVE_QUESTIONS",
+    "CHARXIV_REASONING_TEMPLATE",
     "CHARXIV_RUBRIC_CLASS",
-    "render_charxiv_reasoning",
-    "render_charxiv_descriptive",
+    "SPECS",
     "parse_charxiv",
+    "render_charxiv_descriptive",
+    "render_charxiv_reasoning",
 ]
 
 PARTS = ("reasoning", *(f"descriptive_{i}" for i in range(1, 5)))

@@ -33,26 +33,26 @@ from typing import Any
 from ..metrics import box_iou, levenshtein
 
 __all__ = [
-    "teds",
-    "wrap_html_table",
-    "markdown_table_to_html",
-    "table_html_score",
-    "table_markdown_score",
-    "parse_dict",
-    "parse_multi_dict",
-    "chart_to_html",
     "chart_score",
+    "chart_to_html",
     "document_steds",
     "kie_combinations",
     "kie_f1",
     "kie_score",
-    "wordnet",
+    "markdown_table_to_html",
     "ocr_text_metrics",
     "ocr_text_score",
     "ocr_vqa",
-    "vqa_with_position",
-    "spotting_boxes",
+    "parse_dict",
+    "parse_multi_dict",
     "spotting",
+    "spotting_boxes",
+    "table_html_score",
+    "table_markdown_score",
+    "teds",
+    "vqa_with_position",
+    "wordnet",
+    "wrap_html_table",
 ]
 
 
@@ -62,7 +62,7 @@ __all__ = [
 class _TableNode:
     """One node of the tree TEDS compares: ``TEDS_metric.py:TableTree``."""
 
-    __slots__ = ("tag", "colspan", "rowspan", "content", "children")
+    __slots__ = ("children", "colspan", "content", "rowspan", "tag")
 
     def __init__(self, tag: Any, colspan: int | None, rowspan: int | None, content: list | None) -> None:
         self.tag, self.colspan, self.rowspan, self.content = tag, colspan, rowspan, content
@@ -88,13 +88,13 @@ def _teds_config():
 
 def _cell_tokens(node: Any, out: list) -> None:
     """``TEDS.tokenize``: a cell as ``<tag>``, its characters, its children, ``</tag>`` and tails."""
-    out.append("<%s>" % node.tag)  # (a processing instruction's tag is a function: upstream's repr too)
+    out.append(f"<{node.tag}>")  # (a processing instruction's tag is a function: upstream's repr too)
     if node.text is not None:
         out.extend(node.text)
     for child in node:
         _cell_tokens(child, out)
     if node.tag != "unk":
-        out.append("</%s>" % node.tag)
+        out.append(f"</{node.tag}>")
     if node.tag != "td" and node.tail is not None:
         out.extend(node.tail)
 
