@@ -233,14 +233,6 @@ class ZPPOTrainer(GRPOTrainer):
             self.pop_callback(PrinterCallback)
         self.add_callback(RolloutSummaryCallback)
 
-    def _set_up_console(self) -> None:
-        """One line per rollout step on the console; TRL's metrics dict only with ``full_console_logs``."""
-        if not self.args.full_console_logs:
-            if self.pop_callback(ProgressCallback) is not None:
-                self.add_callback(QuietProgressCallback)
-            self.pop_callback(PrinterCallback)
-        self.add_callback(RolloutSummaryCallback)
-
     @property
     def _augmenting(self) -> bool:
         return self.augmentation is not None and bool(self.augmentation.kinds)
