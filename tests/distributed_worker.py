@@ -97,7 +97,11 @@ def instrument(trainer: ZPPOTrainer) -> dict:
     """Wrap the rollout step, the scoring rounds and the per-micro-step inputs; return the record."""
     record: dict = {"rollout_steps": [], "micro_steps": []}
     current: dict = {}
-    rollout_step, score_round, prepare_inputs = trainer._rollout_step, trainer._score_round, trainer._prepare_inputs
+    rollout_step, generate_round, prepare_inputs = (
+        trainer._rollout_step,
+        trainer._generate_round,
+        trainer._prepare_inputs,
+    )
 
     def _rollout_step(inputs):
         current.clear()
@@ -117,9 +121,9 @@ def instrument(trainer: ZPPOTrainer) -> dict:
         )
         return micro_batches
 
-    def _score_round(groups):
+    def _generate_round(groups, name, metrics):
         current["rounds"].append([[g.kind, g.row["id"], g.block is not None] for g in groups])
-        return score_round(groups)
+        return generate_round(groups, name, metrics)
 
     def _prepare_inputs(generation_batch):
         out = prepare_inputs(generation_batch)
@@ -127,7 +131,11 @@ def instrument(trainer: ZPPOTrainer) -> dict:
             record["micro_steps"].append(_describe(out))
         return out
 
-    trainer._rollout_step, trainer._score_round, trainer._prepare_inputs = _rollout_step, _score_round, _prepare_inputs
+    trainer._rollout_step, trainer._generate_round, trainer._prepare_inputs = (
+        _rollout_step,
+        _generate_round,
+        _prepare_inputs,
+    )
     return record
 
 

@@ -152,18 +152,18 @@ def test_prefix_row_continues_a_correct_teacher_prefix_that_carries_no_loss(
     assert trainer.args.variant == "GRPO\u2020+Prefix"
     tokenizer = trainer.processing_class
     evidence, rounds = [], []
-    gather, score = trainer._gather_evidence, trainer._score_round
+    gather, generate = trainer._gather_evidence, trainer._generate_round
 
     def gather_evidence(*args, **kwargs):
         evidence.append(gather(*args, **kwargs))
         return evidence[-1]
 
-    def score_round(groups):
-        result = score(groups)
-        rounds.append((list(groups), result[0]))
+    def generate_round(groups, name, metrics):
+        result = generate(groups, name, metrics)
+        rounds.append((list(groups), result.batch))
         return result
 
-    trainer._gather_evidence, trainer._score_round = gather_evidence, score_round
+    trainer._gather_evidence, trainer._generate_round = gather_evidence, generate_round
     trainer.train()
 
     logs = _rollout_logs(trainer)
@@ -311,10 +311,10 @@ def _trained_rows(trainer, micro_batches):
 def _plain_scores(record):
     """The plain rounds as `_expected_buffer` reads them: question id and reward per rollout (fillers left out)."""
     for plain in record["plain"]:
-        G = len(plain.texts) // len(plain.meta[0])
+        G = len(plain.texts) // len(plain.groups_per_rank[0])
         kept = [
             (key, plain.rewards[g * G : (g + 1) * G].tolist())
-            for g, (kind, key) in enumerate(plain.meta[0])
+            for g, (kind, key) in enumerate(plain.groups_per_rank[0])
             if kind != "filler"
         ]
         yield {
@@ -354,7 +354,7 @@ def test_correction_sft_trains_verified_corrections_and_the_wrong_attempt_under_
     for plain in record["plain"]:
         for i, text in enumerate(plain.texts):
             if plain.rewards.view(trainer.accelerator.num_processes, -1)[0][i] <= 0.5:
-                wrong[plain.meta[0][i // G][1]].add(text.strip())
+                wrong[plain.groups_per_rank[0][i // G][1]].add(text.strip())
     rows = _trained_rows(trainer, record["micro"])
     tags = defaultdict(int)
     for prompt, target in rows:
@@ -477,7 +477,10 @@ def test_on_distill_imitates_the_teacher_on_every_student_rollout(
     assert trainer.args.variant == "On-Distill\u2020" and trainer.teacher is None  # no teacher server: logits only
     sampled = {text.strip() for plain in record["plain"] for text in plain.texts}
     rows = _trained_rows(trainer, record["micro"])
-    real = sum(kind != "filler" for plain in record["plain"] for kind, _ in plain.meta[0]) * trainer.num_generations
+    real = (
+        sum(kind != "filler" for plain in record["plain"] for kind, _ in plain.groups_per_rank[0])
+        * trainer.num_generations
+    )
     assert len(rows) == real  # every student rollout of every question, no other
     assert all(target.strip() in sampled for _, target in rows)
     assert not any("<candidate>" in prompt or "<hint>" in prompt for prompt, _ in rows)

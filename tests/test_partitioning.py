@@ -117,6 +117,9 @@ def test_step_metrics():
     )
     assert (out["bcq"], out["bcq_trained"], out["bcq_accuracy"], out["bcq_signal"]) == (2, 1, 0.5, 1)
     assert (out["ncq"], out["ncq_correct"], out["ncq_signal"]) == (1, 0, 0)
+    # every planned instance dropped (say, the teacher was down): no round, nothing trained, nothing raised
+    empty = kind_metrics(["bcq"], ["bcq", "bcq"], [[], []], None, 2)
+    assert (empty["bcq"], empty["bcq_trained"], empty["bcq_accuracy"], empty["bcq_rollouts"]) == (2, 0, 0.0, 0)
     counters = defaultdict(float, {"dropped_total": 1.0, "bcq_total": 0.0})
     accumulate_totals(counters, {"dropped": 2, "bcq": 3}, ["bcq"])
     assert counters["dropped_total"] == 3.0 and counters["bcq_total"] == 3.0 and counters["evicted_total"] == 0.0

@@ -66,7 +66,7 @@ def kind_metrics(kinds: Iterable[str], planned: Sequence[str], groups_per_rank: 
     """Per augmentation kind, over all ranks: instances planned (``planned``: the kind of each), groups
     trained, in-prompt accuracy, correct and total rollouts, and groups with a learning signal."""
     world = len(groups_per_rank)
-    per_rank = rewards.view(world, -1)
+    per_rank = rewards.view(world, -1) if rewards is not None else None  # None: a round without any group
     out: dict[str, float] = {}
     for kind in kinds:
         hits = total = signal = 0
