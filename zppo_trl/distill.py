@@ -25,7 +25,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["DISTILLATION_MODES", "DISTILLATION_NAMES", "completion_logits", "generalized_jsd", "load_distill_teacher"]
+__all__ = [
+    "DISTILLATION_MODES",
+    "DISTILLATION_NAMES",
+    "completion_logits",
+    "frozen_distill_teacher",
+    "generalized_jsd",
+    "load_distill_teacher",
+]
 
 DISTILLATION_MODES = ("off", "on")
 # How the paper's tables print the rows (a dagger is added with the replay buffer).
@@ -91,3 +98,24 @@ def load_distill_teacher(name_or_path: str, student: Any) -> Any:
     teacher = cls.from_pretrained(name_or_path, dtype=student.dtype)
     teacher.requires_grad_(False)
     return teacher.eval()
+
+
+def frozen_distill_teacher(model: Any, name_or_path: str, student: Any, tokenizer: Any) -> Any:
+    """The distillation rows' teacher: ``model`` frozen, or ``name_or_path`` loaded like the student; checked
+    to share the student's tokenizer (the rows compare next-token distributions token by token)."""
+    if model is None:
+        from transformers import AutoTokenizer
+
+        if AutoTokenizer.from_pretrained(name_or_path).get_vocab() != tokenizer.get_vocab():
+            raise ValueError(
+                f"distill_teacher {name_or_path} has another tokenizer than the student: the distillation rows "
+                "compare next-token distributions token by token, so teacher and student must share one"
+            )
+    teacher = load_distill_teacher(name_or_path, student) if model is None else model.eval().requires_grad_(False)
+    vocab = teacher.get_output_embeddings().weight.size(0)
+    if vocab < len(tokenizer):
+        raise ValueError(
+            f"distill_teacher's vocabulary ({vocab}) is smaller than the student's tokenizer ({len(tokenizer)}): "
+            "the distillation rows need a teacher that shares the student's tokenizer"
+        )
+    return teacher

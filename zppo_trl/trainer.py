@@ -54,7 +54,7 @@ from .augmentations import Augmentation, BuiltGroup, BuiltGroups, Evidence, make
 from .batches import concat_batches
 from .callbacks import QuietProgressCallback, RolloutSummaryCallback
 from .config import ZPPOConfig
-from .distill import completion_logits, load_distill_teacher
+from .distill import completion_logits, frozen_distill_teacher
 from .losses import LossInputs, LossOutput, loss_for
 from .model_card import PAPER_CITATION, PAPER_TITLE, CardFacts, render_model_card
 from .objectives import cispo_weight_bound
@@ -152,7 +152,7 @@ class ZPPOTrainer(GRPOTrainer):
         for func in reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]:
             if not callable(func) or isinstance(func, (str, torch.nn.Module)):
                 raise ValueError(f"ZPPO needs verifiable rewards: reward_funcs must be plain callables, got {func!r}")
-        row_of = _row_index(train_dataset)
+        row_of = data.row_index(train_dataset)
         with _gspo_warning_expected(args):
             super().__init__(
                 model=model,
@@ -199,26 +199,7 @@ class ZPPOTrainer(GRPOTrainer):
     def _prepare_distill_teacher(self, model: Any) -> Any:
         """``model`` (or ``args.distill_teacher`` loaded like the student), frozen and placed as TRL places
         its reference model; its vocabulary must cover the student's tokenizer."""
-        if model is None:
-            from transformers import AutoTokenizer
-
-            if AutoTokenizer.from_pretrained(self.args.distill_teacher).get_vocab() != self._tokenizer.get_vocab():
-                raise ValueError(
-                    f"distill_teacher {self.args.distill_teacher} has another tokenizer than the student: "
-                    "the distillation rows "
-                    "compare next-token distributions token by token, so teacher and student must share one"
-                )
-        teacher = (
-            load_distill_teacher(self.args.distill_teacher, self.model)
-            if model is None
-            else model.eval().requires_grad_(False)
-        )
-        if teacher.get_output_embeddings().weight.size(0) < len(self._tokenizer):
-            raise ValueError(
-                f"distill_teacher's vocabulary ({teacher.get_output_embeddings().weight.size(0)}) is smaller than "
-                "the student's tokenizer "
-                f"({len(self._tokenizer)}): the distillation rows need a teacher that shares the student's tokenizer"
-            )
+        teacher = frozen_distill_teacher(model, self.args.distill_teacher, self.model, self._tokenizer)
         if self.is_deepspeed_enabled:
             return prepare_deepspeed(teacher, self.accelerator)
         if self.is_fsdp_enabled:
@@ -939,28 +920,6 @@ class ZPPOTrainer(GRPOTrainer):
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def _row_index(dataset: Any) -> dict[Any, int]:
-    """Check ``dataset`` against the trainer's needs; return its ``{id: row}`` index."""
-    if dataset is None:
-        raise ValueError("ZPPOTrainer needs a train_dataset")
-    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "column_names") or not hasattr(dataset, "__len__"):
-        raise ValueError("train_dataset must be a map-style datasets.Dataset: replayed questions are looked up by id")
-    missing = [c for c in (data.ID, data.QUESTION, data.ANSWER, data.IMAGES) if c not in dataset.column_names]
-    if missing:
-        raise ValueError(
-            f"train_dataset is missing column(s) {missing}; expected the schema of zppo_trl.data {list(data.COLUMNS)}"
-        )
-    seen: dict[Any, int] = {}
-    for i, key in enumerate(dataset[data.ID]):
-        if key in seen:
-            raise ValueError(
-                f"train_dataset rows {seen[key]} and {i}: duplicate id {key!r}; ids key the replay buffer and "
-                "must be unique"
-            )
-        seen[key] = i
-    return seen
 
 
 def _with_text(completion: Any, text: str) -> Any:
