@@ -291,13 +291,18 @@ def _training_batches(processing, rows: list[dict], role: str, kind: str) -> lis
         fixes = []
         for row in rows:
             right, wrong = (decode(completion(a)) for a in (row["answer"], distractors(row)[0]))
-            for request in (
-                render_correction(row["question"], wrong),
-                render_reflection(row["question"], right, [wrong, wrong]),
-            ):
+            # A revision request carries every wrong plain rollout of a hard question: 3 or 4 of G = 4
+            # with both distractors among them, as the trainer sends it (and 2, as a lighter case).
+            wrongs = [decode(completion(d)) for d in distractors(row)]
+            requests = [(render_correction(row["question"], wrong), 1 / 8)]
+            requests += [
+                (render_reflection(row["question"], right, [wrongs[i % 2] for i in range(n)]), 1 / 8 / 3)
+                for n in (2, 3, 4)
+            ]
+            for request, weight in requests:
                 conversation = [{"role": "user", "content": request}]
                 prompt = processing.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
-                fixes.append((prompt + completion(row["answer"]), [], completion(row["answer"]), 1 / 8))
+                fixes.append((prompt + completion(row["answer"]), [], completion(row["answer"]), weight))
         batches.append(_training_batch(processing, fixes, with_images=False))
     return batches
 

@@ -287,9 +287,9 @@ def _train_recorded(trainer) -> dict:
     return record
 
 
-def _supervised_run(student_dir, server, tmp_path, kind):
-    """Train the supervised ``kind`` row for two rollout steps, recorded (`_train_recorded`)."""
-    trainer = _trainer(student_dir, server, tmp_path, [kind], Spy())
+def _supervised_run(student_dir, server, tmp_path, kind, **overrides):
+    """Train the supervised ``kind`` row (two rollout steps unless ``max_steps`` says), recorded (`_train_recorded`)."""
+    trainer = _trainer(student_dir, server, tmp_path, [kind], Spy(), **overrides)
     return trainer, _train_recorded(trainer)
 
 
@@ -378,7 +378,11 @@ def test_correction_sft_trains_verified_corrections_and_the_wrong_attempt_under_
 def test_error_reflection_sft_trains_verified_revisions_under_the_bare_question(
     boxed_text_student_dir, boxed_teacher_server, tmp_path
 ):
-    trainer, record = _supervised_run(boxed_text_student_dir, boxed_teacher_server, tmp_path, "reflection")
+    # The tiny teacher verifies a revision of 3-4 wrong attempts about one time in six: six rollout steps
+    # (24 revision requests) make a run without any verified revision unlikely (about 1%).
+    trainer, record = _supervised_run(
+        boxed_text_student_dir, boxed_teacher_server, tmp_path, "reflection", max_steps=12
+    )
     assert trainer.args.variant == "Error-reflection-SFT\u2020"
     questions = {row["id"]: row["question"] for row in toy_rows("text")}
     assert trainer.counters["reflection_trained_total"] > 0, _rollout_logs(trainer)
