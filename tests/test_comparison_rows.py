@@ -288,7 +288,7 @@ def _train_recorded(trainer) -> dict:
 
 
 def _supervised_run(student_dir, server, tmp_path, kind, **overrides):
-    """Train the supervised ``kind`` row (two rollout steps unless ``max_steps`` says), recorded (`_train_recorded`)."""
+    """Train the supervised ``kind`` row (two rollout steps unless ``max_steps`` says); recorded."""
     trainer = _trainer(student_dir, server, tmp_path, [kind], Spy(), **overrides)
     return trainer, _train_recorded(trainer)
 
