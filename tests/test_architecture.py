@@ -25,7 +25,7 @@ PURE = (
     "advantages",
     "rewards",
     "losses",
-    "objectives",
+    "ranks",
     "partitioning",
     "rollout",
     "step_metrics",

@@ -14,8 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from zppo_trl.losses import LOSSES, LossInputs, loss_for, register_loss
-from zppo_trl.objectives import DispoBounds
+from zppo_trl.losses import LOSSES, DispoBounds, LossInputs, loss_for, register_loss
 
 ARGS = SimpleNamespace(
     epsilon=0.2,

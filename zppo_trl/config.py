@@ -9,7 +9,7 @@ dual clip ``max(q, c_dual * A)`` of the paper's dual-clip equation, and for A >=
 ``1 + epsilon_high < delta``.
 
 ``policy_objective`` swaps Step 6's objective for one of the paper's appendix on alternative policy
-objectives (GSPO, CISPO, DISPO; see :mod:`zppo_trl.objectives`); it alone may move TRL's objective settings
+objectives (GSPO, CISPO, DISPO; see :mod:`zppo_trl.losses`); it alone may move TRL's objective settings
 off the paper's (``importance_sampling_level`` for GSPO, ``loss_type`` for CISPO).
 
 The I optimizer partitions of one rollout step map onto TRL's batching as
@@ -30,8 +30,7 @@ from .advantages import NORMALIZATIONS
 from .augmentations import check_kinds
 from .context import PAPER_MAX_PROMPT_LENGTH, ContextLengths, context_lengths
 from .distill import DISTILLATION_MODES, DISTILLATION_NAMES
-from .losses import policy_objectives
-from .objectives import DUAL_CLIP_OBJECTIVES, DispoBounds
+from .losses import DispoBounds, policy_objectives
 from .prompts import RL_CLOSER
 from .reformulate import KINDS, augment_limit
 from .replay import replay_count
@@ -462,7 +461,7 @@ class ZPPOConfig(GRPOConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if self.policy_objective not in DUAL_CLIP_OBJECTIVES:
+        if not policy_objectives()[self.policy_objective].dual_clip:
             return  # CISPO and DISPO bound the importance weight themselves: delta plays no part in them
         if self.delta is None:
             raise ValueError("delta=None turns off the dual clip, which ZPPO's objective has; set delta (paper: 10.0)")
@@ -605,7 +604,7 @@ class ZPPOConfig(GRPOConfig):
 
     @property
     def dispo_bounds(self) -> DispoBounds:
-        """DISPO's four clip epsilons (see :func:`zppo_trl.objectives.dispo_per_token_loss`)."""
+        """DISPO's four clip epsilons (see :func:`zppo_trl.losses.dispo_per_token_loss`)."""
         return DispoBounds(
             self.dispo_epsilon_low_pos,
             self.dispo_epsilon_high_pos,

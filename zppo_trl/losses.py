@@ -24,6 +24,19 @@ operation, so the paper's objective trains bit for bit as TRL's would (tests/tes
 
 A loss also returns what it wants logged: ``means`` (name -> a masked sum and its count, averaged over
 every rank's tokens) and ``extremes`` (name -> per-response values and ``"min"``/``"max"`` over ranks).
+
+The policy objectives (``policy_objective``): the paper trains ZPPO with GRPO (the DAPO token-level
+clipped surrogate with the dual clip) and reports three alternatives on the GRPO† pipeline, every
+other setting as in its hyperparameter table (the appendix's objective comparison). With
+r = pi_theta / pi_old per token, A the rollout's advantage and sg the stop-gradient:
+
+- ``"grpo"``: ``min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``, and ``max(., c_dual A)`` for A < 0.
+- ``"gspo"`` (Zheng et al. 2025, Group Sequence Policy Optimization): the same clipped surrogate
+  on one ratio per rollout, ``s = exp(mean_t log r_t)`` (the length-normalised geometric mean).
+- ``"cispo"`` (MiniMax-M1, Chen et al. 2025): clip the importance weight, not the update:
+  ``sg(min(r, 1 + eps_high)) A log pi`` (no lower bound, as MiniMax-M1 trains it).
+- ``"dispo"`` (Karaman et al. 2026): :func:`dispo_per_token_loss`.
+
 This module is pure: torch only, no TRL, no trainer.
 """
 
@@ -174,19 +187,21 @@ class Loss:
     needs: str = "logps"
     objective: str | None = None
     printed: str | None = None
+    dual_clip: bool = False
 
 
 LOSSES: dict[str, Loss] = {}
 
 
 def register_loss(
-    name: str, needs: str = "logps", objective: str | None = None, printed: str | None = None
+    name: str, needs: str = "logps", objective: str | None = None, printed: str | None = None, dual_clip: bool = False
 ) -> Callable:
     """Register ``fn(inputs: LossInputs, args) -> LossOutput`` under ``name`` (``args`` is the ZPPOConfig).
 
     With ``objective``, the loss is a policy objective: ``policy_objective: <objective>`` selects it, and
     ``printed`` (default: ``objective`` upper-cased) names the row in the dry run, the model card and
-    the metrics, as the paper's tables do.
+    the metrics, as the paper's tables do. ``dual_clip`` says the loss reads ``delta`` (the dual clip), so
+    the configuration checks it.
     """
     if needs not in ("logps", "logits"):
         raise ValueError(f"needs must be 'logps' or 'logits', got {needs!r}")
@@ -198,7 +213,9 @@ def register_loss(
             raise ValueError(
                 f"policy_objective {objective!r} is already registered (loss {policy_objectives()[objective].name!r})"
             )
-        LOSSES[name] = Loss(name, fn, needs, objective, printed or (objective.upper() if objective else None))
+        LOSSES[name] = Loss(
+            name, fn, needs, objective, printed or (objective.upper() if objective else None), dual_clip
+        )
         return fn
 
     return register
@@ -279,13 +296,13 @@ def _clipped_surrogate(inputs: LossInputs, args: Any, log_weights: torch.Tensor)
     )
 
 
-@register_loss("dapo", objective="grpo", printed="GRPO")
+@register_loss("dapo", objective="grpo", printed="GRPO", dual_clip=True)
 def dapo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """The paper's objective: the clipped surrogate on each token's ratio ``pi / pi_old``."""
     return _clipped_surrogate(inputs, args, inputs.logps - _old_logps(inputs))
 
 
-@register_loss("gspo", objective="gspo", printed="GSPO")
+@register_loss("gspo", objective="gspo", printed="GSPO", dual_clip=True)
 def gspo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """GSPO: the clipped surrogate on one ratio per response, ``exp(mean over its tokens of log r)``."""
     log_ratio = inputs.logps - _old_logps(inputs)

@@ -98,11 +98,6 @@ class Draw:
     plain: list[Group]
     fillers: int
 
-    @property
-    def real_plain(self) -> list[Group]:
-        """The plain groups that are not fillers (in order)."""
-        return [g for g in self.plain if g.kind != FILLER]
-
 
 def draw_questions(
     batch: Sequence[Mapping],

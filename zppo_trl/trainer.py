@@ -57,7 +57,6 @@ from .config import ZPPOConfig
 from .distill import completion_logits, frozen_distill_teacher
 from .losses import LossInputs, LossOutput, loss_for
 from .model_card import PAPER_CITATION, PAPER_TITLE, CardFacts, render_model_card
-from .objectives import cispo_weight_bound
 from .partitioning import deal_targets, is_skipped, policy_partitions
 from .prompts import compose_prompt
 from .ranks import Ranks
@@ -162,10 +161,6 @@ class ZPPOTrainer(GRPOTrainer):
                 eval_dataset=eval_dataset,
                 **kwargs,
             )
-        if args.policy_objective == "cispo":
-            # TRL's own cispo clamps the weight at epsilon_high as an absolute bound; MiniMax-M1's bound is
-            # 1 + eps_high. The loss is ours (zppo_trl.losses), but TRL's attribute states the bound in force.
-            self.epsilon_high = cispo_weight_bound(self.epsilon_high)  # args.epsilon_high keeps its meaning
 
         args.composition(self.accelerator.num_processes)  # raises unless every rank holds whole groups
         self.ranks = Ranks(self.accelerator)
@@ -802,7 +797,7 @@ class ZPPOTrainer(GRPOTrainer):
         batch = concat_batches([r.batch for r in rounds], self._tokenizer.pad_token_id)
         kinds_per_rank = [[kind for r in rounds for kind, _key in r.groups_per_rank[rank]] for rank in range(world)]
         rewards_per_rank = [
-            sum((r.rewards.view(world, -1)[rank].tolist() for r in rounds), []) for rank in range(world)
+            [x for r in rounds for x in r.rewards.view(world, -1)[rank].tolist()] for rank in range(world)
         ]
         result = policy_partitions(
             batch, kinds_per_rank, rewards_per_rank, G, self.args, self.ranks, self._rng.getrandbits(32)
