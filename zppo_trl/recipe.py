@@ -115,9 +115,6 @@ class ScriptArguments:
     )
 
 
-_OLD_KEY_FLAG, _NEW_KEY_FLAG = "--reformulations", "--augmentations"
-
-
 class RecipeError(ValueError):
     """A recipe or command line that cannot be used; the message is one line naming what to fix."""
 
@@ -167,9 +164,9 @@ def load_recipe(path: str | os.PathLike, _seen: tuple[str, ...] = ()) -> dict:
 def resolve_base(argv: list[str]) -> list[str]:
     """``argv`` with a ``--config`` that has a ``base:`` (or the deprecated ``reformulations`` key) replaced by
     the merged recipe (a temporary file), and a ``--reformulations`` flag read as ``--augmentations``."""
-    if _OLD_KEY_FLAG in argv:
+    if f"--{_OLD_KEY}" in argv:
         warnings.warn("--reformulations is deprecated, it is now called --augmentations", FutureWarning, stacklevel=2)
-        argv = [_NEW_KEY_FLAG if arg == _OLD_KEY_FLAG else arg for arg in argv]
+        argv = [f"--{_NEW_KEY}" if arg == f"--{_OLD_KEY}" else arg for arg in argv]
     if "--config" not in argv or argv.index("--config") + 1 >= len(argv):
         return argv
     at = argv.index("--config") + 1
