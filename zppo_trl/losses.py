@@ -77,7 +77,7 @@ def cispo_weight_bound(epsilon_high: float) -> float:
 
     TRL's ``loss_type="cispo"`` clamps the weight at ``epsilon_high`` itself, an absolute bound
     (its docs recommend 5.0); with the paper's ``epsilon_high`` 0.28 that would cap every weight
-    at 0.28. The trainer hands TRL this value instead.
+    at 0.28. ZPPO's ``cispo`` loss clamps at this value instead.
     """
     return 1.0 + epsilon_high
 
