@@ -96,10 +96,37 @@ def test_dapo_masks_padding_and_divides_by_the_normalizer():
     assert out.loss.item() == pytest.approx(-2 / 8) and grad[0, 2].item() == 0.0
 
 
-def test_gspo_clips_one_ratio_per_response():
+def test_gspo_paper_clips_the_sequence_ratio_at_its_range_and_averages_per_response():
+    """The GSPO paper's clip (1 - 3e-4, 1 + 4e-4) binds on sequence ratios a 0.2 / 0.28 clip never touches, and
+    each response counts once whatever its length (a token mean would weight row 0 three times row 1)."""
+    s = [1.0002, 1.0006, 0.9995, 0.9999]  # inside (A > 0); above 1 + 4e-4 (A > 0); below 1 - 3e-4 (A < 0); inside
+    ratios = [[s[0]] * 3, [s[1], 1.0, 1.0], [s[2]] * 2 + [1.0], [s[3]] * 2 + [1.0]]
+    mask = [[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 0]]
+    inputs = _inputs(ratios, [[1.0], [1.0], [-1.0], [-1.0]], mask=mask)
+    inputs.sequences = torch.tensor(4.0, dtype=torch.float64)
+    out, grad = _per_token_grad("gspo", inputs, SimpleNamespace(**{**vars(ARGS), "gspo_settings": "gspo_paper"}))
+    expected = (-s[0] - (1 + 4e-4) + (1 - 3e-4) + s[3]) / 4  # clipped rows at their bound
+    assert out.loss.item() == pytest.approx(expected, abs=1e-12)
+    # d/d log pi_t of -s A / 4 with s the geometric mean over the row's n tokens: -s A / (4 n) per real token
+    expected_grad = torch.tensor(
+        [[-s[0] / 12] * 3, [0.0] * 3, [0.0] * 3, [s[3] / 8, s[3] / 8, 0.0]], dtype=torch.float64
+    )
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-9, atol=1e-15)
+    low, count = out.means["clip_ratio/low_mean"]
+    high, _ = out.means["clip_ratio/high_mean"]
+    assert (low.item(), high.item(), count.item()) == (1.0, 1.0, 4.0)
+    # the ZPPO table's reading of the same rollouts: nothing clipped, and a token mean (N = 8)
+    table = SimpleNamespace(**{**vars(ARGS), "gspo_settings": "zppo_table"})
+    inputs.logps.grad = None
+    out, grad = _per_token_grad("gspo", inputs, table)
+    assert out.loss.item() == pytest.approx((-s[0] * 3 - s[1] + s[2] * 2 + s[3] * 2) / 8, abs=1e-12)
+    assert torch.all(grad[torch.tensor(mask) > 0] != 0)
+
+
+def test_gspo_zppo_table_reading_clips_one_ratio_per_response():
     # geometric mean of (2.0, 0.5) is 1 (inside the band: the gradient flows); of (4, 1) is 2 (clipped above for A > 0)
     inputs = _inputs([[2.0, 0.5], [4.0, 1.0]], [[1.0], [1.0]])
-    out, grad = _per_token_grad("gspo", inputs)
+    out, grad = _per_token_grad("gspo", inputs, SimpleNamespace(**{**vars(ARGS), "gspo_settings": "zppo_table"}))
     assert out.loss.item() == pytest.approx((-1.0 * 2 - 1.28 * 2) / 4, abs=1e-12)
     # d/d log pi_t of -s A summed over the row's 2 tokens / 4: -s A * (1/2) * 2 / 4 = -1/4 per token, for row 0
     torch.testing.assert_close(grad[0], torch.tensor([-0.25, -0.25], dtype=torch.float64), rtol=1e-12, atol=0)
@@ -108,16 +135,29 @@ def test_gspo_clips_one_ratio_per_response():
     assert (high.item(), count.item()) == (1.0, 2.0)  # counted per response
 
 
-def test_cispo_clips_the_weight_and_stops_its_gradient():
-    inputs = _inputs([[0.5], [2.0], [2.0]], [[1.0], [1.0], [-1.0]])
-    out, grad = _per_token_grad("cispo", inputs)
+def test_cispo_clips_the_weight_at_its_bound_and_stops_its_gradient():
+    """CISPO's weight is min(r, 5) (ScaleRL's eps_max; MiniMax-M1 states none): 2.0 passes whole, where the
+    old bound of 1 + eps_high = 1.28 clipped it; 7.0 is capped at 5 for either sign; no lower bound."""
+    inputs = _inputs([[0.05], [2.0], [7.0], [7.0]], [[1.0], [1.0], [1.0], [-1.0]])
+    out, grad = _per_token_grad("cispo", inputs, SimpleNamespace(**{**vars(ARGS), "cispo_weight_bound": 5.0}))
     log_pi = inputs.logps.detach().squeeze(1)
-    weight = torch.tensor([0.5, 1.28, 1.28], dtype=torch.float64)
-    adv = torch.tensor([1.0, 1.0, -1.0], dtype=torch.float64)
-    assert out.loss.item() == pytest.approx(float((-weight * adv * log_pi).sum() / 3), abs=1e-12)
-    torch.testing.assert_close(grad.squeeze(1), -weight * adv / 3, rtol=1e-12, atol=0)  # the weight is a constant
+    weight = torch.tensor([0.05, 2.0, 5.0, 5.0], dtype=torch.float64)
+    adv = torch.tensor([1.0, 1.0, 1.0, -1.0], dtype=torch.float64)
+    assert out.loss.item() == pytest.approx(float((-weight * adv * log_pi).sum() / 4), abs=1e-12)
+    torch.testing.assert_close(grad.squeeze(1), -weight * adv / 4, rtol=1e-12, atol=0)  # the weight is a constant
     clipped, _ = out.means["cispo_clip_ratio"]
-    assert clipped.item() == 1.0  # only the A > 0 token above 1.28
+    assert clipped.item() == 1.0  # only the A > 0 token above the bound
+
+
+def test_dispo_clamp_reading_keeps_a_bounded_gradient_outside_the_interval():
+    """``dispo_out_of_bounds="clamp"``: the four regimes clamp the weight to their side's bound instead of
+    zeroing it (bounds A > 0 in [0.8, 11], A < 0 in [0, 101])."""
+    inputs = _inputs([[0.5], [1.5], [12.0], [0.01], [150.0]], [[1.0], [1.0], [1.0], [-1.0], [-1.0]])
+    args = SimpleNamespace(**{**vars(ARGS), "dispo_out_of_bounds": "clamp"})
+    out, grad = _per_token_grad("dispo", inputs, args)
+    expected = torch.tensor([-0.8 / 5, -1.5 / 5, -11.0 / 5, 0.01 / 5, 101.0 / 5], dtype=torch.float64)
+    torch.testing.assert_close(grad.squeeze(1), expected, rtol=1e-12, atol=1e-15)
+    assert out.means["clip_ratio/region_mean"][0].item() == 3.0  # still counted as outside
 
 
 def test_dispo_zero_gradient_outside_each_sides_interval():

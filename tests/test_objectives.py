@@ -1,15 +1,17 @@
 """Step 6's alternative objectives (sec:appendix:backbones): the loss training runs is each one's formula.
 
 ``ZPPOConfig.policy_objective`` picks Step 6's objective: "grpo" (the paper's, checked in
-test_loss.py), "gspo" and "cispo" (TRL's own losses, configured by ZPPO) and "dispo" (ZPPO's own
-loss). Every objective keeps DAPO's token-level aggregation: the per-token terms are summed over the
-completion tokens and divided by their number. Here each objective's formula is written out
+test_loss.py), "gspo", "cispo" and "dispo" (zppo_trl.losses). GSPO averages per response (the GSPO
+paper's aggregation; its "zppo_table" reading keeps DAPO's token mean); the others keep DAPO's
+token-level aggregation: the per-token terms are summed over the completion tokens and divided by
+their number. Here each objective's formula is written out
 independently of the code (maximize form, r = pi_theta / pi_old, A the rollout's advantage,
 sg the stop-gradient):
 
 * GSPO: s = exp(mean over the rollout's tokens of log r); l = min(s A, clip(s, 1 - eps_low,
-  1 + eps_high) A), and max(l, c_dual A) for A < 0; each rollout's l counts once per token.
-* CISPO: sg(min(r, 1 + eps_high)) A log pi (MiniMax-M1: no lower bound).
+  1 + eps_high) A), and max(l, c_dual A) for A < 0; with the GSPO paper's (3e-4, 4e-4) each rollout's
+  l counts once, with the ZPPO table's (0.2, 0.28) once per token.
+* CISPO: sg(min(r, 5)) A log pi (MiniMax-M1: no lower bound).
 * DISPO: sg(r * 1[r inside its side's interval]) A log pi, the interval [1 - low_pos, 1 + high_pos]
   for A > 0 and [1 - low_neg, 1 + high_neg] for A < 0: zero gradient outside it.
 
@@ -64,8 +66,11 @@ def gspo_reference(logp, old, adv, mask):
     return -(surrogate * mask.sum(-1)).sum() / mask.sum(), s
 
 
+CISPO_BOUND = 5.0  # ScaleRL's eps_max (MiniMax-M1 states no value), written out
+
+
 def cispo_weight(rho):
-    return torch.clamp(rho, max=1 + EPS_HIGH)
+    return torch.clamp(rho, max=CISPO_BOUND)
 
 
 def dispo_weight(rho, adv, low_pos, high_pos, low_neg, high_neg):
@@ -227,11 +232,11 @@ GSPO_ROWS = [  # (s, A, padded)
 GSPO_LEN = 7
 
 
-def gspo_ratios():
+def gspo_ratios(rows=GSPO_ROWS):
     """Per-token ratios whose geometric mean over each row's real tokens is the row's target s."""
     g = torch.Generator().manual_seed(1)
     table = []
-    for s, _adv, padded in GSPO_ROWS:
+    for s, _adv, padded in rows:
         real = GSPO_LEN - 1 if padded else GSPO_LEN
         z = torch.rand(real, generator=g, dtype=torch.float64) - 0.5
         tokens = (s * torch.exp(z - z.mean())).tolist()
@@ -239,8 +244,55 @@ def gspo_ratios():
     return table
 
 
-def test_gspo_is_the_sequence_level_clipped_surrogate(tmp):
+def gspo_paper_reference(logp, old, adv, mask):
+    """-(1/B) sum over rollouts of l_i: GSPO's sequence-level clipped surrogate as the GSPO paper trains it."""
+    s = torch.exp(((logp - old) * mask).sum(-1) / mask.sum(-1))
+    a = adv.squeeze(1)
+    q = torch.minimum(s * a, torch.clamp(s, 1 - 3e-4, 1 + 4e-4) * a)
+    return -torch.where(a < 0, torch.maximum(q, C_DUAL * a), q).mean()
+
+
+# Sequence ratios around the GSPO paper's clip range: the first four are clipped there and not at 0.2 / 0.28.
+GSPO_PAPER_ROWS = [  # (s, A, padded)
+    (1.0002, 1.0, False),  # inside, A > 0: gradient
+    (1.0006, 1.0, True),  # above 1 + 4e-4, A > 0: clipped, no gradient
+    (0.9995, -1.0, False),  # below 1 - 3e-4, A < 0: clipped, no gradient
+    (1.0005, -1.0, True),  # above the band, A < 0: unclipped, gradient
+    (0.9999, -1.0, False),  # inside, A < 0
+]
+
+
+def test_gspo_paper_settings_clip_at_its_range_and_average_per_response(tmp):
+    """The default GSPO row: the sequence ratio clipped to [1 - 3e-4, 1 + 4e-4], each rollout's term counted
+    once over the update's rollout count (carried as num_sequences_in_batch, as the partitions carry it)."""
     trainer = make_trainer(tmp, GSPO_LEN, policy_objective="gspo")
+    assert trainer.args.gspo_settings == "gspo_paper"
+    inputs, ratios = make_batch(
+        trainer,
+        gspo_ratios(GSPO_PAPER_ROWS),
+        [a for _, a, _ in GSPO_PAPER_ROWS],
+        [i for i, row in enumerate(GSPO_PAPER_ROWS) if row[2]],
+    )
+    inputs["num_sequences_in_batch"] = torch.tensor(float(len(GSPO_PAPER_ROWS)) * trainer.args.steps_per_generation)
+    real = run_real_loss(trainer, inputs, ratios)
+    ref = run_reference(trainer, inputs, ratios, gspo_paper_reference)
+    assert_same(real, ref)
+    mask = inputs["completion_mask"].bool()
+    tok = real[2]
+    for row in range(len(GSPO_PAPER_ROWS)):
+        values = tok[row][mask[row]]
+        assert torch.all(values == 0) if row in (1, 2) else torch.all(values != 0), row
+    # d loss / d log pi_t = -s A / (B n_i): a padded row's tokens (n = 6) each weigh more than a full row's (7)
+    torch.testing.assert_close(
+        tok[0][0], torch.tensor(-1.0002 / (5 * GSPO_LEN), dtype=torch.float64), rtol=1e-6, atol=0
+    )
+    torch.testing.assert_close(
+        tok[3][0], torch.tensor(1.0005 / (5 * (GSPO_LEN - 1)), dtype=torch.float64), rtol=1e-6, atol=0
+    )
+
+
+def test_gspo_zppo_table_reading_is_the_sequence_level_clipped_surrogate(tmp):
+    trainer = make_trainer(tmp, GSPO_LEN, policy_objective="gspo", gspo_settings="zppo_table")
     assert (trainer.importance_sampling_level, trainer.loss_type, trainer.args.delta) == ("sequence", "dapo", C_DUAL)
     inputs, ratios = make_batch(
         trainer, gspo_ratios(), [a for _, a, _ in GSPO_ROWS], [i for i, row in enumerate(GSPO_ROWS) if row[2]]
@@ -302,16 +354,16 @@ def test_gspo_trl_warning_about_dapo_is_expected_and_silenced(tmp, caplog, monke
 # --------------------------------------------------------------------------- CISPO
 
 
-# Below, inside and above the weight bound 1 + eps_high = 1.28 (and TRL's absolute 0.28), far above c_dual.
-CISPO_RATIOS = [0.2, 0.27, 0.5, 0.79, 0.9, 1.0, 1.1, 1.27, 1.29, 1.5, 3.0, 9.9, 10.5, 50.0]
+# Below, inside and above the weight bound 5 (and the old 1 + eps_high = 1.28), far above c_dual.
+CISPO_RATIOS = [0.2, 0.27, 0.5, 0.79, 0.9, 1.0, 1.1, 1.27, 1.29, 1.5, 3.0, 4.9, 5.1, 9.9, 10.5, 50.0]
 ADVANTAGES = [1.0, -1.0, 0.0, -2.5, 0.7]  # rows 2..4 end in a padding token; rows 3 and 4 reverse the ratios
 
 
-def test_cispo_clips_the_weight_at_one_plus_epsilon_high_and_stops_its_gradient(tmp):
+def test_cispo_clips_the_weight_at_its_bound_and_stops_its_gradient(tmp):
     trainer = make_trainer(tmp, len(CISPO_RATIOS), policy_objective="cispo")
-    # TRL's cispo clamps at its epsilon_high as an absolute bound; ZPPO's cispo loss (zppo_trl.losses) clamps
-    # at 1 + eps_high, checked token by token below, and the user's epsilon_high keeps its meaning.
-    assert trainer.loss_type == "cispo" and trainer.args.epsilon_high == EPS_HIGH
+    # ZPPO's cispo loss (zppo_trl.losses) clamps at cispo_weight_bound (5), checked token by token below; the
+    # table's epsilon_high keeps its value (CISPO does not read it).
+    assert trainer.args.cispo_weight_bound == CISPO_BOUND and trainer.args.epsilon_high == EPS_HIGH
     rows = [CISPO_RATIOS, CISPO_RATIOS, CISPO_RATIOS, CISPO_RATIOS[::-1], CISPO_RATIOS[::-1]]
     inputs, ratios = make_batch(trainer, rows, ADVANTAGES, padded_rows=(2, 3, 4))
     mask = inputs["completion_mask"].bool()
@@ -326,17 +378,17 @@ def test_cispo_clips_the_weight_at_one_plus_epsilon_high_and_stops_its_gradient(
     )
     assert_same(real, ref)
 
-    # Each token's gradient is -w A / N with w = min(r, 1.28): never zero for A != 0 (no trust region,
+    # Each token's gradient is -w A / N with w = min(r, 5): never zero for A != 0 (no trust region,
     # no lower bound, no dual clip), constant above the bound, and the old log-probs get none.
     rho, n = ref[3], mask.sum()
-    w = torch.clamp(rho, max=1 + EPS_HIGH)
+    w = torch.clamp(rho, max=CISPO_BOUND)
     torch.testing.assert_close(real[2][mask], (-w * adv / n)[mask], rtol=1e-12, atol=0)
     assert torch.all(real[2][mask & (adv != 0)] != 0) and torch.all(real[2][~mask | (adv == 0)] == 0)
-    above = mask & (rho > 1 + EPS_HIGH) & (adv > 0)
-    torch.testing.assert_close(real[2][above], (-(1 + EPS_HIGH) * adv / n.item())[above], rtol=1e-12, atol=0)
+    above = mask & (rho > CISPO_BOUND) & (adv > 0)
+    torch.testing.assert_close(real[2][above], (-CISPO_BOUND * adv / n.item())[above], rtol=1e-12, atol=0)
     assert real[3] is None or torch.all(real[3] == 0)
-    # With TRL's bound read literally (0.28) the weights would differ from 0.27 on: the bound matters here.
-    assert not torch.allclose(torch.clamp(rho, max=EPS_HIGH)[mask], w[mask])
+    # With the old bound (1 + eps_high = 1.28) the weights would differ from 1.29 on: the bound matters here.
+    assert not torch.allclose(torch.clamp(rho, max=1 + EPS_HIGH)[mask], w[mask])
     assert trainer._metrics["train"]["cispo_clip_ratio"][-1] == pytest.approx(
         above.sum().item() / n.item(), rel=1e-6
     )  # TRL averages in float32
@@ -520,6 +572,10 @@ def test_each_objective_sets_what_it_needs_and_nothing_else():
         (dict(dispo_epsilon_high_neg=-5.0), "dispo_epsilon_high_neg"),
         (dict(policy_objective="gspo", delta=None), "delta"),
         (dict(policy_objective="gspo", delta=1.2), "delta"),
+        (dict(policy_objective="gspo", gspo_settings="table"), "gspo_settings"),
+        (dict(policy_objective="cispo", cispo_weight_bound=0.28), "cispo_weight_bound"),
+        (dict(policy_objective="cispo", cispo_weight_bound=float("inf")), "cispo_weight_bound"),
+        (dict(policy_objective="dispo", dispo_out_of_bounds="mask"), "dispo_out_of_bounds"),
     ],
 )
 def test_bad_values_name_the_field(overrides, field):

@@ -47,12 +47,21 @@ def test_single_rank_arithmetic(ranks):
 
 def test_pack_pads_with_zero_weight_rows_and_carries_the_partition_token_count():
     micro = pack_partition(
-        _batch(4), [1, 3], largest=4, advantages=[0.5, -0.5], tokens=6.0, grad_accum=2, num_partitions=2, device="cpu"
+        _batch(4),
+        [1, 3],
+        largest=4,
+        advantages=[0.5, -0.5],
+        tokens=6.0,
+        sequences=2.0,
+        grad_accum=2,
+        num_partitions=2,
+        device="cpu",
     )
     assert len(micro) == 2
     assert micro[0]["completion_ids"][:, 0].tolist() == [1, 3] and micro[0]["advantages"].tolist() == [0.5, -0.5]
     assert micro[1]["completion_mask"].sum() == 0 and micro[1]["advantages"].tolist() == [0.0, 0.0]  # padding rows
     assert micro[0]["num_items_in_batch"].item() == 12.0  # 6 tokens x 2 partitions: TRL's divisor becomes 6
+    assert micro[1]["num_sequences_in_batch"].item() == 4.0  # 2 responses x 2 partitions, on every micro-batch
 
 
 def test_policy_partitions_keep_groups_whole_and_skip_partitions_without_signal(ranks):
@@ -75,6 +84,10 @@ def test_policy_partitions_keep_groups_whole_and_skip_partitions_without_signal(
     ]
     assert result.skipped == sum(is_skipped(m) for m in result.micro_batches)
     assert not any({0, 1} <= groups for groups in groups_in)
+    for m in result.micro_batches:  # one micro-batch per partition here: its responses x num_partitions
+        if not is_skipped(m):
+            responses = int((m["completion_mask"].sum(-1) > 0).sum())
+            assert m["num_sequences_in_batch"].item() == responses * ARGS.num_partitions
 
 
 def test_a_step_without_any_signal_makes_no_update(ranks):

@@ -39,7 +39,7 @@ _ROW_FIELDS = ("advantages",)
 # images, kept per row between concat and select: {"pixel_values": [tensor per row], ...}
 _IMAGE_FIELDS = ("pixel_values", "image_grid_thw", "num_images")
 # recomputed by the caller per optimizer mini-batch
-_DROPPED = ("num_items_in_batch",)
+_DROPPED = ("num_items_in_batch", "num_sequences_in_batch")
 
 
 def num_rows(batch: Mapping) -> int:

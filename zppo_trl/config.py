@@ -81,6 +81,9 @@ def _kinds(value) -> list[str]:
     return [k.strip() for part in parts for k in str(part).split(",") if k.strip()]
 
 
+# GSPO as its paper trains it, or with the ZPPO table's clip range and aggregation (see gspo_settings).
+GSPO_SETTINGS = ("gspo_paper", "zppo_table")
+DISPO_OUT_OF_BOUNDS = ("zero", "clamp")
 DISPO_FIELDS = ("dispo_epsilon_low_pos", "dispo_epsilon_high_pos", "dispo_epsilon_low_neg", "dispo_epsilon_high_neg")
 # How the paper's mistakes table prints the supervised controls (the dagger marks the replay buffer).
 _SUPERVISED_NAMES = {"correction": "Correction-SFT", "reflection": "Error-reflection-SFT"}
@@ -213,9 +216,26 @@ class ZPPOConfig(GRPOConfig):
         default="grpo",
         metadata={
             "help": "Step 6's objective: 'grpo' (the paper's: DAPO token-level clipped surrogate with the dual "
-            "clip), 'gspo' (one sequence-level ratio per rollout), 'cispo' (clipped stop-gradient importance weight, "
-            "bound 1 + epsilon_high) or 'dispo' (four-way clip, zero gradient outside it). Every other setting stays "
-            "the paper's."
+            "clip), 'gspo' (one sequence-level ratio per rollout, see gspo_settings), 'cispo' (clipped stop-gradient "
+            "importance weight, see cispo_weight_bound) or 'dispo' (four-way clip, see dispo_*). Every other "
+            "setting stays the paper's."
+        },
+    )
+    gspo_settings: str = field(
+        default="gspo_paper",
+        metadata={
+            "help": "GSPO's clip range and aggregation: 'gspo_paper' (the GSPO paper's: the sequence ratio clipped to "
+            "[1 - 3e-4, 1 + 4e-4], the loss averaged per response) or 'zppo_table' (the ZPPO hyperparameter "
+            "table's epsilon/epsilon_high and DAPO's token mean, a reading of 'every other setting follows' under "
+            "which the clip essentially never binds). Only policy_objective: gspo reads it."
+        },
+    )
+    cispo_weight_bound: float = field(
+        default=5.0,
+        metadata={
+            "help": "CISPO's upper bound on the stop-gradient importance weight (no lower bound, as MiniMax-M1). "
+            "MiniMax-M1 does not state its value; 5 is ScaleRL's eps_max for CISPO (TRL's recommendation). Only "
+            "policy_objective: cispo reads it."
         },
     )
     # DISPO's defaults: the values of a public DISPO training script (slime-based), NOT checked against the DISPO
@@ -239,6 +259,15 @@ class ZPPOConfig(GRPOConfig):
     dispo_epsilon_high_neg: float = field(
         default=100.0,
         metadata={"help": "DISPO, incorrect responses (A < 0): tokens with weight above 1 + this get no gradient."},
+    )
+
+    dispo_out_of_bounds: str = field(
+        default="zero",
+        metadata={
+            "help": "DISPO, a token whose weight is outside its interval: 'zero' (no gradient, our reading of the "
+            "DISPO abstract) or 'clamp' (the weight clamped into the interval, as secondary summaries write "
+            "J_DISPO). See docs/comparison_rows.md."
+        },
     )
 
     # --- the distillation rows (the paper's Off-Distill and On-Distill algorithms; zppo_trl.distill)
@@ -457,6 +486,15 @@ class ZPPOConfig(GRPOConfig):
                 f"policy_objective={self.policy_objective!r} has no effect on the supervised "
                 f"{self.augmentations[0]!r} row (it trains cross-entropy); leave it 'grpo'"
             )
+        if self.gspo_settings not in GSPO_SETTINGS:
+            raise ValueError(f"gspo_settings must be one of {list(GSPO_SETTINGS)}, got {self.gspo_settings!r}")
+        if self.dispo_out_of_bounds not in DISPO_OUT_OF_BOUNDS:
+            raise ValueError(
+                f"dispo_out_of_bounds must be one of {list(DISPO_OUT_OF_BOUNDS)}, got {self.dispo_out_of_bounds!r}"
+            )
+        bound = self.cispo_weight_bound
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not 1.0 <= bound < float("inf"):
+            raise ValueError(f"cispo_weight_bound must be a finite number >= 1, got {bound!r}")
         for name in DISPO_FIELDS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
@@ -506,6 +544,9 @@ class ZPPOConfig(GRPOConfig):
             "distill_teacher": (self.distillation is not None, "distillation: off|on"),
             "distill_beta": (self.distillation is not None, "distillation: off|on"),
             **dict.fromkeys(DISPO_FIELDS, (self.policy_objective == "dispo", "policy_objective: dispo")),
+            "gspo_settings": (self.policy_objective == "gspo", "policy_objective: gspo"),
+            "cispo_weight_bound": (self.policy_objective == "cispo", "policy_objective: cispo"),
+            "dispo_out_of_bounds": (self.policy_objective == "dispo", "policy_objective: dispo"),
         }
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for name, (used, reader) in readers.items():

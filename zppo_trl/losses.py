@@ -9,18 +9,19 @@ it. Adding an objective is one function here (or in a module of its own) and its
            (``epsilon``/``epsilon_high``) and the dual clip ``delta`` for negative advantages,
            aggregated over tokens as DAPO does.
 ``gspo``   The same clipped surrogate on one ratio per response, the length-normalised geometric
-           mean of its token ratios (GSPO).
-``cispo``  The importance weight clipped at ``1 + epsilon_high`` and stopped from the gradient, on
-           ``A log pi`` (CISPO, MiniMax-M1).
+           mean of its token ratios, clipped at 3e-4 / 4e-4 and averaged per response (GSPO).
+``cispo``  The importance weight clipped at ``cispo_weight_bound`` (5) and stopped from the gradient,
+           on ``A log pi`` (CISPO, MiniMax-M1).
 ``dispo``  DISPO's four-way clipped REINFORCE loss (:func:`dispo_per_token_loss`).
 ``sft``    Cross-entropy on the response tokens (the Correction-/Error-reflection-SFT controls).
 ``jsd``    GKD's generalized Jensen-Shannon divergence to the teacher (the distillation rows).
 =========  =====================================================================================
 
 Every loss divides a sum over the micro-batch's loss tokens by ``normalizer``, the partition's token
-count as the trainer carries it (a token mean per optimizer update). The arithmetic of ``dapo``,
-``gspo`` and ``cispo`` is TRL's ``GRPOTrainer`` loss for the corresponding settings, operation for
-operation, so the paper's objective trains bit for bit as TRL's would (tests/test_objectives.py).
+count as the trainer carries it (a token mean per optimizer update); GSPO as its paper trains it divides
+a sum over responses by ``sequences``, the partition's response count. The arithmetic of ``dapo`` is
+TRL's ``GRPOTrainer`` loss for the paper's settings, operation for operation, so the paper's objective
+trains bit for bit as TRL's would (tests/test_loss.py).
 
 A loss also returns what it wants logged: ``means`` (name -> a masked sum and its count, averaged over
 every rank's tokens) and ``extremes`` (name -> per-response values and ``"min"``/``"max"`` over ranks).
@@ -32,9 +33,10 @@ r = pi_theta / pi_old per token, A the rollout's advantage and sg the stop-gradi
 
 - ``"grpo"``: ``min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``, and ``max(., c_dual A)`` for A < 0.
 - ``"gspo"`` (Zheng et al. 2025, Group Sequence Policy Optimization): the same clipped surrogate
-  on one ratio per rollout, ``s = exp(mean_t log r_t)`` (the length-normalised geometric mean).
+  on one ratio per rollout, ``s = exp(mean_t log r_t)`` (the length-normalised geometric mean), with the
+  GSPO paper's clip range and per-response mean (``gspo_settings``).
 - ``"cispo"`` (MiniMax-M1, Chen et al. 2025): clip the importance weight, not the update:
-  ``sg(min(r, 1 + eps_high)) A log pi`` (no lower bound, as MiniMax-M1 trains it).
+  ``sg(min(r, cispo_weight_bound)) A log pi`` (no lower bound, as MiniMax-M1 trains it).
 - ``"dispo"`` (Karaman et al. 2026): :func:`dispo_per_token_loss`.
 
 This module is pure: torch only, no TRL, no trainer.
@@ -54,11 +56,12 @@ from .distill import generalized_jsd
 __all__ = [
     "LOSSES",
     "OBJECTIVE_MODULES",
+    "GSPO_EPSILONS",
     "DispoBounds",
     "Loss",
     "LossInputs",
     "LossOutput",
-    "cispo_weight_bound",
+    "CISPO_WEIGHT_BOUND",
     "dispo_outside",
     "dispo_per_token_loss",
     "loss_for",
@@ -67,19 +70,20 @@ __all__ = [
     "register_loss",
 ]
 
+# GSPO's clip range on the sequence ratio, as the GSPO paper trains it (left 3e-4, right 4e-4): a geometric
+# mean of token ratios moves by about 1e-3 per update, so the ZPPO table's 0.2 / 0.28 would essentially never bind.
+GSPO_EPSILONS: tuple[float, float] = (3e-4, 4e-4)
+
 # Modules that register further objectives (imported at the end of this module): a new objective is
 # one module with a ``@register_loss(..., objective=...)`` function, and one line here.
 OBJECTIVE_MODULES: tuple[str, ...] = ()
 
 
-def cispo_weight_bound(epsilon_high: float) -> float:
-    """CISPO's upper bound on the importance weight: ``1 + eps_high`` (MiniMax-M1's clip).
-
-    TRL's ``loss_type="cispo"`` clamps the weight at ``epsilon_high`` itself, an absolute bound
-    (its docs recommend 5.0); with the paper's ``epsilon_high`` 0.28 that would cap every weight
-    at 0.28. ZPPO's ``cispo`` loss clamps at this value instead.
-    """
-    return 1.0 + epsilon_high
+# CISPO's upper bound on the importance weight. MiniMax-M1 (the CISPO paper) imposes no lower bound and tunes
+# only the upper one, whose value it does not state; ScaleRL (Khatri et al. 2025), which trains CISPO at scale,
+# caps the weight at eps_max = 5 (as TRL's GRPOConfig recommends for loss_type="cispo"). The ZPPO paper does not
+# say which it used.
+CISPO_WEIGHT_BOUND = 5.0
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,7 @@ def dispo_per_token_loss(
     old_per_token_logps: torch.Tensor,
     advantages: torch.Tensor,
     bounds: DispoBounds,
+    out_of_bounds: str = "zero",
 ) -> torch.Tensor:
     """DISPO's per-token loss (Karaman et al. 2026, "DISPO: Enhancing Training Efficiency and
     Stability in Reinforcement Learning for Large Language Model Mathematical Reasoning",
@@ -135,8 +140,13 @@ def dispo_per_token_loss(
     outside it: the abstract's fix to CISPO, whose clipped weight still pushes every token
     outside the trust region ("permitting non-zero gradients outside the trust-region"). The
     four bounds make the four regimes (correct/incorrect x weight above/below 1) separately
-    tunable. (Zero outside rather than clamped at the bound is our reading of the abstract; see
-    docs/comparison_rows.md.)
+    tunable.
+
+    ``out_of_bounds`` says what a token outside its interval gets: ``"zero"`` (the default, above) or
+    ``"clamp"``, the weight clamped into the interval (a CISPO-style bound, which still pushes the token).
+    The DISPO paper's method section could not be read here: its abstract faults CISPO for "permitting
+    non-zero gradients outside the trust-region", which reads as "zero"; secondary summaries of J_DISPO
+    write ``clip(r, ...)``, which reads as "clamp". docs/comparison_rows.md gives both sources.
 
     Returns ``-sg(r^d) A log pi`` per token (minimize form), the shape of ``per_token_logps``
     broadcast with ``advantages`` (pass (B, 1) advantages for (B, T) log-probs). The caller
@@ -144,7 +154,16 @@ def dispo_per_token_loss(
     """
     ratio = torch.exp(per_token_logps.detach() - old_per_token_logps.detach())
     below, above = dispo_outside(ratio, advantages, bounds)
-    weight = torch.where(below | above, torch.zeros_like(ratio), ratio)
+    if out_of_bounds == "zero":
+        weight = torch.where(below | above, torch.zeros_like(ratio), ratio)
+    elif out_of_bounds == "clamp":
+        pos = advantages > 0
+        side = ratio.new_tensor  # the bounds in the ratio's dtype
+        low = torch.where(pos, side(1 - bounds.low_pos), side(1 - bounds.low_neg)).clamp(min=0.0)
+        high = torch.where(pos, side(1 + bounds.high_pos), side(1 + bounds.high_neg))
+        weight = torch.minimum(torch.maximum(ratio, low), high)
+    else:
+        raise ValueError(f"out_of_bounds must be 'zero' or 'clamp', got {out_of_bounds!r}")
     return -weight * advantages * per_token_logps
 
 
@@ -152,7 +171,9 @@ def dispo_per_token_loss(
 class LossInputs:
     """One micro-batch's tensors, as the selected loss needs them.
 
-    ``mask`` (B, T) marks the tokens that enter the loss; ``normalizer`` divides the token sum.
+    ``mask`` (B, T) marks the tokens that enter the loss; ``normalizer`` divides the token sum, and
+    ``sequences`` the sum over responses of the losses that average per response (each the update's count,
+    in the units the trainer carries them).
     Log-prob losses get ``logps`` (B, T, with gradient), ``old_logps`` (the sampling policy's; None:
     this policy's, detached), ``advantages`` (B, 1) or (B, T) and ``entropies``; logit losses get
     ``student_logits`` and ``teacher_logits`` (B, T, V).
@@ -160,6 +181,7 @@ class LossInputs:
 
     mask: torch.Tensor
     normalizer: torch.Tensor | float
+    sequences: torch.Tensor | float = 1.0
     logps: torch.Tensor | None = None
     old_logps: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
@@ -240,16 +262,23 @@ def loss_for(args: Any, supervised: bool = False) -> Loss:
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(sum, count)`` of ``values`` over the loss tokens; per-response values (B, 1) count once each."""
+    """``(sum, count)`` of ``values`` over the loss tokens; per-response values (B, 1) count once for each
+    response with a loss token (zero-weight padding rows do not count)."""
     if values.shape[1] == 1:
-        return values.sum(), torch.tensor(float(values.shape[0]), device=values.device)
+        has = _has_tokens(mask).to(values.dtype)
+        return (values.squeeze(1) * has).sum(), has.sum()
     return (values * mask).sum(), mask.sum().to(values.dtype)
+
+
+def _has_tokens(mask: torch.Tensor) -> torch.Tensor:
+    """(B,) 1 for each response with at least one loss token."""
+    return (mask.sum(-1) > 0).to(mask.dtype)
 
 
 def _per_response(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The mean of ``values`` over each response's loss tokens (NaN for a response without any)."""
     if values.shape[1] == 1:
-        return values.squeeze(1)
+        return torch.where(_has_tokens(mask) > 0, values.squeeze(1), float("nan"))
     return (values * mask).sum(-1) / mask.sum(-1)
 
 
@@ -267,17 +296,28 @@ def _epsilons(args: Any) -> tuple[float, float]:
     return args.epsilon, args.epsilon_high if args.epsilon_high is not None else args.epsilon
 
 
-def _clipped_surrogate(inputs: LossInputs, args: Any, log_weights: torch.Tensor) -> LossOutput:
+def _clipped_surrogate(
+    inputs: LossInputs,
+    args: Any,
+    log_weights: torch.Tensor,
+    epsilons: tuple[float, float],
+    per_response: bool = False,
+) -> LossOutput:
     """``-min(w A, clip(w, 1 - eps_low, 1 + eps_high) A)`` with ``w`` clamped at ``delta`` (the dual clip:
-    for A < 0 it bounds the loss at ``-delta A``), summed over the loss tokens / ``normalizer``."""
+    for A < 0 it bounds the loss at ``-delta A``). Summed over the loss tokens / ``normalizer`` (a token
+    mean), or with ``per_response`` (one weight per response, ``log_weights`` (B, 1)) summed over the
+    responses / ``sequences`` (each response counts once, whatever its length)."""
     mask, advantages = inputs.mask, _advantages(inputs)
-    eps_low, eps_high = _epsilons(args)
+    eps_low, eps_high = epsilons
     weight = torch.exp(log_weights)
     clipped = torch.clamp(weight, 1 - eps_low, 1 + eps_high)
     if args.delta is not None:
         weight = torch.clamp(weight, max=args.delta)
     per_token_loss = -torch.min(weight * advantages, clipped * advantages)
-    loss = (per_token_loss * mask).sum() / inputs.normalizer
+    if per_response:
+        loss = (per_token_loss.squeeze(1) * _has_tokens(mask)).sum() / inputs.sequences
+    else:
+        loss = (per_token_loss * mask).sum() / inputs.normalizer
     low = ((weight < 1 - eps_low) & (advantages < 0)).float()
     high = ((weight > 1 + eps_high) & (advantages > 0)).float()
     region = ((low > 0) | (high > 0)).float()
@@ -299,22 +339,30 @@ def _clipped_surrogate(inputs: LossInputs, args: Any, log_weights: torch.Tensor)
 @register_loss("dapo", objective="grpo", printed="GRPO", dual_clip=True)
 def dapo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """The paper's objective: the clipped surrogate on each token's ratio ``pi / pi_old``."""
-    return _clipped_surrogate(inputs, args, inputs.logps - _old_logps(inputs))
+    return _clipped_surrogate(inputs, args, inputs.logps - _old_logps(inputs), _epsilons(args))
 
 
 @register_loss("gspo", objective="gspo", printed="GSPO", dual_clip=True)
 def gspo_loss(inputs: LossInputs, args: Any) -> LossOutput:
-    """GSPO: the clipped surrogate on one ratio per response, ``exp(mean over its tokens of log r)``."""
+    """GSPO: the clipped surrogate on one ratio per response, ``exp(mean over its tokens of log r)``.
+
+    With ``gspo_settings="gspo_paper"`` (the default) as the GSPO paper trains it: that ratio clipped to
+    ``[1 - 3e-4, 1 + 4e-4]`` (:data:`GSPO_EPSILONS`) and the loss averaged per response. With
+    ``"zppo_table"``: the ZPPO hyperparameter table's ``epsilon``/``epsilon_high`` and DAPO's token mean
+    (each response's term weighted by its length). Both keep the dual clip (``delta``).
+    """
     log_ratio = inputs.logps - _old_logps(inputs)
     log_weights = (log_ratio * inputs.mask).sum(-1) / inputs.mask.sum(-1).clamp(min=1.0)
-    return _clipped_surrogate(inputs, args, log_weights.unsqueeze(-1))
+    if getattr(args, "gspo_settings", "gspo_paper") == "gspo_paper":
+        return _clipped_surrogate(inputs, args, log_weights.unsqueeze(-1), GSPO_EPSILONS, per_response=True)
+    return _clipped_surrogate(inputs, args, log_weights.unsqueeze(-1), _epsilons(args))
 
 
 @register_loss("cispo", objective="cispo", printed="CISPO")
 def cispo_loss(inputs: LossInputs, args: Any) -> LossOutput:
-    """CISPO: ``-sg(min(r, 1 + eps_high)) A log pi`` per token (no lower bound)."""
+    """CISPO: ``-sg(min(r, cispo_weight_bound)) A log pi`` per token (no lower bound, as MiniMax-M1 trains it)."""
     mask, advantages = inputs.mask, _advantages(inputs)
-    bound = cispo_weight_bound(_epsilons(args)[1])
+    bound = getattr(args, "cispo_weight_bound", CISPO_WEIGHT_BOUND)
     weight = torch.exp(inputs.logps - _old_logps(inputs))
     per_token_loss = -torch.clamp(weight, max=bound).detach() * advantages * inputs.logps
     loss = (per_token_loss * mask).sum() / inputs.normalizer
@@ -330,7 +378,9 @@ def dispo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     (``clip_ratio/{pos,neg}_{low,high}_mean``: A > 0 or A < 0, weight below or above its interval)."""
     mask, advantages, old = inputs.mask, _advantages(inputs), _old_logps(inputs)
     bounds = args.dispo_bounds
-    per_token_loss = dispo_per_token_loss(inputs.logps, old, advantages, bounds)
+    per_token_loss = dispo_per_token_loss(
+        inputs.logps, old, advantages, bounds, getattr(args, "dispo_out_of_bounds", "zero")
+    )
     loss = (per_token_loss * mask).sum() / inputs.normalizer
     below, above = dispo_outside(torch.exp(inputs.logps.detach() - old.detach()), advantages, bounds)
     pos, neg = (advantages > 0).expand_as(below), (advantages < 0).expand_as(below)

@@ -48,6 +48,7 @@ def pack_partition(
     largest: int,
     advantages: Sequence[float],
     tokens: float,
+    sequences: float,
     grad_accum: int,
     num_partitions: int,
     device: Any,
@@ -58,13 +59,16 @@ def pack_partition(
     multiple of ``grad_accum``) so every rank steps alike. ``tokens`` is the partition's loss-token count
     over all ranks: TRL's DAPO loss divides by ``num_items_in_batch / processes * grad_accum /
     steps_per_generation``, so carrying ``tokens * num_partitions`` there makes the divisor the partition's
-    own token count, a token mean per optimizer update.
+    own token count, a token mean per optimizer update. ``sequences`` (the partition's responses with a loss
+    token, over all ranks) travels the same way as ``num_sequences_in_batch``: the divisor of the losses that
+    average per response (GSPO as its paper aggregates).
     """
     local = list(local)
     size = max(grad_accum, math.ceil(largest / grad_accum) * grad_accum)
     index = local + [local[0] if local else 0] * (size - len(local))
     advantages = list(advantages) + [0.0] * (size - len(local))
     items = torch.tensor(tokens * num_partitions, device=device)
+    responses = torch.tensor(sequences * num_partitions, device=device)
     per_micro = size // grad_accum
     micro_batches = []
     for m in range(grad_accum):
@@ -75,6 +79,7 @@ def pack_partition(
         if padding:  # zero-weight padding rows: no loss tokens
             micro["completion_mask"][padding] = 0
         micro["num_items_in_batch"] = items
+        micro["num_sequences_in_batch"] = responses
         micro_batches.append(micro)
     return micro_batches
 
@@ -124,10 +129,9 @@ def policy_partitions(
 
     loss_mask = _loss_mask(batch)
     device = ranks.accelerator.device
-    local_tokens = torch.tensor(
-        [float(loss_mask[rows[ranks.rank][p]].sum()) for p in range(partitions)], device=device
-    )
-    tokens = ranks.reduce_sum(local_tokens).tolist()
+    mine = [loss_mask[rows[ranks.rank][p]] for p in range(partitions)]
+    local_counts = torch.tensor([[float(m.sum()), float((m.sum(-1) > 0).sum())] for m in mine], device=device)
+    tokens, sequences = ranks.reduce_sum(local_counts).T.tolist()
 
     micro_batches: list[dict] = []
     skipped_count = 0
@@ -146,7 +150,9 @@ def policy_partitions(
         local = rows[ranks.rank][p]
         largest = max(len(rows[r][p]) for r in range(ranks.world))
         advantages = [advantage_of[(ranks.rank, i)] for i in local]
-        micro_batches += pack_partition(batch, local, largest, advantages, tokens[p], grad_accum, partitions, device)
+        micro_batches += pack_partition(
+            batch, local, largest, advantages, tokens[p], sequences[p], grad_accum, partitions, device
+        )
     return PolicyPartitions(micro_batches, skipped_count, trained)
 
 
@@ -183,8 +189,9 @@ def deal_targets(
             micro_batches += skipped(grad_accum)
             continue
         local = rows[ranks.rank]
-        tokens = torch.tensor(float(batch["completion_mask"][local].sum()), device=ranks.accelerator.device)
-        tokens = float(ranks.reduce_sum(tokens))
+        mask = batch["completion_mask"][local]
+        counts = torch.tensor([float(mask.sum()), float((mask.sum(-1) > 0).sum())], device=ranks.accelerator.device)
+        tokens, sequences = ranks.reduce_sum(counts).tolist()
         largest = max(len(m) for m in rows)
         micro_batches += pack_partition(
             batch,
@@ -192,6 +199,7 @@ def deal_targets(
             largest,
             [0.0] * len(local),
             tokens,
+            sequences,
             grad_accum,
             args.num_partitions,
             ranks.accelerator.device,

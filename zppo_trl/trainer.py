@@ -434,7 +434,14 @@ class ZPPOTrainer(GRPOTrainer):
         mask = (
             inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
         )
-        loss_inputs = LossInputs(mask=mask, normalizer=self._dapo_normalizer(inputs, mode))
+        loss_inputs = LossInputs(
+            mask=mask,
+            normalizer=self._update_count(inputs, "num_items_in_batch", mode),
+            # a batch ZPPO did not partition (TRL's evaluation) averages over its own responses
+            sequences=self._update_count(inputs, "num_sequences_in_batch", mode)
+            if "num_sequences_in_batch" in inputs
+            else (mask.sum(-1) > 0).sum().clamp(min=1),
+        )
         aux_loss = None
         if self.objective_loss.needs == "logits":
             vocab = len(self._tokenizer)
@@ -469,13 +476,15 @@ class ZPPOTrainer(GRPOTrainer):
             **{key: inputs.get(key) for key in _MULTIMODAL_FIELDS},
         )
 
-    def _dapo_normalizer(self, inputs, mode: str) -> torch.Tensor:
-        """TRL's ``"dapo"`` divisor: ``num_items_in_batch`` rescaled to one accumulation window (ZPPO's
-        micro-batches carry their partition's token count x ``num_partitions``, so it is that count)."""
-        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+    def _update_count(self, inputs, key: str, mode: str) -> torch.Tensor:
+        """A loss divisor as TRL's ``"dapo"`` divisor rescales ``num_items_in_batch``: to one accumulation
+        window and one rank. ZPPO's micro-batches carry their partition's token count (``num_items_in_batch``)
+        and response count (``num_sequences_in_batch``) x ``num_partitions``, so it is that count / processes
+        (gradients are averaged over ranks)."""
+        count = inputs[key].clamp(min=1.0) / self.accelerator.num_processes
         if mode == "train":  # in eval the batch is neither split across steps nor accumulated
-            normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
-        return normalizer
+            count = count * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        return count
 
     def _log_loss(self, mode: str, out: LossOutput) -> None:
         """What the loss reports, over every rank: token means, and per-response minima or maxima."""
@@ -927,9 +936,10 @@ def _with_text(completion: Any, text: str) -> Any:
 @contextlib.contextmanager
 def _gspo_warning_expected(args: ZPPOConfig):
     """Drop TRL's construction-time warning that a sequence-level ratio under ``loss_type="dapo"``
-    weights each rollout by its length (it points to ``loss_type="grpo"``): ZPPO's GSPO keeps DAPO's
-    token aggregation on purpose, as the paper's objective comparison does ("every other setting follows
-    the hyperparameter table"). Any other warning, and every other objective's, passes."""
+    weights each rollout by its length (it points to ``loss_type="grpo"``): TRL's loss does not train
+    ZPPO's GSPO, whose registered loss averages per response as the GSPO paper does (or, with
+    ``gspo_settings="zppo_table"``, keeps DAPO's token mean on purpose). Any other warning, and every other
+    objective's, passes."""
     trl_logger = logging.getLogger(GRPOTrainer.__module__)
 
     def expected(record: logging.LogRecord) -> bool:
