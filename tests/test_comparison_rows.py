@@ -430,22 +430,6 @@ def _direct_jsd(student_logits, teacher_logits, mask, beta=0.5):
     return ((beta * kl(t, m) + (1 - beta) * kl(s, m)) * mask).sum()
 
 
-def test_generalized_jsd_is_gkds_formula_and_zero_when_the_distributions_agree():
-    from zppo_trl.distill import generalized_jsd
-
-    torch.manual_seed(0)
-    student, teacher = torch.randn(2, 5, 11), torch.randn(2, 5, 11)
-    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
-    for beta in (0.5, 0.2):
-        assert float(generalized_jsd(student, teacher, mask, beta, 8.0)) == pytest.approx(
-            float(_direct_jsd(student, teacher, mask, beta)) / 8.0, rel=1e-5
-        )
-    assert float(generalized_jsd(student, student.clone(), mask, 0.5, 8.0)) == pytest.approx(0.0, abs=1e-7)
-    assert float(generalized_jsd(student, teacher + 100 * (1 - mask)[..., None], mask, 0.5, 8.0)) == pytest.approx(
-        float(_direct_jsd(student, teacher, mask)) / 8.0, rel=1e-5
-    )  # masked positions never count
-
-
 def _distill_run(student_dir, teacher_dir, server, tmp_path, mode, **overrides):
     """Train the ``mode`` distillation row against ``teacher_dir``'s logits, recorded (`_train_recorded`)."""
     trainer = _trainer(
@@ -508,6 +492,57 @@ def test_off_distill_imitates_only_graded_correct_teacher_rollouts(
         key = next(k for k, q in questions.items() if compose_prompt(q, None, RL_CLOSER) in prompt)
         assert (key, target.strip()) in correct
     _check_jsd_loss(trainer, record["micro"][0])
+
+
+def _check_server_topk(trainer, micro, teacher_dir):
+    """The top-k the vLLM server sent for a micro-batch are the teacher's own log-probs at the positions that
+    predict each completion token, and the trainer's loss is the top-k JSD (plus the tail bucket) over them."""
+    from zppo_trl.distill import generalized_jsd_per_token, top_k_support
+
+    ids = torch.cat([micro["prompt_ids"], micro["completion_ids"]], dim=1)
+    attention = torch.cat([micro["prompt_mask"], micro["completion_mask"]], dim=1)
+    width, vocab = micro["prompt_ids"].size(1), len(trainer.processing_class)
+    mask = micro["completion_mask"].bool()
+    teacher = AutoModelForCausalLM.from_pretrained(teacher_dir).eval()
+    with torch.no_grad():
+        teacher_logps = torch.log_softmax(
+            teacher(input_ids=ids, attention_mask=attention).logits[:, width - 1 : -1, :vocab], -1
+        )
+        loss = trainer._compute_loss(trainer.model, micro)
+        student = torch.log_softmax(
+            trainer.model(input_ids=ids, attention_mask=attention).logits[:, width - 1 : -1, :vocab], -1
+        )
+    topk_ids, topk_logps = micro["teacher_topk_ids"], micro["teacher_topk_logps"]
+    assert topk_ids.size(-1) == trainer.args.distill_top_k
+    torch.testing.assert_close(teacher_logps.gather(-1, topk_ids)[mask], topk_logps[mask], rtol=0, atol=2e-3)
+    best = teacher_logps.topk(2, dim=-1).values
+    clear = mask & (best[..., 0] - best[..., 1] > 1e-2)  # no near-tie for first place
+    assert clear.any() and torch.equal(topk_ids[..., 0][clear], teacher_logps.argmax(-1)[clear])
+    s, t = top_k_support(student, topk_ids, topk_logps)
+    args = trainer.args
+    tokens = micro["num_items_in_batch"] * args.gradient_accumulation_steps / args.steps_per_generation
+    direct = (generalized_jsd_per_token(s, t, args.distill_beta) * mask).sum() / tokens
+    assert float(loss) == pytest.approx(float(direct), rel=1e-4, abs=1e-7) and float(loss) > 0
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_distillation_rows_train_on_the_vllm_teacher_servers_top_k(
+    mode, boxed_text_student_dir, boxed_text_teacher_dir, vllm_boxed_teacher_server, tmp_path
+):
+    """Without distill_teacher, the teacher's signal is its vLLM server's top-k log-probs (prompt_logprobs): no
+    teacher is loaded next to the student, every trained sequence gets the server's top-k, and the loss trains."""
+    trainer = _trainer(
+        boxed_text_student_dir, vllm_boxed_teacher_server, tmp_path, [], Spy(), distillation=mode, distill_top_k=8
+    )
+    assert trainer.distill_teacher is None and trainer.teacher is not None
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    record = _train_recorded(trainer)
+    assert record["micro"], _rollout_logs(trainer)
+    assert all(m["teacher_topk_logps"].shape == (*m["completion_ids"].shape, 8) for m in record["micro"])
+    _check_server_topk(trainer, record["micro"][0], boxed_text_teacher_dir)
+    assert all(log.get("distill_teacher_failed") == 0 for log in _rollout_logs(trainer))
+    assert any(h.get("distill/jsd", 0) > 0 for h in trainer.state.log_history)
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
 
 
 def test_distillation_against_itself_has_zero_divergence(boxed_text_student_dir, boxed_teacher_server, tmp_path):

@@ -58,7 +58,7 @@ def test_registry_names_and_selection():
     assert loss_for(SimpleNamespace(**{**vars(ARGS), "policy_objective": "dispo"})).name == "dispo"
     assert loss_for(ARGS, supervised=True).name == "sft"
     assert loss_for(SimpleNamespace(**{**vars(ARGS), "distillation": "on"})).name == "jsd"
-    assert LOSSES["jsd"].needs == "logits" and LOSSES["dapo"].needs == "logps"
+    assert LOSSES["jsd"].needs == "distributions" and LOSSES["dapo"].needs == "logps"
 
 
 def test_registering_twice_or_with_an_unknown_need_is_refused():

@@ -282,8 +282,23 @@ class ZPPOConfig(GRPOConfig):
     distill_teacher: str | None = field(
         default=None,
         metadata={
-            "help": "The teacher loaded next to the student for its per-token distributions (same tokenizer as the "
-            "student)."
+            "help": "Optional: a teacher checkpoint loaded next to the student for its full per-token "
+            "distributions (same tokenizer as the student). Default: the teacher server's top-k log-probs."
+        },
+    )
+    distill_top_k: int = field(
+        default=20,
+        metadata={
+            "help": "Tokens per position the teacher server returns (vLLM prompt_logprobs); the JSD is taken over "
+            "them plus one bucket for the rest of the vocabulary. At most the server's --max-logprobs "
+            "(vLLM's default: 20)."
+        },
+    )
+    distill_chunk_size: int = field(
+        default=1024,
+        metadata={
+            "help": "Completion tokens per chunk of the JSD: the LM head's logits exist for one chunk at a time "
+            "(recomputed in the backward pass), so its memory does not grow with the completion length."
         },
     )
     distill_beta: float = field(
@@ -543,6 +558,11 @@ class ZPPOConfig(GRPOConfig):
             "prefix_fraction": ("prefix" in self.augmentations, "augmentations: [prefix]"),
             "distill_teacher": (self.distillation is not None, "distillation: off|on"),
             "distill_beta": (self.distillation is not None, "distillation: off|on"),
+            "distill_top_k": (
+                self.distillation is not None and not self.distill_teacher,
+                "distillation from the server",
+            ),
+            "distill_chunk_size": (self.distillation is not None, "distillation: off|on"),
             **dict.fromkeys(DISPO_FIELDS, (self.policy_objective == "dispo", "policy_objective: dispo")),
             "gspo_settings": (self.policy_objective == "gspo", "policy_objective: gspo"),
             "cispo_weight_bound": (self.policy_objective == "cispo", "policy_objective: cispo"),
@@ -578,16 +598,21 @@ class ZPPOConfig(GRPOConfig):
                 f"policy_objective={self.policy_objective!r} has no effect on a distillation row (it trains the JSD); "
                 "leave it 'grpo'"
             )
-        if not self.distill_teacher:
-            raise ValueError(
-                "distillation needs distill_teacher: the teacher model (id or path) to load next to the student for "
-                "its logits"
-            )
-        if self.distillation == "off" and not (self.teacher_base_url and self.teacher_model):
-            raise ValueError(
-                "distillation='off' samples the teacher's rollouts from its server: set teacher_base_url and "
-                "teacher_model"
-            )
+        if not (self.teacher_base_url and self.teacher_model):
+            if not self.distill_teacher:
+                raise ValueError(
+                    "distillation needs the teacher: set teacher_base_url and teacher_model (its vLLM server gives "
+                    "the per-token log-probs, and Off-Distill's rollouts), or distill_teacher to load it locally"
+                )
+            if self.distillation == "off":
+                raise ValueError(
+                    "distillation='off' samples the teacher's rollouts from its server: set teacher_base_url and "
+                    "teacher_model"
+                )
+        for name in ("distill_top_k", "distill_chunk_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if (
             isinstance(self.distill_beta, bool)
             or not isinstance(self.distill_beta, (int, float))

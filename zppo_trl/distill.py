@@ -12,26 +12,37 @@ imitated sequences come from:
 - On-Distill: the student's own ``num_generations`` rollouts on every question, re-scored by the
   teacher.
 
-The teacher's distributions come from the teacher loaded next to the student (``distill_teacher``),
-which must share the student's tokenizer, as TRL's distillation trainers require. The divergence
-itself is TRL's own ``GKDTrainer.generalized_jsd_loss`` (``trl.experimental.gkd``); this module adds
-the completion-position logits it reads and the teacher's loading.
+The teacher's distributions come from its vLLM server, as the paper serves the teacher (separate GPUs):
+the top ``distill_top_k`` log-probs at every completion position (:meth:`TeacherClient.sequence_logprobs_async`),
+over which the JSD is taken with one more bucket holding the rest of the vocabulary's mass (:func:`top_k_support`).
+Merging the tail into one bucket can only lower the divergence, and it is exact when the two distributions
+agree outside the top k. A teacher loaded next to the student (``distill_teacher``) gives the full
+distributions instead. Either way the JSD is computed a chunk of completion tokens at a time from the last
+hidden states (:func:`chunked_jsd`): the LM head's ``[tokens, vocab]`` logits exist for one chunk only and
+are recomputed in the backward pass, so that memory does not grow with the completion length.
 """
 
 from __future__ import annotations
 
-import warnings
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 __all__ = [
     "DISTILLATION_MODES",
     "DISTILLATION_NAMES",
-    "completion_logits",
+    "DistillInputs",
+    "TeacherTopK",
+    "chunked_jsd",
+    "completion_states",
     "frozen_distill_teacher",
-    "generalized_jsd",
+    "generalized_jsd_per_token",
     "load_distill_teacher",
+    "top_k_support",
 ]
 
 DISTILLATION_MODES = ("off", "on")
@@ -46,46 +57,148 @@ _FORWARD_FIELDS = (
     "token_type_ids",
     "mm_token_type_ids",
 )
+# A log-prob standing for zero mass: finite, so that 0 * log 0 terms stay 0 in the forward and backward pass.
+_LOG_ZERO = -1e4
 
 
-def generalized_jsd(
-    student_logits: torch.Tensor,
-    teacher_logits: torch.Tensor,
-    mask: torch.Tensor,
-    beta: float,
-    normalizer: torch.Tensor | float,
-) -> torch.Tensor:
-    """GKD's per-token generalized JSD summed over the positions where ``mask`` is 1, over ``normalizer``.
+@dataclass
+class TeacherTopK:
+    """The teacher server's top-k at every completion position of a micro-batch: ``ids`` and ``logps``,
+    each (B, C, k) in rank order (positions outside the loss mask hold zeros)."""
 
-    ``*_logits`` are ``(B, T, V)`` next-token logits at the completion positions; ``mask`` ``(B, T)``.
-    The computation is TRL's ``GKDTrainer.generalized_jsd_loss`` (temperature 1).
-    """
-    with warnings.catch_warnings():  # trl.experimental announces itself on import
-        warnings.simplefilter("ignore")
-        from trl.experimental.gkd import GKDTrainer
-    labels = torch.where(mask.bool(), 0, -100)
-    return GKDTrainer.generalized_jsd_loss(
-        student_logits, teacher_logits, labels=labels, beta=beta, num_items_in_batch=normalizer
+    ids: torch.Tensor
+    logps: torch.Tensor
+
+
+@dataclass
+class DistillInputs:
+    """What the JSD needs of one micro-batch: the student's ``states`` at the completion positions and the
+    ``head`` that turns them into next-token logits over the first ``vocab`` entries, and the teacher's signal:
+    its server ``topk``, or (a local teacher) its own ``teacher_states`` and ``teacher_head``."""
+
+    states: torch.Tensor
+    head: Callable[[torch.Tensor], torch.Tensor]
+    vocab: int
+    topk: TeacherTopK | None = None
+    teacher_states: torch.Tensor | None = None
+    teacher_head: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+def generalized_jsd_per_token(student_logps: torch.Tensor, teacher_logps: torch.Tensor, beta: float) -> torch.Tensor:
+    """GKD's generalized JSD of each position's two distributions (log-probs over the last dimension):
+    ``beta KL(T || M) + (1 - beta) KL(S || M)``, ``M = beta T + (1 - beta) S``; as GKD, beta = 0 is
+    ``KL(T || S)`` and beta = 1 is ``KL(S || T)``."""
+    s, t = student_logps.clamp(min=_LOG_ZERO), teacher_logps.clamp(min=_LOG_ZERO)
+
+    def kl(p, q):  # KL(p || q) from log-probs
+        return (p.exp() * (p - q)).sum(-1)
+
+    if beta == 0:
+        return kl(t, s)
+    if beta == 1:
+        return kl(s, t)
+    mixture = torch.logsumexp(torch.stack([s + math.log(1 - beta), t + math.log(beta)]), dim=0)
+    return beta * kl(t, mixture) + (1 - beta) * kl(s, mixture)
+
+
+def _with_tail(logps: torch.Tensor) -> torch.Tensor:
+    """``logps`` of k tokens plus a last bucket with the rest of the mass, ``log(1 - sum p)``."""
+    covered = torch.logsumexp(logps, dim=-1, keepdim=True).clamp(max=-1e-7)  # the top k never hold all the mass
+    return torch.cat([logps, torch.log(-torch.expm1(covered))], dim=-1)
+
+
+def top_k_support(
+    student_logps: torch.Tensor, topk_ids: torch.Tensor, topk_logps: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The student's and the teacher's distributions on the teacher's top k tokens plus one tail bucket:
+    ``(student, teacher)`` log-probs, each (..., k + 1). ``student_logps`` is the full (..., V) log-softmax."""
+    return _with_tail(student_logps.gather(-1, topk_ids)), _with_tail(topk_logps)
+
+
+def chunked_jsd(inputs: DistillInputs, mask: torch.Tensor, beta: float, chunk_size: int) -> torch.Tensor:
+    """The sum over the loss positions (``mask`` (B, C)) of the per-token generalized JSD, computed
+    ``chunk_size`` positions at a time, each chunk under activation checkpointing: the chunk's logits
+    (student, and a local teacher's) are made from the states, used and dropped, and made again in the
+    backward pass, so their memory is one chunk's whatever the completion length."""
+    where = mask.bool()
+    states = inputs.states[where]
+    extras = (
+        (inputs.topk.ids[where], _at_least_fp32(inputs.topk.logps[where]))
+        if inputs.topk is not None
+        else (inputs.teacher_states[where],)
     )
 
+    def chunk_loss(chunk_states: torch.Tensor, *teacher: torch.Tensor) -> torch.Tensor:
+        student = torch.log_softmax(_at_least_fp32(inputs.head(chunk_states)[..., : inputs.vocab]), dim=-1)
+        if inputs.topk is not None:
+            student, teacher_logps = top_k_support(student, *teacher)
+        else:
+            with torch.no_grad():
+                logits = _at_least_fp32(inputs.teacher_head(teacher[0])[..., : inputs.vocab])
+                teacher_logps = torch.log_softmax(logits, dim=-1)
+        return generalized_jsd_per_token(student, teacher_logps, beta).sum()
 
-def completion_logits(model: Any, inputs: dict, vocab: int) -> torch.Tensor:
-    """``model``'s next-token logits at every completion position of a TRL batch, cut to the first
-    ``vocab`` entries (the shared tokenizer's; models may pad their embedding tables differently)."""
+    total = _at_least_fp32(states.new_zeros(()))
+    for start in range(0, states.size(0), chunk_size):
+        pieces = [x[start : start + chunk_size] for x in (states, *extras)]
+        total = total + checkpoint(chunk_loss, *pieces, use_reentrant=False)
+    return total
+
+
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32, or as it is when wider: log-softmax and divergences are never taken in bf16."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def completion_states(model: Any, inputs: dict, vocab: int) -> tuple[torch.Tensor, Callable]:
+    """``model``'s last hidden states at the positions that predict each completion token of a TRL batch
+    (B, C, H), and its LM head (``hidden -> logits``): the logits themselves are left to :func:`chunked_jsd`.
+
+    The head's weight must be whole on this rank to be applied outside the forward pass; where FSDP or
+    ZeRO-3 shards it, the forward computes the completion positions' logits itself and those are returned
+    with an identity head (their memory then grows with the completion length).
+    """
     completion_width = inputs["completion_ids"].size(1)
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
     extra = {name: inputs[name] for name in _FORWARD_FIELDS if inputs.get(name) is not None}
-    # only the positions that predict a completion token: the full (B, P + C, V) logits would not fit at the
-    # paper's lengths
-    logits = model(
+    head = _local_head(model)
+    if head is None:
+        logits = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            logits_to_keep=completion_width + 1,
+            use_cache=False,
+            **extra,
+        ).logits
+        return logits[:, :-1, :vocab], lambda states: states
+    out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        logits_to_keep=completion_width + 1,
+        logits_to_keep=1,
+        output_hidden_states=True,
         use_cache=False,
         **extra,
-    ).logits
-    return logits[:, :-1, :vocab]
+    )
+    hidden = out.hidden_states[-1]
+    # The last hidden state must be the head's input (after the final norm): checked on the one position
+    # whose logits the forward returned.
+    if not torch.allclose(head(hidden[:, -1:]).float(), out.logits.float(), rtol=1e-3, atol=1e-3):
+        raise RuntimeError(
+            f"{type(model).__name__}'s last hidden state is not its LM head's input: the chunked JSD cannot be "
+            "computed from it"
+        )
+    return hidden[:, -completion_width - 1 : -1], head
+
+
+def _local_head(model: Any) -> Callable | None:
+    """The output embedding of ``model`` (unwrapped from DDP), or None where its weight is sharded."""
+    module = getattr(model, "module", model)
+    head = module.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    if weight is None or weight.numel() == 0 or type(weight).__name__ == "DTensor" or hasattr(weight, "ds_id"):
+        return None
+    return head
 
 
 def load_distill_teacher(name_or_path: str, student: Any) -> Any:

@@ -1,7 +1,7 @@
 """Algorithm 1, step 6's second half: the loss of one micro-batch, one named function per objective.
 
 A loss is a small function of tensors, registered under a name with :func:`register_loss`; the trainer
-computes what the loss declares it needs (per-token log-probs, or student and teacher logits) and calls
+computes what the loss declares it needs (per-token log-probs, or the student's and teacher's distributions) and calls
 it. Adding an objective is one function here (or in a module of its own) and its registration line.
 
 =========  =====================================================================================
@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from .distill import generalized_jsd
+from .distill import DistillInputs, chunked_jsd
 
 __all__ = [
     "LOSSES",
@@ -175,8 +175,8 @@ class LossInputs:
     ``sequences`` the sum over responses of the losses that average per response (each the update's count,
     in the units the trainer carries them).
     Log-prob losses get ``logps`` (B, T, with gradient), ``old_logps`` (the sampling policy's; None:
-    this policy's, detached), ``advantages`` (B, 1) or (B, T) and ``entropies``; logit losses get
-    ``student_logits`` and ``teacher_logits`` (B, T, V).
+    this policy's, detached), ``advantages`` (B, 1) or (B, T) and ``entropies``; the distillation loss
+    gets ``distill`` (the student's completion states and LM head, and the teacher's signal).
     """
 
     mask: torch.Tensor
@@ -186,8 +186,7 @@ class LossInputs:
     old_logps: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     entropies: torch.Tensor | None = None
-    student_logits: torch.Tensor | None = None
-    teacher_logits: torch.Tensor | None = None
+    distill: DistillInputs | None = None
 
 
 @dataclass
@@ -201,7 +200,7 @@ class LossOutput:
 
 @dataclass(frozen=True)
 class Loss:
-    """A registered loss: ``fn(inputs, args)``, what it needs computed (``"logps"`` or ``"logits"``) and,
+    """A registered loss: ``fn(inputs, args)``, what it needs computed (``"logps"`` or ``"distributions"``) and,
     for a policy objective, the ``policy_objective`` value that selects it and how the paper prints it."""
 
     name: str
@@ -225,8 +224,8 @@ def register_loss(
     the metrics, as the paper's tables do. ``dual_clip`` says the loss reads ``delta`` (the dual clip), so
     the configuration checks it.
     """
-    if needs not in ("logps", "logits"):
-        raise ValueError(f"needs must be 'logps' or 'logits', got {needs!r}")
+    if needs not in ("logps", "distributions"):
+        raise ValueError(f"needs must be 'logps' or 'distributions', got {needs!r}")
 
     def register(fn: Callable) -> Callable:
         if name in LOSSES:
@@ -402,14 +401,13 @@ def sft_loss(inputs: LossInputs, args: Any) -> LossOutput:
     return LossOutput(nll / inputs.normalizer, means={"sft/nll": (nll.detach(), inputs.mask.sum().to(nll.dtype))})
 
 
-@register_loss("jsd", needs="logits")
+@register_loss("jsd", needs="distributions")
 def jsd_loss(inputs: LossInputs, args: Any) -> LossOutput:
-    """GKD's generalized JSD to the teacher at every completion token (:func:`zppo_trl.distill.generalized_jsd`)."""
-    mask = inputs.mask
-    loss = generalized_jsd(
-        inputs.student_logits.float(), inputs.teacher_logits.float(), mask, args.distill_beta, inputs.normalizer
-    )
-    return LossOutput(loss, means={"distill/jsd": ((loss * inputs.normalizer).detach(), mask.sum().to(loss.dtype))})
+    """GKD's generalized JSD to the teacher at every completion token, a chunk of tokens at a time
+    (:func:`zppo_trl.distill.chunked_jsd`), over ``normalizer``."""
+    total = chunked_jsd(inputs.distill, inputs.mask, args.distill_beta, getattr(args, "distill_chunk_size", 1024))
+    count = inputs.mask.sum().to(total.dtype)
+    return LossOutput(total / inputs.normalizer, means={"distill/jsd": (total.detach(), count)})
 
 
 for _module in OBJECTIVE_MODULES:  # after the built-in losses: their modules import this one

@@ -463,6 +463,28 @@ class TeacherClient:
         params = self._params(max_tokens, temperature, top_p, extra_body)
         return self._submit(self._hint(responses, params))
 
+    def sequence_logprobs_async(
+        self, sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[int], top_k: int
+    ) -> concurrent.futures.Future:
+        """A Future of the teacher's top-``top_k`` next-token log-probs at every completion position of each
+        token sequence (prompt then completion), teacher-forced: the distillation rows' teacher signal.
+
+        Each sequence is one ``/v1/completions`` request with the token ids as its prompt, ``max_tokens=1``
+        and vLLM's ``prompt_logprobs=top_k`` (the server's ``--max-logprobs`` must be at least ``top_k``;
+        vLLM's default is 20). Position ``j`` of a result is the distribution that predicts completion token
+        ``j``: ``(token_ids, logprobs)``, each ``top_k`` long in rank order. A sequence whose request failed
+        gives None (counted ``failed``); a reply without ``prompt_logprobs`` (a server that is not vLLM) is
+        an error that names the server.
+        """
+        sequences = [list(map(int, seq)) for seq in _check_list("sequences", sequences)]
+        prompt_lengths = [_check_int(f"prompt_lengths[{i}]", n, 1) for i, n in enumerate(prompt_lengths)]
+        if len(prompt_lengths) != len(sequences):
+            raise ValueError(f"{len(sequences)} sequences but {len(prompt_lengths)} prompt lengths")
+        for i, (seq, n) in enumerate(zip(sequences, prompt_lengths)):
+            if n >= len(seq):
+                raise ValueError(f"sequences[{i}] has no completion token after its {n} prompt tokens")
+        return self._submit(self._sequence_logprobs(sequences, prompt_lengths, _check_int("top_k", top_k, 1)))
+
     def judge(
         self,
         items: Sequence[Mapping[str, Any]],
@@ -615,10 +637,30 @@ class TeacherClient:
     async def _chat(
         self, messages: list[dict], n: int, params: dict, failures: list[str]
     ) -> tuple[list[str] | None, bool]:
-        """One logical request with retries: (reply texts or None, whether the server rejected it as a client error).
+        """One logical chat request with retries: (reply texts or None, whether the server rejected it as a
+        client error). A request that finally fails appends its last error to ``failures``."""
 
-        A request that finally fails appends its last error to ``failures``.
-        """
+        async def send() -> tuple[list[str], Any]:
+            response = await self._client.chat.completions.create(
+                model=self.model,
+                messages=messages,
+                n=n,
+                max_tokens=params["max_tokens"],
+                temperature=params["temperature"],
+                top_p=params["top_p"],
+                extra_body=params["extra_body"] or None,
+            )
+            texts = [(choice.message.content or "") for choice in response.choices]
+            if not texts:
+                raise ValueError("the reply has no choices")
+            return texts, response
+
+        return await self._with_retries(send, failures)
+
+    async def _with_retries(self, send, failures: list[str]) -> tuple[Any, bool]:
+        """Await ``send()`` (returning ``(replies, response)``) under the concurrency limit and timeout, with
+        retries and backoff: ``(replies or None, whether the server rejected it as a client error)``; the
+        counters are updated and a final failure appends its last error to ``failures``."""
         self._count(requests=1, in_flight=1)
         start = time.monotonic()
         retry_after: float | None = None
@@ -632,18 +674,7 @@ class TeacherClient:
                 try:
                     async with self._semaphore:
                         async with asyncio.timeout(self.timeout):
-                            response = await self._client.chat.completions.create(
-                                model=self.model,
-                                messages=messages,
-                                n=n,
-                                max_tokens=params["max_tokens"],
-                                temperature=params["temperature"],
-                                top_p=params["top_p"],
-                                extra_body=params["extra_body"] or None,
-                            )
-                    texts = [(choice.message.content or "") for choice in response.choices]
-                    if not texts:
-                        raise ValueError("the reply has no choices")
+                            replies, response = await send()
                 except openai.APIStatusError as err:
                     error = f"HTTP {err.status_code}: {str(err.message)[:200]}"
                     if err.status_code < 500 and err.status_code not in _RETRYABLE_STATUS:
@@ -653,19 +684,19 @@ class TeacherClient:
                     retry_after = _retry_after(err)
                 except TimeoutError:
                     error = f"no reply within {self.timeout:g}s"
-                except (openai.APIError, ValueError, TypeError, AttributeError) as err:
+                except (openai.APIError, ValueError, TypeError, AttributeError, KeyError) as err:
                     error = f"{type(err).__name__}: {str(err)[:200]}"
                 else:
                     usage = getattr(response, "usage", None)
                     latency = time.monotonic() - start
                     with self._lock:
                         self._stats["succeeded"] += 1
-                        self._stats["replies"] += len(texts)
+                        self._stats["replies"] += len(replies)
                         self._stats["prompt_tokens"] += getattr(usage, "prompt_tokens", 0) or 0
                         self._stats["completion_tokens"] += getattr(usage, "completion_tokens", 0) or 0
                         self._stats["latency_total_s"] += latency
                         self._stats["latency_max_s"] = max(self._stats["latency_max_s"], latency)
-                    return texts, False
+                    return replies, False
                 logger.debug("teacher attempt %d/%d failed (%s)", attempt + 1, self.max_retries + 1, error)
             self._count(failed=1)
             failures.append(error)
@@ -681,6 +712,32 @@ class TeacherClient:
                 "%s: %d request(s) to %s failed (last error: %s)", what, len(failures), self.base_url, failures[-1]
             )
         return list(results)
+
+    async def _sequence_logprobs(
+        self, sequences: list[list[int]], prompt_lengths: list[int], top_k: int
+    ) -> list[tuple[list[list[int]], list[list[float]]] | None]:
+        failures: list[str] = []
+
+        async def one(sequence: list[int], prompt_length: int):
+            async def send():
+                response = await self._client.completions.create(
+                    model=self.model,
+                    prompt=sequence,
+                    max_tokens=1,
+                    temperature=1.0,
+                    extra_body={"prompt_logprobs": top_k},
+                )
+                positions = (response.choices[0].model_extra or {}).get("prompt_logprobs")
+                if positions is None:
+                    raise ValueError(f"{self.base_url} returned no prompt_logprobs (the distillation rows need vLLM)")
+                return [[_top_k(positions[t], top_k) for t in range(prompt_length, len(sequence))]], response
+
+            replies, _ = await self._with_retries(send, failures)  # one reply: the sequence's positions
+            return None if replies is None else ([ids for ids, _ in replies[0]], [lps for _, lps in replies[0]])
+
+        return await self._gather(
+            "teacher log-probs", [one(seq, n) for seq, n in zip(sequences, prompt_lengths)], failures
+        )
 
     # ------------------------------------------------------------ internals: the three jobs
 
@@ -801,6 +858,18 @@ async def _shutdown(client: openai.AsyncOpenAI) -> None:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     await client.close()
+
+
+def _top_k(position: Mapping[str, Mapping[str, Any]] | None, k: int) -> tuple[list[int], list[float]]:
+    """The ``k`` most likely tokens of one ``prompt_logprobs`` entry (vLLM adds the actual token's entry when it
+    ranks lower): ``(ids, logprobs)`` in rank order."""
+    if not position:
+        raise ValueError("a completion position has no prompt_logprobs")
+    ranked = sorted(((entry["rank"], int(token), float(entry["logprob"])) for token, entry in position.items()))
+    ranked = [item for item in ranked if item[0] <= k][:k]
+    if len(ranked) < k:
+        raise ValueError(f"the server returned {len(ranked)} log-probs for top_k={k} (raise its --max-logprobs)")
+    return [token for _, token, _ in ranked], [logprob for _, _, logprob in ranked]
 
 
 def _retry_after(err: openai.APIStatusError) -> float | None:

@@ -54,7 +54,7 @@ from .augmentations import Augmentation, BuiltGroup, BuiltGroups, Evidence, make
 from .batches import concat_batches
 from .callbacks import QuietProgressCallback, RolloutSummaryCallback
 from .config import ZPPOConfig
-from .distill import completion_logits, frozen_distill_teacher
+from .distill import DistillInputs, TeacherTopK, completion_states, frozen_distill_teacher
 from .losses import LossInputs, LossOutput, loss_for
 from .model_card import PAPER_CITATION, PAPER_TITLE, CardFacts, render_model_card
 from .partitioning import deal_targets, is_skipped, policy_partitions
@@ -172,10 +172,13 @@ class ZPPOTrainer(GRPOTrainer):
         self.dataset_name = dataset_name
         self.model_license = model_license
         self.teacher = teacher
-        if self.teacher is None and (args.augmentations or args.distillation == "off"):
+        # The distillation rows' teacher: its server's top-k log-probs by default; loaded next to the student
+        # (for its full distributions) only when one is given.
+        local = args.distillation is not None and (distill_teacher_model is not None or bool(args.distill_teacher))
+        server_distill = args.distillation == "off" or (args.distillation == "on" and not local)
+        if self.teacher is None and (args.augmentations or server_distill):
             self.teacher = TeacherClient.from_config(args)
-        # The distillation rows' teacher, loaded next to the student for its per-token distributions.
-        self.distill_teacher = self._prepare_distill_teacher(distill_teacher_model) if args.distillation else None
+        self.distill_teacher = self._prepare_distill_teacher(distill_teacher_model) if local else None
         # Step 5's augmentation: ZPPO's BCQ/NCQ prompts, or a comparison row's; None for GRPO†.
         self.augmentation: Augmentation | None = make_augmentation(
             args.augmentations,
@@ -443,12 +446,8 @@ class ZPPOTrainer(GRPOTrainer):
             else (mask.sum(-1) > 0).sum().clamp(min=1),
         )
         aux_loss = None
-        if self.objective_loss.needs == "logits":
-            vocab = len(self._tokenizer)
-            with self.accelerator.autocast():
-                loss_inputs.student_logits = completion_logits(model, inputs, vocab)
-                with torch.no_grad():
-                    loss_inputs.teacher_logits = completion_logits(self.distill_teacher, inputs, vocab)
+        if self.objective_loss.needs == "distributions":
+            loss_inputs.distill = self._distill_inputs(model, inputs)
         else:
             loss_inputs.logps, loss_inputs.entropies, aux_loss = self._completion_logps(model, inputs)
             loss_inputs.old_logps, loss_inputs.advantages = inputs.get("old_per_token_logps"), inputs.get("advantages")
@@ -461,6 +460,19 @@ class ZPPOTrainer(GRPOTrainer):
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
         self._log_loss(mode, out)
         return loss
+
+    def _distill_inputs(self, model, inputs) -> DistillInputs:
+        """The student's completion states and LM head, and the teacher's signal: the top-k its server sent
+        for this micro-batch (``teacher_topk_*``), or a local teacher's own states and head."""
+        vocab = len(self._tokenizer)
+        with self.accelerator.autocast():
+            states, head = completion_states(model, inputs, vocab)
+            if self.distill_teacher is None:
+                topk = TeacherTopK(inputs["teacher_topk_ids"], inputs["teacher_topk_logps"])
+                return DistillInputs(states, head, vocab, topk=topk)
+            with torch.no_grad():
+                teacher_states, teacher_head = completion_states(self.distill_teacher, inputs, vocab)
+        return DistillInputs(states, head, vocab, teacher_states=teacher_states, teacher_head=teacher_head)
 
     def _completion_logps(self, model, inputs):
         """Per-token log-probs, entropies and router aux loss of the completions, as TRL computes them."""
@@ -637,7 +649,53 @@ class ZPPOTrainer(GRPOTrainer):
                 ]
             metrics["distill_questions_with_target"] = sum(1 for key in keys if evidence.teacher_correct.get(key))
             targets = self._target_round(built, draw.plain[0].row, metrics)
-        return self._target_batches(targets, draw, metrics)
+        micro_batches = self._target_batches(targets, draw, metrics)
+        if self.distill_teacher is None:  # the teacher's signal comes from its server
+            self._attach_teacher_topk(micro_batches, metrics)
+        return micro_batches
+
+    def _attach_teacher_topk(self, micro_batches: list[dict], metrics: dict) -> None:
+        """Ask the teacher server for its top-k log-probs at every completion position of every sequence
+        this rank trains in the step (one concurrent batch), and put them on each micro-batch
+        (``teacher_topk_ids``/``teacher_topk_logps``, (B, C, k)). A sequence whose request failed is left out
+        of the loss (``distill_teacher_failed``); a step where every request failed is an error."""
+        k = self.args.distill_top_k
+        rows = []  # (micro-batch, row, sequence, prompt length)
+        for micro in micro_batches:
+            if is_skipped(micro):
+                continue
+            if micro.get("pixel_values") is not None:
+                raise ValueError(
+                    "the distillation rows' teacher server scores token ids, which cannot carry a question's images: "
+                    "for image questions set distill_teacher to load the teacher next to the student"
+                )
+            for r in range(micro["completion_ids"].size(0)):
+                completion = micro["completion_ids"][r][micro["completion_mask"][r].bool()]
+                if completion.numel():
+                    prompt = micro["prompt_ids"][r][micro["prompt_mask"][r].bool()]
+                    rows.append((micro, r, prompt.tolist() + completion.tolist(), prompt.numel()))
+        results = self.teacher.sequence_logprobs_async(
+            [seq for _, _, seq, _ in rows], [n for _, _, _, n in rows], k
+        ).result()
+        for micro in micro_batches:
+            if not is_skipped(micro):
+                shape = (*micro["completion_ids"].shape, k)
+                micro["teacher_topk_ids"] = torch.zeros(shape, dtype=torch.long, device=micro["completion_ids"].device)
+                micro["teacher_topk_logps"] = torch.zeros(shape, device=micro["completion_ids"].device)
+        failed = 0
+        for (micro, r, _, _), result in zip(rows, results):
+            if result is None:
+                failed += 1
+                micro["completion_mask"][r] = 0
+                continue
+            ids, logps = result
+            micro["teacher_topk_ids"][r, : len(ids)] = torch.tensor(ids)
+            micro["teacher_topk_logps"][r, : len(ids)] = torch.tensor(logps)
+        if rows and failed == len(rows):
+            raise RuntimeError(
+                f"every teacher log-prob request of this step failed ({self.teacher.base_url}); see the warning above"
+            )
+        metrics["distill_teacher_failed"] = failed
 
     # 1.
 
