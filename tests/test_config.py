@@ -58,7 +58,9 @@ def test_partitions_map_onto_trl_batching():
         (dict(augmentations=[], distillation="sideways", distill_teacher="t"), "distillation"),
         (dict(augmentations=[], distillation=True, distill_teacher="t"), "quote it"),
         (dict(distillation="on", distill_teacher="t"), "augmentations"),
-        (dict(augmentations=[], distillation="on"), "distill_teacher"),
+        (dict(augmentations=[], distillation="on", teacher_base_url=None), "distill_teacher"),
+        (dict(augmentations=[], distillation="on", distill_top_k=0), "distill_top_k"),
+        (dict(augmentations=[], distillation="on", distill_chunk_size=1.5), "distill_chunk_size"),
         (dict(augmentations=[], distillation="on", distill_teacher="t", distill_beta=2.0), "distill_beta"),
         (dict(augmentations=[], distillation="off", distill_teacher="t", teacher_base_url=None), "teacher_base_url"),
     ],
@@ -66,6 +68,14 @@ def test_partitions_map_onto_trl_batching():
 def test_bad_values_name_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
         ZPPOConfig(**{**CPU, **TEACHER, **overrides})
+
+
+def test_distillation_takes_the_teacher_from_its_server_unless_one_is_given_to_load():
+    server = ZPPOConfig(**CPU, **TEACHER, augmentations=[], distillation="on")
+    assert server.distill_teacher is None and server.distill_top_k == 20
+    ZPPOConfig(
+        **{**CPU, **TEACHER, "teacher_base_url": None}, augmentations=[], distillation="on", distill_teacher="t"
+    )
 
 
 def test_trl_defaults_that_change_the_objective_are_the_papers():

@@ -183,13 +183,15 @@ def test_sft_is_the_token_mean_negative_log_likelihood():
 
 
 def test_jsd_is_zero_for_equal_distributions_and_the_symmetric_jsd_otherwise():
-    student = torch.tensor([[[0.0, 0.0]]], dtype=torch.float64, requires_grad=True)
-    same = LossInputs(mask=torch.ones(1, 1), normalizer=1.0, student_logits=student, teacher_logits=student.detach())
-    assert LOSSES["jsd"].fn(same, ARGS).loss.item() == pytest.approx(0.0, abs=1e-12)
-    teacher = torch.tensor([[[0.0, math.log(3.0)]]], dtype=torch.float64)  # (1/4, 3/4) against (1/2, 1/2)
-    out = LOSSES["jsd"].fn(
-        LossInputs(mask=torch.ones(1, 1), normalizer=1.0, student_logits=student, teacher_logits=teacher), ARGS
-    )
+    from zppo_trl.distill import DistillInputs
+
+    def jsd(teacher_logits):  # one position, two tokens; the states are the logits (an identity head)
+        student = torch.tensor([[[0.0, 0.0]]], dtype=torch.float64, requires_grad=True)
+        distill = DistillInputs(student, lambda x: x, 2, teacher_states=teacher_logits, teacher_head=lambda x: x)
+        return LOSSES["jsd"].fn(LossInputs(mask=torch.ones(1, 1), normalizer=1.0, distill=distill), ARGS)
+
+    assert jsd(torch.zeros(1, 1, 2, dtype=torch.float64)).loss.item() == pytest.approx(0.0, abs=1e-12)
+    out = jsd(torch.tensor([[[0.0, math.log(3.0)]]], dtype=torch.float64))  # (1/4, 3/4) against (1/2, 1/2)
     p, q = torch.tensor([0.5, 0.5]), torch.tensor([0.25, 0.75])
     m = (p + q) / 2
     expected = 0.5 * float((p * (p / m).log()).sum()) + 0.5 * float((q * (q / m).log()).sum())
