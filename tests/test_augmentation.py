@@ -1,9 +1,13 @@
-"""The step-5 seam: the registry builds each kind's augmentation, and `CandidateReformulation` plans exactly what
-`plan_reformulations` plans, and deals BCQ first."""
+"""The step-5 seam: the registry builds each kind's augmentation, `CandidateReformulation` plans exactly what
+`plan_reformulations` plans, and deals BCQ first; and which questions, and which rollouts of them, the Hint, Prefix,
+Correction-SFT and Error-reflection-SFT controls plan on (the paper's shared augmentation-branch convention and
+its algorithms for those rows). What they then send the teacher and keep of its replies is checked against a real
+teacher in tests/test_comparison_rows.py."""
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 
@@ -151,3 +155,182 @@ def test_the_augmentations_are_on_no_import_cycle():
             if name not in seen:
                 seen.add(name)
                 todo.extend(graph[name])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The controls' selection (the paper's "shared augmentation-branch convention" and its Hint, Prefix,
+# Correction-SFT and Error-reflection-SFT algorithms). Step 4 hands every augmentation the pre-capped hard
+# questions, hardest first (`select_hard`: plain accuracy below hard_threshold, at most augment_fraction x
+# |X_new|; pinned in tests/test_reformulate.py and, as the trainer applies it, in tests/test_comparison_rows.py),
+# the graded-correct teacher rollouts and the wrong student rollouts of each. These tests pin what each control
+# plans from that.
+
+
+def _rollout(answer: str, note: str = "") -> str:
+    return f"<think> Let me compute.{note} </think> \\boxed{{{answer}}}"
+
+
+def _selection_evidence() -> Evidence:
+    """Five pre-capped hard questions, hardest first, and one easy question that is not among them.
+
+    h0's teacher rollouts were all graded wrong (an empty list) and h3's teacher sampled nothing (no entry):
+    neither has a graded-correct teacher rollout. Every question has wrong student rollouts, "easy" included
+    (one of its eight rollouts was wrong), and "easy" has a correct teacher rollout too.
+    """
+    hard = ["h0", "h1", "h2", "h3", "h4"]
+    return Evidence(
+        hard=hard,
+        teacher_correct={
+            "h0": [],
+            "h1": [_rollout("1"), _rollout("1", " Carefully.")],
+            "h2": [_rollout("2")],
+            "h4": [_rollout("4")],
+            "easy": [_rollout("9")],
+        },
+        student_wrong={key: [_rollout("0", f" {key} wrong"), f"{key}: no answer"] for key in [*hard, "easy"]},
+    )
+
+
+def _guidance(kind: str):
+    return make_augmentation([kind], tokenizer=_tokenizer) if kind == "prefix" else make_augmentation([kind])
+
+
+def _supervised(kind: str):
+    return make_augmentation(
+        [kind], question_of=lambda key: "q", teacher_chat=lambda key, text: [], grade=lambda key, texts: [True]
+    )
+
+
+@pytest.mark.parametrize("kind", ["hint", "prefix"])
+def test_hint_and_prefix_plan_the_hardest_pre_capped_questions_that_have_a_correct_teacher_rollout(kind):
+    """Pins the Hint/Prefix selection of the paper's alg:hint and alg:prefix: of the pre-capped hard questions,
+    hardest first, each with at least one graded-correct teacher rollout (N_x > 0) gets one instance, at most
+    ``limit`` of them, and a question without one contributes nothing (no other question takes its slot).
+
+    Fails if a question with no correct teacher rollout (h0: all graded wrong; h3: none sampled) were planned,
+    if a question outside the pre-capped hard list ("easy") were planned, if the walk were not hardest first
+    (limit 2 must keep h1 and h2, not h4), if a question got more than one instance (h1 has two correct
+    rollouts), or if the cap were ignored.
+    """
+    augmentation = _guidance(kind)
+    metrics: dict = {}
+    assert [(i.kind, i.key) for i in augmentation.plan(_selection_evidence(), 5, random.Random(0), metrics)] == [
+        (kind, "h1"),
+        (kind, "h2"),
+        (kind, "h4"),
+    ]
+    assert metrics == {"hard": 5, f"hard_{kind}_possible": 3}
+    assert [i.key for i in augmentation.plan(_selection_evidence(), 2, random.Random(0), {})] == ["h1", "h2"]
+    assert augmentation.plan(_selection_evidence(), 0, random.Random(0), {}) == []
+
+
+def test_correction_sft_plans_every_pre_capped_hard_question_hardest_first_without_teacher_rollouts():
+    """Pins the Correction-SFT selection (the paper's alg:correctionsft): every pre-capped hard question, hardest
+    first, gets one corrector call, at most ``limit``; the row samples no teacher rollouts, so a question the
+    teacher never solved is planned like any other.
+
+    Fails if Correction-SFT required a correct teacher rollout (h0 and h3 would drop out), planned a question
+    outside the hard list ("easy" has a wrong rollout too), walked in another order (limit 2 must keep h0, h1),
+    or ignored the cap.
+    """
+    correction = _supervised("correction")
+    assert correction.needs_teacher_rollouts is False
+    metrics: dict = {}
+    planned = correction.plan(_selection_evidence(), 5, random.Random(0), metrics)
+    assert [(i.kind, i.key) for i in planned] == [("correction", f"h{i}") for i in range(5)]
+    assert metrics == {"hard": 5}
+    assert [i.key for i in correction.plan(_selection_evidence(), 2, random.Random(0), {})] == ["h0", "h1"]
+    assert correction.plan(_selection_evidence(), 0, random.Random(0), {}) == []
+    # a hard question without a wrong rollout (every rollout unscorable and counted wrong is the only way a hard
+    # question has none; here its list is empty) gives no call
+    evidence = _selection_evidence()
+    no_wrong = Evidence(evidence.hard, evidence.teacher_correct, {**evidence.student_wrong, "h0": []})
+    assert [i.key for i in correction.plan(no_wrong, 5, random.Random(0), {})] == ["h1", "h2", "h3", "h4"]
+
+
+def test_error_reflection_sft_plans_the_hardest_pre_capped_questions_that_have_a_correct_teacher_draft():
+    """Pins the Error-reflection-SFT selection (the paper's alg:errorreflectionsft): of the pre-capped hard
+    questions, hardest first, those with a graded-correct teacher draft (N_x > 0) each get one revision call,
+    at most ``limit``.
+
+    Fails if a question whose drafts were all graded wrong (h0) or that has none (h3) were revised, if "easy"
+    (not hard) were planned, if the walk were not hardest first (limit 2 keeps h1, h2), or if the cap were
+    ignored.
+    """
+    reflection = _supervised("reflection")
+    assert reflection.needs_teacher_rollouts is True  # the G_T drafts are sampled and graded in steps 2 and 4
+    metrics: dict = {}
+    planned = reflection.plan(_selection_evidence(), 5, random.Random(0), metrics)
+    assert [(i.kind, i.key) for i in planned] == [("reflection", key) for key in ("h1", "h2", "h4")]
+    assert metrics == {"hard": 5, "hard_reflection_possible": 3}
+    assert [i.key for i in reflection.plan(_selection_evidence(), 2, random.Random(0), {})] == ["h1", "h2"]
+    assert reflection.plan(_selection_evidence(), 0, random.Random(0), {}) == []
+
+
+def _draws(augmentation, evidence: Evidence, key: str, field: str, times: int = 3000) -> Counter:
+    """How often each text was drawn as ``field`` of ``key``'s instance over ``times`` plans from one RNG."""
+    rng = random.Random(0)
+    counts: Counter = Counter()
+    for _ in range(times):
+        (instance,) = [i for i in augmentation.plan(evidence, len(evidence.hard), rng, {}) if i.key == key]
+        counts[getattr(instance, field)] += 1
+    return counts
+
+
+def _three_of_each() -> Evidence:
+    teacher = [_rollout("5", f" Route {n}.") for n in range(3)]
+    student = [_rollout("6", f" Slip {n}.") for n in range(3)] + ["I give up."]
+    return Evidence(hard=["q"], teacher_correct={"q": teacher}, student_wrong={"q": student})
+
+
+@pytest.mark.parametrize("kind", ["hint", "prefix"])
+def test_hint_and_prefix_guide_with_one_correct_teacher_rollout_drawn_uniformly(kind):
+    """Pins what guides the Hint and Prefix groups (alg:hint, alg:prefix: "select one correct response uniformly";
+    the hint generator reads that response only): exactly one of the question's graded-correct teacher
+    rollouts, each equally likely, and never a student rollout.
+
+    Fails if the instance carried a student rollout, more than one rollout, or a fixed one (the first, the
+    last) instead of a uniform draw: each of the three must come up about a third of the time.
+    """
+    evidence = _three_of_each()
+    counts = _draws(_guidance(kind), evidence, "q", "teacher_response")
+    assert set(counts) == set(evidence.teacher_correct["q"])  # only correct teacher rollouts, each a single text
+    for text in evidence.teacher_correct["q"]:
+        assert 0.29 < counts[text] / 3000 < 0.38, counts
+
+
+def test_correction_sft_corrects_one_wrong_student_rollout_drawn_uniformly():
+    """Pins the rollout Correction-SFT sends the corrector (alg:correctionsft: "select one wrong rollout
+    uniformly"): one of the question's wrong student rollouts, each equally likely, unparsable ones included
+    (no parse filter), and never a teacher rollout; it carries no other attempt.
+
+    Fails if the source were a teacher rollout, a fixed wrong rollout, or only the parsable ones (the fourth,
+    "I give up.", must come up about a quarter of the time).
+    """
+    evidence = _three_of_each()
+    counts = _draws(_supervised("correction"), evidence, "q", "source")
+    assert set(counts) == set(evidence.student_wrong["q"])
+    for text in evidence.student_wrong["q"]:
+        assert 0.21 < counts[text] / 3000 < 0.29, counts
+    (instance,) = _supervised("correction").plan(evidence, 1, random.Random(0), {})
+    assert instance.attempts == ()
+
+
+def test_error_reflection_sft_revises_one_correct_draft_drawn_uniformly_with_every_wrong_rollout_in_full():
+    """Pins what Error-reflection-SFT sends the refiner (alg:errorreflectionsft and its paragraph): one of the
+    question's graded-correct teacher drafts, each equally likely (a wrong draft is never revised), with all
+    K_x wrong student rollouts, verbatim, in their order, with no parse filter.
+
+    Fails if the draft could be a student rollout or a fixed draft, or if the attempts were one sampled
+    rollout, a parsed subset (dropping "I give up."), deduplicated, shortened or reordered.
+    """
+    evidence = _three_of_each()
+    long_attempt = _rollout("6", " " + "carry the one; " * 200)
+    evidence.student_wrong["q"].append(long_attempt)
+    evidence.student_wrong["q"].append(evidence.student_wrong["q"][0])  # a repeated wrong rollout is sent twice
+    counts = _draws(_supervised("reflection"), evidence, "q", "source")
+    assert set(counts) == set(evidence.teacher_correct["q"])
+    for text in evidence.teacher_correct["q"]:
+        assert 0.29 < counts[text] / 3000 < 0.38, counts
+    (instance,) = _supervised("reflection").plan(evidence, 1, random.Random(0), {})
+    assert instance.attempts == tuple(evidence.student_wrong["q"])

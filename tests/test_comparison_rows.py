@@ -10,6 +10,11 @@ toy student and teacher (`transformers serve` on 127.0.0.1), and checks what mak
   ``floor(0.4 L)`` tokens of one of that question's graded-correct teacher rollouts; those tokens
   are never completion tokens (no loss); prefix and continuation share ``max_completion_length``;
   what is graded is prefix || continuation.
+
+The Hint, Prefix and supervised-control tests also record each rollout step's selection and teacher requests
+(`_record_steps`, `RecordingTeacher`) and check them against the paper's shared augmentation-branch convention
+(`_check_pre_cap`) and against each row's algorithm: what the hint generator, the corrector and the refiner
+receive, and that only replies graded correct by the trainer's reward become targets.
 """
 
 from __future__ import annotations
@@ -23,10 +28,20 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
-from zppo_trl.augmentations import answer_free
-from zppo_trl.prompts import RL_CLOSER, compose_prompt, hint_block
+from zppo_trl.augmentations import BuiltGroup, answer_free
+from zppo_trl.prompts import (
+    CORRECT_TAG,
+    INCORRECT_TAG,
+    RL_CLOSER,
+    compose_prompt,
+    hint_block,
+    render_correction,
+    render_hint,
+    render_reflection,
+)
 from zppo_trl.replay import PromptReplayBuffer
-from zppo_trl.rewards import boxed_accuracy_reward, completion_text
+from zppo_trl.rewards import boxed_accuracy_reward, completion_text, grade_batch
+from zppo_trl.teacher import TeacherClient
 
 try:  # tests/ on sys.path (pytest's default import mode) or imported as a package
     from boxed_models import HINT_REPLY, toy_rows
@@ -86,14 +101,157 @@ def _config(tmp_path, server, reformulations, **overrides) -> ZPPOConfig:
     return ZPPOConfig(**{**settings, **overrides})
 
 
-def _trainer(student_dir, server, tmp_path, reformulations, spy, **overrides) -> ZPPOTrainer:
+def _trainer(student_dir, server, tmp_path, reformulations, spy, teacher=None, **overrides) -> ZPPOTrainer:
     return ZPPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(student_dir),
         reward_funcs=spy,
         args=_config(tmp_path, server, reformulations, **overrides),
         train_dataset=Dataset.from_list(toy_rows("text")),
         processing_class=AutoTokenizer.from_pretrained(student_dir),
+        teacher=teacher,
     )
+
+
+class RecordingTeacher(TeacherClient):
+    """The real teacher client, keeping every chat request it sent to the server (its messages) with the
+    reply texts (None where the request failed)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.exchanges: list[tuple[list[dict], list[str] | None]] = []
+
+    async def _chat(self, messages, n, params, failures):
+        texts, rejected = await super()._chat(messages, n, params, failures)
+        self.exchanges.append((messages, texts))
+        return texts, rejected
+
+
+def _recording_teacher(server) -> RecordingTeacher:
+    return RecordingTeacher(server.base_url, server.model)
+
+
+def _record_steps(trainer) -> list[dict]:
+    """Record, per rollout step, the selection as the trainer made it (its own methods, wrapped to watch).
+
+    Each step: ``draw``, ``plain`` (the plain round) and ``accuracy`` (the r_x step 4 ranks), ``evidence``
+    (what step 4 handed step 5), ``limit`` and ``plan`` (step 5's instances), ``built`` and ``build_metrics``
+    (its build), and, with a `RecordingTeacher`, ``sampled`` (the exchanges of step 2's teacher rollouts) and
+    ``requests`` (those of the build: hint, correction or revision requests).
+    """
+    steps: list[dict] = []
+    teacher = trainer.teacher if isinstance(trainer.teacher, RecordingTeacher) else None
+    sampling_from: list[int | None] = [None]  # where this step's teacher sampling began (None: no sampling)
+    start, augmented = trainer._start_teacher_sampling, trainer._augmented_batches
+    gather, plan, build = trainer._gather_evidence, trainer.augmentation.plan, trainer.augmentation.build
+
+    def start_teacher_sampling(plain):
+        sampling_from[0] = len(teacher.exchanges) if teacher else 0
+        return start(plain)
+
+    def augmented_batches(teacher_future, draw, plain_round, accuracy, metrics):
+        steps.append(dict(draw=draw, plain=plain_round, accuracy=dict(accuracy)))
+        return augmented(teacher_future, draw, plain_round, accuracy, metrics)
+
+    def gather_evidence(*args, **kwargs):
+        steps[-1]["evidence"] = gather(*args, **kwargs)
+        return steps[-1]["evidence"]
+
+    def planned(evidence, limit, rng, metrics):
+        steps[-1].update(limit=limit, plan=list(plan(evidence, limit, rng, metrics)))
+        return steps[-1]["plan"]
+
+    def built(instances, teacher_, args, metrics):
+        before = len(teacher.exchanges) if teacher else 0
+        out = build(instances, teacher_, args, metrics)
+        steps[-1].update(built=out, build_metrics=dict(metrics))
+        if teacher:  # step 2's sampling was awaited in step 4: every exchange since is this build's
+            sampled = teacher.exchanges[sampling_from[0] : before] if sampling_from[0] is not None else []
+            steps[-1].update(sampled=sampled, requests=teacher.exchanges[before:])
+        sampling_from[0] = None
+        return out
+
+    trainer._start_teacher_sampling, trainer._augmented_batches = start_teacher_sampling, augmented_batches
+    trainer._gather_evidence, trainer.augmentation.plan, trainer.augmentation.build = gather_evidence, planned, built
+    return steps
+
+
+def _check_pre_cap(trainer, steps) -> None:
+    """The shared augmentation-branch convention as the trainer applied it in every recorded step (the paper's
+    Algorithm 1 step 2, and "each selects at most the top rho_aug |X_new| hard questions (r_x < tau), ranked by
+    ascending r_x"): r_x is the plain group's accuracy; the hard questions handed to step 5 are those with
+    r_x < hard_threshold, hardest first, at most floor(augment_fraction x |X_new|) (new questions only, not the
+    replayed ones), the easiest of them no easier than any left out; step 5 plans on those alone, under the
+    same cap.
+
+    Fails if the cap counted the replayed questions too (checked on a step that replayed enough of them for the
+    two caps to differ), if the ranking were not ascending, if a question at or above the threshold or one left
+    out by the cap got an instance.
+    """
+    args, G = trainer.args, trainer.num_generations
+    told_apart = 0
+    for step in steps:
+        draw, plain, accuracy, hard = step["draw"], step["plain"], step["accuracy"], list(step["evidence"].hard)
+        sums, counts = defaultdict(float), defaultdict(int)
+        for g, (kind, key) in enumerate(plain.groups_per_rank[0]):
+            if kind != "filler":
+                sums[key] += float(plain.rewards[g * G : (g + 1) * G].sum())
+                counts[key] += G
+        assert accuracy == pytest.approx({key: sums[key] / counts[key] for key in counts})
+        limit = math.floor(args.augment_fraction * len(draw.new_keys))
+        assert step["limit"] == limit
+        pool = [key for key, r in accuracy.items() if r < args.hard_threshold]
+        assert set(hard) <= set(pool) and len(hard) == len(set(hard)) == min(limit, len(pool))
+        assert [accuracy[key] for key in hard] == sorted(accuracy[key] for key in hard)  # hardest first
+        assert all(accuracy[key] >= accuracy[hard[-1]] for key in set(pool) - set(hard))
+        assert {inst.key for inst in step["plan"]} <= set(hard) and len(step["plan"]) <= limit
+        told_apart += math.floor(args.augment_fraction * (len(draw.new_keys) + len(draw.replay_keys))) != limit
+    assert told_apart, "no step replayed enough questions to tell the cap's |X_new| apart from |X|"
+
+
+def _wrong_plain(trainer, step) -> dict:
+    """key -> the step's wrong plain rollouts of that question (reward at most 0.5), in group order."""
+    G, plain = trainer.num_generations, step["plain"]
+    wrong = defaultdict(list)
+    for g, (kind, key) in enumerate(plain.groups_per_rank[0]):
+        if kind != "filler":
+            wrong[key] += [plain.texts[i] for i in range(g * G, (g + 1) * G) if plain.rewards[i] <= 0.5]
+    return wrong
+
+
+def _teacher_correct(step, row) -> list[str]:
+    """The step's teacher rollouts on ``row``'s plain prompt that the boxed grader finds correct."""
+    prompt = compose_prompt(row["question"], None, RL_CLOSER)
+    rollouts = [t for messages, texts in step["sampled"] if messages[-1]["content"] == prompt for t in texts or ()]
+    return [t for t, ok in zip(rollouts, grade_batch(rollouts, [row["answer"]] * len(rollouts))) if ok]
+
+
+def _replies(step) -> list[tuple[str, str]]:
+    """The build's requests, each one user message and nothing else, as (its text, the teacher's reply)."""
+    replies = []
+    for messages, texts in step["requests"]:
+        assert len(messages) == 1 and messages[0]["role"] == "user" and texts, messages
+        replies.append((messages[0]["content"], texts[0]))
+    return replies
+
+
+def _check_verified_targets(step, rows, render) -> list:
+    """A supervised build (the paper's alg:correctionsft and alg:errorreflectionsft): one teacher request per
+    planned instance, ``render(instance)``; the instances whose reply the boxed grader finds correct, and only
+    they, are built, in plan order; every other reply is counted in ``<kind>_rejected``. Returns them with
+    their replies."""
+    plan, built = step["plan"], step["built"]
+    replies = dict(_replies(step))  # a supervised request names its question: one per question
+    assert sorted(replies) == sorted(render(inst) for inst in plan) and len(replies) == len(step["requests"])
+    verified = [
+        (inst, replies[render(inst)])
+        for inst in plan
+        if grade_batch([replies[render(inst)]], [rows[inst.key]["answer"]])[0]
+    ]
+    assert built.instances == [inst for inst, _ in verified] and built.failures == 0
+    kind = plan[0].kind if plan else None
+    if plan:
+        assert step["build_metrics"][f"{kind}_rejected"] == len(plan) - len(verified)
+    return verified
 
 
 def _rollout_logs(trainer) -> list[dict]:
@@ -118,8 +276,10 @@ def test_hint_row_puts_an_answer_free_teacher_hint_before_the_closer(
     boxed_text_student_dir, boxed_teacher_server, tmp_path
 ):
     spy = Spy()
-    trainer = _trainer(boxed_text_student_dir, boxed_teacher_server, tmp_path, ["hint"], spy)
+    teacher = _recording_teacher(boxed_teacher_server)
+    trainer = _trainer(boxed_text_student_dir, boxed_teacher_server, tmp_path, ["hint"], spy, teacher=teacher)
     assert trainer.args.variant == "GRPO\u2020+Hint"
+    steps = _record_steps(trainer)
     trainer.train()
 
     logs = _rollout_logs(trainer)
@@ -143,13 +303,32 @@ def test_hint_row_puts_an_answer_free_teacher_hint_before_the_closer(
     assert hint_text in hints  # the teacher's learnt reply to fig:prompt-hint (it samples at temperature 1)
     assert trainer.replay_buffer.residents() == _expected_buffer(plain).residents()
 
+    # alg:hint's selection, and what its hint generator received: for every pre-capped hard question with a
+    # graded-correct teacher rollout (and no other), one request that is fig:prompt-hint on one such rollout
+    # alone (no question, no student rollout, no second rollout).
+    _check_pre_cap(trainer, steps)
+    rows = {row["id"]: row for row in toy_rows("text")}
+    for step in steps:
+        evidence, wrong = step["evidence"], _wrong_plain(trainer, step)
+        for key in evidence.hard:  # step 4 kept exactly the teacher rollouts the reward grades correct
+            assert sorted(evidence.teacher_correct.get(key, [])) == sorted(_teacher_correct(step, rows[key]))
+        assert [inst.key for inst in step["plan"]] == [k for k in evidence.hard if evidence.teacher_correct.get(k)]
+        for inst in step["plan"]:
+            assert inst.teacher_response in evidence.teacher_correct[inst.key]
+            assert inst.teacher_response not in wrong[inst.key]
+        requests = sorted(text for text, _ in _replies(step))
+        assert requests == sorted(render_hint(inst.teacher_response) for inst in step["plan"])
+    assert sum(len(step["plan"]) for step in steps) == trainer.counters["hint_total"] > 0
+
 
 def test_prefix_row_continues_a_correct_teacher_prefix_that_carries_no_loss(
     boxed_text_student_dir, boxed_teacher_server, tmp_path
 ):
     spy = Spy()
-    trainer = _trainer(boxed_text_student_dir, boxed_teacher_server, tmp_path, ["prefix"], spy)
+    teacher = _recording_teacher(boxed_teacher_server)
+    trainer = _trainer(boxed_text_student_dir, boxed_teacher_server, tmp_path, ["prefix"], spy, teacher=teacher)
     assert trainer.args.variant == "GRPO\u2020+Prefix"
+    steps = _record_steps(trainer)
     tokenizer = trainer.processing_class
     evidence, rounds = [], []
     gather, generate = trainer._gather_evidence, trainer._generate_round
@@ -202,6 +381,18 @@ def test_prefix_row_continues_a_correct_teacher_prefix_that_carries_no_loss(
     assert checked == G * trainer.counters["prefix_trained_total"]
     plain = [c for (groups, _), c in zip(rounds, spy.calls) if groups[0].kind in ("new", "replay")]
     assert trainer.replay_buffer.residents() == _expected_buffer(plain).residents()
+
+    # alg:prefix's selection: every pre-capped hard question with a graded-correct teacher rollout, and no
+    # other, is cut from one such rollout; the prefix control asks the teacher for nothing more.
+    _check_pre_cap(trainer, steps)
+    rows = {row["id"]: row for row in toy_rows("text")}
+    for step in steps:
+        evidence = step["evidence"]
+        for key in evidence.hard:
+            assert sorted(evidence.teacher_correct.get(key, [])) == sorted(_teacher_correct(step, rows[key]))
+        assert [inst.key for inst in step["plan"]] == [k for k in evidence.hard if evidence.teacher_correct.get(k)]
+        assert all(inst.teacher_response in evidence.teacher_correct[inst.key] for inst in step["plan"])
+        assert step["requests"] == []
 
 
 @pytest.mark.parametrize(
@@ -288,9 +479,11 @@ def _train_recorded(trainer) -> dict:
 
 
 def _supervised_run(student_dir, server, tmp_path, kind, **overrides):
-    """Train the supervised ``kind`` row (two rollout steps unless ``max_steps`` says); recorded."""
-    trainer = _trainer(student_dir, server, tmp_path, [kind], Spy(), **overrides)
-    return trainer, _train_recorded(trainer)
+    """Train the supervised ``kind`` row (two rollout steps unless ``max_steps`` says) with a `RecordingTeacher`;
+    recorded (`_train_recorded`), its steps too (`_record_steps`)."""
+    trainer = _trainer(student_dir, server, tmp_path, [kind], Spy(), teacher=_recording_teacher(server), **overrides)
+    steps = _record_steps(trainer)
+    return trainer, _train_recorded(trainer), steps
 
 
 def _trained_rows(trainer, micro_batches):
@@ -342,7 +535,7 @@ def _check_cross_entropy(trainer, micro):
 def test_correction_sft_trains_verified_corrections_and_the_wrong_attempt_under_their_tags(
     boxed_text_student_dir, boxed_teacher_server, tmp_path
 ):
-    trainer, record = _supervised_run(boxed_text_student_dir, boxed_teacher_server, tmp_path, "correction")
+    trainer, record, steps = _supervised_run(boxed_text_student_dir, boxed_teacher_server, tmp_path, "correction")
     assert trainer.args.variant == "Correction-SFT\u2020"
     questions = {row["id"]: row["question"] for row in toy_rows("text")}
     assert trainer.counters["correction_trained_total"] > 0, _rollout_logs(trainer)
@@ -374,13 +567,35 @@ def test_correction_sft_trains_verified_corrections_and_the_wrong_attempt_under_
     _check_cross_entropy(trainer, record["micro"][0])
     assert trainer.replay_buffer.residents() == _expected_buffer(_plain_scores(record)).residents()
 
+    # alg:correctionsft: every pre-capped hard question (each has a wrong rollout) gets one corrector call on one
+    # of its wrong plain rollouts, and no G_T teacher rollouts are sampled; a correction the reward grades correct
+    # gives the pair (<correct>, correction) and (<incorrect>, that wrong rollout); any other is rejected.
+    _check_pre_cap(trainer, steps)
+    rows = {row["id"]: row for row in toy_rows("text")}
+    for step in steps:
+        evidence, wrong = step["evidence"], _wrong_plain(trainer, step)
+        assert step["sampled"] == [] and all(wrong[key] for key in evidence.hard)
+        assert [inst.key for inst in step["plan"]] == list(evidence.hard)
+        assert all(inst.source in wrong[inst.key] and inst.attempts == () for inst in step["plan"])
+        verified = _check_verified_targets(
+            step, rows, lambda inst: render_correction(rows[inst.key]["question"], inst.source)
+        )
+        assert step["built"].groups == [
+            group
+            for inst, reply in verified
+            for group in (
+                BuiltGroup("correction", inst.key, CORRECT_TAG, target=reply),
+                BuiltGroup("correction", inst.key, INCORRECT_TAG, target=inst.source),
+            )
+        ]
+
 
 def test_error_reflection_sft_trains_verified_revisions_under_the_bare_question(
     boxed_text_student_dir, boxed_teacher_server, tmp_path
 ):
     # The tiny teacher verifies a revision of 3-4 wrong attempts about one time in six: six rollout steps
     # (24 revision requests) make a run without any verified revision unlikely (about 1%).
-    trainer, record = _supervised_run(
+    trainer, record, steps = _supervised_run(
         boxed_text_student_dir, boxed_teacher_server, tmp_path, "reflection", max_steps=12
     )
     assert trainer.args.variant == "Error-reflection-SFT\u2020"
@@ -396,6 +611,30 @@ def test_error_reflection_sft_trains_verified_revisions_under_the_bare_question(
         assert "<correct>" not in prompt and "<student_attempts>" not in prompt  # mistakes shape only the target
         assert (key, target.strip()) in verified
     _check_cross_entropy(trainer, record["micro"][0])
+
+    # alg:errorreflectionsft: the G_T drafts are graded (step 4 keeps exactly those the reward grades correct);
+    # every pre-capped hard question with a correct draft gets one revision call on one such draft with all of
+    # the step's wrong plain rollouts of that question, in full; a revision graded correct is the target under
+    # the bare question, any other is rejected and not trained.
+    _check_pre_cap(trainer, steps)
+    rows = {row["id"]: row for row in toy_rows("text")}
+    for step in steps:
+        evidence, wrong = step["evidence"], _wrong_plain(trainer, step)
+        for key in evidence.hard:
+            assert wrong[key] and sorted(evidence.teacher_correct.get(key, [])) == sorted(
+                _teacher_correct(step, rows[key])
+            )
+        assert [inst.key for inst in step["plan"]] == [k for k in evidence.hard if evidence.teacher_correct.get(k)]
+        for inst in step["plan"]:
+            assert inst.source in evidence.teacher_correct[inst.key]  # a graded-correct draft, never a wrong one
+            assert inst.attempts == tuple(wrong[inst.key])  # every wrong plain rollout, none parsed away
+        verified = _check_verified_targets(
+            step, rows, lambda inst: render_reflection(rows[inst.key]["question"], inst.source, inst.attempts)
+        )
+        assert step["built"].groups == [
+            BuiltGroup("reflection", inst.key, None, target=reply) for inst, reply in verified
+        ]
+    assert sum(len(step["built"].instances) for step in steps) == trainer.counters["reflection_trained_total"]
 
 
 def test_a_correction_that_fails_grading_never_becomes_a_target(boxed_teacher_server, tmp_path):

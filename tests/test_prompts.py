@@ -12,6 +12,11 @@ from zppo_trl.prompts import (
     render_judge,
 )
 
+try:  # tests/ on sys.path (pytest's default import mode) or imported as a package
+    from test_evaluation_judges import figure_text, squeeze
+except ImportError:
+    from tests.test_evaluation_judges import figure_text, squeeze
+
 
 def test_closer_and_instructions_are_the_papers_text():
     assert RL_CLOSER == (
@@ -77,3 +82,42 @@ def test_baseline_templates_render():
     reflection = prompts.render_reflection("Q", "draft", ["w1", "w2"])
     assert "<student_attempts>\nw1\n\nw2\n</student_attempts>" in reflection
     assert prompts.render_hint("solved").startswith("Read the solved response below")
+
+
+# Each figure's math placeholders, as the figure prints them, and what stands in for them on both sides.
+_BASELINE_FIGURES = {
+    "fig:prompt-hint": (
+        {"$y_{\\rm T}^{(+)}$": "RESPONSE"},
+        lambda: prompts.render_hint("RESPONSE"),
+    ),
+    "fig:prompt-correction": (
+        {"$x$": "QUESTION", "$y_{\\rm S}^{(-)}$": "ATTEMPT"},
+        lambda: prompts.render_correction("QUESTION", "ATTEMPT"),
+    ),
+    "fig:prompt-reflection": (
+        {
+            "$x$": "QUESTION",
+            "$y_{\\rm T}^{\\rm draft}$": "DRAFT",
+            "$y_{\\rm S}^{(-,1)}$, $\\dots$, $y_{\\rm S}^{(-,K_x)}$": "ATTEMPTS",
+        },
+        lambda: prompts.render_reflection("QUESTION", "DRAFT", ["ATTEMPTS"]),
+    ),
+}
+
+
+@pytest.mark.parametrize("label", sorted(_BASELINE_FIGURES))
+def test_the_baselines_teacher_requests_are_the_papers_figures(paper_tex, label):
+    """Pins the text the Hint generator, the Correction-SFT corrector and the Error-reflection-SFT refiner receive:
+    each request is the paper's figure (fig:prompt-hint, fig:prompt-correction, fig:prompt-reflection) with its
+    placeholders filled, compared without whitespace (line breaks are not recoverable from a typeset figure).
+
+    Fails if a template's instruction drifts from the figure by a word (e.g. the hint prompt losing "do NOT
+    reveal the final answer"), if a tag is renamed, or if a request gains a field the figure does not show
+    (e.g. the question or a student rollout in the hint request: the generator reads only the solved response).
+    """
+    placeholders, render = _BASELINE_FIGURES[label]
+    tex = paper_tex
+    for math, word in placeholders.items():
+        assert math in tex, math
+        tex = tex.replace(math, word)
+    assert squeeze(render()) == squeeze(figure_text(tex, label))
