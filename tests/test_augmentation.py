@@ -19,6 +19,7 @@ from zppo_trl.augmentations import (
     check_kinds,
     make_augmentation,
 )
+from zppo_trl.prompts import CORRECT_TAG
 from zppo_trl.reformulate import plan_reformulations
 
 
@@ -77,7 +78,8 @@ def test_the_registry_builds_each_kind_from_what_the_trainer_offers():
     assert make_augmentation([]) is None  # GRPO†/GRPO
     zppo = make_augmentation(["ncq", "bcq"])
     assert type(zppo) is CandidateReformulation and zppo.kinds == ("bcq", "ncq")
-    assert type(make_augmentation(["hint"])) is TeacherHint
+    hint = make_augmentation(["hint"])
+    assert type(hint) is TeacherHint
     prefix = make_augmentation(["prefix"], prefix_fraction=0.25, tokenizer=_tokenizer)
     assert type(prefix) is ResponsePrefix and prefix.prefix_ids("a b c d e f g h") == (0, 1)
     for kind, cls in (("correction", CorrectionTargets), ("reflection", ReflectionTargets)):
@@ -85,6 +87,10 @@ def test_the_registry_builds_each_kind_from_what_the_trainer_offers():
         assert type(built) is cls and built.kinds == (kind,) and built.supervised
         assert built.summed_metrics == (f"{kind}_rejected",)
     assert not zppo.supervised and make_augmentation(["correction"], **hooks).needs_teacher_rollouts is False
+    # only the augmentation knows the condition its checkpoint is evaluated under (the trainer records it)
+    assert make_augmentation(["correction"], **hooks).evaluation_condition == CORRECT_TAG == "<correct>"
+    others = [zppo, hint, prefix, make_augmentation(["reflection"], **hooks)]
+    assert all(augmentation.evaluation_condition is None for augmentation in others)
 
 
 def test_a_kind_without_the_inputs_it_needs_is_refused_by_name():

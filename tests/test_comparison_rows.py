@@ -14,8 +14,10 @@ toy student and teacher (`transformers serve` on 127.0.0.1), and checks what mak
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +26,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
 from zppo_trl.augmentations import answer_free
-from zppo_trl.prompts import RL_CLOSER, compose_prompt, hint_block
+from zppo_trl.evaluation.condition import CONDITION_KEY
+from zppo_trl.prompts import CORRECT_TAG, RL_CLOSER, compose_prompt, hint_block
 from zppo_trl.replay import PromptReplayBuffer
 from zppo_trl.rewards import boxed_accuracy_reward, completion_text
 
@@ -373,6 +376,16 @@ def test_correction_sft_trains_verified_corrections_and_the_wrong_attempt_under_
     assert tags["<correct>"] == tags["<incorrect>"] == trainer.counters["correction_trained_total"]
     _check_cross_entropy(trainer, record["micro"][0])
     assert trainer.replay_buffer.residents() == _expected_buffer(_plain_scores(record)).residents()
+    # The saved model (every checkpoint, save_model, push_to_hub) records the condition it is evaluated under,
+    # for `zppo-eval run` to apply; the card says so.
+    trainer.save_model()
+    trainer.create_model_card()
+    out = Path(trainer.args.output_dir)
+    assert json.loads((out / "config.json").read_text())[CONDITION_KEY] == CORRECT_TAG
+    assert (
+        f"- **Evaluation:** every question carries `{CORRECT_TAG}` before the closer"
+        in (out / "README.md").read_text()
+    )
 
 
 def test_error_reflection_sft_trains_verified_revisions_under_the_bare_question(
@@ -396,6 +409,8 @@ def test_error_reflection_sft_trains_verified_revisions_under_the_bare_question(
         assert "<correct>" not in prompt and "<student_attempts>" not in prompt  # mistakes shape only the target
         assert (key, target.strip()) in verified
     _check_cross_entropy(trainer, record["micro"][0])
+    trainer.save_model()  # trained under the bare question: evaluated under the shared prompt
+    assert CONDITION_KEY not in json.loads((Path(trainer.args.output_dir) / "config.json").read_text())
 
 
 def test_a_correction_that_fails_grading_never_becomes_a_target(boxed_teacher_server, tmp_path):

@@ -97,6 +97,9 @@ class Augmentation(ABC):
     supervised = False
     # metrics its build sets per rank that the trainer sums over ranks
     summed_metrics: tuple[str, ...] = ()
+    # text before the closer of every evaluation question for a checkpoint trained with it (None: the
+    # paper's shared prompt); the trainer records it in the saved config for `zppo-eval run` to apply
+    evaluation_condition: str | None = None
 
     @classmethod
     def create(cls, kinds: tuple[str, ...], inputs: AugmentationInputs) -> Augmentation:
