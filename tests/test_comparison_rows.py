@@ -25,7 +25,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
-from zppo_trl.augmentations import answer_free
+from zppo_trl.augmentations import answer_free, leaks_answer
 from zppo_trl.evaluation.condition import CONDITION_KEY
 from zppo_trl.prompts import CORRECT_TAG, RL_CLOSER, compose_prompt, hint_block
 from zppo_trl.replay import PromptReplayBuffer
@@ -134,7 +134,8 @@ def test_hint_row_puts_an_answer_free_teacher_hint_before_the_closer(
     hinted = [c for c in spy.calls if "<hint>" in c["prompts"][0]]
     plain = [c for c in spy.calls if "<hint>" not in c["prompts"][0]]
     assert len(plain) == 2 and 1 <= len(hinted) <= 2
-    hints = []
+    golds = {row["id"]: row["answer"] for row in toy_rows("text")}
+    hints, leaks = [], 0.0
     for call in hinted:
         for prompt, key in zip(call["prompts"], call["ids"]):
             hint = prompt.split("<hint>\n", 1)[1].split("\n</hint>", 1)[0]
@@ -142,8 +143,13 @@ def test_hint_row_puts_an_answer_free_teacher_hint_before_the_closer(
             assert prompt == compose_prompt(questions[key], hint_block(hint), RL_CLOSER)
             assert prompt.index("</hint>") < prompt.index(RL_CLOSER)
             hints.append(hint)
+            leaks += leaks_answer(hint, golds[key]) / trainer.num_generations  # G rollouts per hinted group
     assert len(hints) == trainer.num_generations * trainer.counters["hint_trained_total"]
     assert hint_text in hints  # the teacher's learnt reply to fig:prompt-hint (it samples at temperature 1)
+    # The leak count: accepted hints that state their question's gold answer, counted, not filtered.
+    assert logs[-1]["hint_leaked_total"] == sum(log["hint_leaked"] for log in logs) == leaks
+    for log in logs:
+        assert log["hint_leak_rate"] == (log["hint_leaked"] / log["hint_trained"] if log["hint_trained"] else 0.0)
     assert trainer.replay_buffer.residents() == _expected_buffer(plain).residents()
 
 

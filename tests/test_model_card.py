@@ -24,14 +24,14 @@ LOG = [
 ]
 
 
-def _card(student, dataset, *, on_hub=False, license=None, condition=None, **overrides) -> str:
+def _card(student, dataset, *, on_hub=False, license=None, condition=None, log=LOG, **overrides) -> str:
     args = ZPPOConfig(**{**ARGS, **overrides})
     facts = CardFacts(
         model_name="run", student=student, dataset=dataset, load_from="org/run" if on_hub else args.output_dir,
         on_hub=on_hub, vision=False, license=license, tags=("trl", "grpo", "zppo"), optimizer_steps=20,
         evaluation_condition=condition,
     )  # fmt: skip
-    return render_model_card(args, facts, LOG)
+    return render_model_card(args, facts, log)
 
 
 def _front_matter(card: str) -> dict:
@@ -130,3 +130,12 @@ def test_a_correction_sft_card_says_which_condition_the_model_is_evaluated_under
     question, prompt = _quick_start_prompt(plain)
     assert prompt == compose_prompt(question, None, closer)
     assert "**Evaluation:**" not in plain and "CONDITION" not in plain
+
+
+def test_a_hint_card_reports_how_many_hints_leaked_the_answer():
+    log = [{"zppo/rollout_steps": 5.0, "zppo/hint_total": 12.0, "zppo/hint_trained_total": 10.0,
+            "zppo/hint_leaked_total": 2.0}]  # fmt: skip
+    card = _card("Qwen/Qwen3.5-2B", "zppo-trl/ZPPO-77K", log=log, augmentations=["hint"])
+    assert "| Hint instances whose hint states the gold answer | 2 |" in card
+    assert "| hint leak rate (over the run) | 0.2 |" in card
+    assert "leak" not in _card("Qwen/Qwen3.5-2B", "zppo-trl/ZPPO-77K")  # other rows log no leak count

@@ -80,6 +80,7 @@ _FINAL = (
     ("bcq_total", "BCQ instances"),
     ("ncq_total", "NCQ instances"),
     ("hint_total", "Hint instances"),
+    ("hint_leaked_total", "Hint instances whose hint states the gold answer"),
     ("prefix_total", "Prefix instances"),
     ("correction_trained_total", "verified Correction-SFT corrections"),
     ("reflection_trained_total", "verified Error-reflection-SFT revisions"),
@@ -149,6 +150,10 @@ def zppo_card_section(args, *, log_history: Iterable[Mapping] = ()) -> str:
     ]
     metrics = final_metrics(log_history)
     rows = [(label, metrics[f"zppo/{key}"]) for key, label in _FINAL if f"zppo/{key}" in metrics]
+    if metrics.get("zppo/hint_trained_total") and "zppo/hint_leaked_total" in metrics:
+        rows.append(
+            ("hint leak rate (over the run)", metrics["zppo/hint_leaked_total"] / metrics["zppo/hint_trained_total"])
+        )
     if "reward" in metrics:
         rows.append(("mean reward (last log)", metrics["reward"]))
     if rows:
