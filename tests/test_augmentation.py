@@ -17,12 +17,15 @@ from zppo_trl.augmentations import (
     CandidateReformulation,
     CorrectionTargets,
     Evidence,
+    HintedGuidance,
     ReflectionTargets,
     ResponsePrefix,
     TeacherHint,
     check_kinds,
+    leaks_answer,
     make_augmentation,
 )
+from zppo_trl.prompts import CORRECT_TAG
 from zppo_trl.reformulate import plan_reformulations
 
 
@@ -81,7 +84,8 @@ def test_the_registry_builds_each_kind_from_what_the_trainer_offers():
     assert make_augmentation([]) is None  # GRPO†/GRPO
     zppo = make_augmentation(["ncq", "bcq"])
     assert type(zppo) is CandidateReformulation and zppo.kinds == ("bcq", "ncq")
-    assert type(make_augmentation(["hint"])) is TeacherHint
+    hint = make_augmentation(["hint"], answer_of={"q1": "4"}.get)
+    assert type(hint) is TeacherHint and hint.answer_of("q1") == "4"
     prefix = make_augmentation(["prefix"], prefix_fraction=0.25, tokenizer=_tokenizer)
     assert type(prefix) is ResponsePrefix and prefix.prefix_ids("a b c d e f g h") == (0, 1)
     for kind, cls in (("correction", CorrectionTargets), ("reflection", ReflectionTargets)):
@@ -89,6 +93,10 @@ def test_the_registry_builds_each_kind_from_what_the_trainer_offers():
         assert type(built) is cls and built.kinds == (kind,) and built.supervised
         assert built.summed_metrics == (f"{kind}_rejected",)
     assert not zppo.supervised and make_augmentation(["correction"], **hooks).needs_teacher_rollouts is False
+    # only the augmentation knows the condition its checkpoint is evaluated under (the trainer records it)
+    assert make_augmentation(["correction"], **hooks).evaluation_condition == CORRECT_TAG == "<correct>"
+    others = [zppo, hint, prefix, make_augmentation(["reflection"], **hooks)]
+    assert all(augmentation.evaluation_condition is None for augmentation in others)
 
 
 def test_a_kind_without_the_inputs_it_needs_is_refused_by_name():
@@ -98,6 +106,57 @@ def test_a_kind_without_the_inputs_it_needs_is_refused_by_name():
         make_augmentation(["correction"], question_of=lambda key: "q")
     with pytest.raises(ValueError, match="alpha"):
         make_augmentation(["prefix"], prefix_fraction=1.0, tokenizer=_tokenizer)
+    with pytest.raises(ValueError, match="the Hint control needs answer_of"):
+        make_augmentation(["hint"])
+
+
+@pytest.mark.parametrize(
+    "hint, gold",
+    [
+        ("So x = 2.", "2"),  # a short left-hand side and the sentence's full stop are not part of the answer
+        ("The count is $2$, as drawn.", "2"),  # inline math delimiters separate tokens
+        ("The ratio is $\\dfrac{1}{2}$.", "\\frac{1}{2}"),  # LaTeX gold, \dfrac written for \frac
+        ("Half of it: 1/2 of the area.", "\\frac{1}{2}"),  # a/b is \frac{a}{b} for the grader too
+        ("Take 0.5 of the total.", "\\frac{1}{2}"),
+        ("The value \\( x^2 + 1 \\) follows.", "x^2+1"),  # spacing inside the expression does not matter
+        ("The angle is 30^\\circ.", "30"),  # degree signs stripped as the grader's retry strips them
+        ("About 45% of it.", "45\\%"),
+        ("The point (1, 2) lies on it.", "(1,2)"),
+    ],
+)
+def test_a_hint_that_states_the_gold_answer_leaks(hint, gold):
+    assert leaks_answer(hint, gold)
+
+
+@pytest.mark.parametrize(
+    "hint, gold",
+    [
+        ("There are 12 apples.", "2"),  # "2" inside "12": only whole tokens match
+        ("Multiply by 2.5 first.", "2"),
+        ("Square it: x^2 + 1.", "2"),
+        ("The ratio is \\frac{1}{2}.", "2"),
+        ("It is -2 here.", "2"),
+        ("Work out the arithmetic one operation at a time.", "42"),
+        ("The ratio is \\frac{1}{3}.", "\\frac{1}{2}"),
+        ("Anything at all.", "   "),  # an empty gold states nothing
+    ],
+)
+def test_a_hint_that_does_not_state_the_gold_answer_does_not_leak(hint, gold):
+    assert not leaks_answer(hint, gold)
+
+
+def test_the_hint_leak_rate_counts_accepted_hints_that_state_the_gold():
+    hint = TeacherHint(answer_of={"q1": "2"}.get)
+    instances = [
+        HintedGuidance("hint", "q1", "\\boxed{2}", "x = 2 is close.", leaked=True),
+        HintedGuidance("hint", "q2", "\\boxed{5}", "Count the sides.", leaked=False),
+        HintedGuidance("hint", "q3", "\\boxed{7}", "Add them.", leaked=False),
+    ]
+    counts = hint.audit_counts(instances, ["rollout"] * 12, group_size=4)
+    assert counts == {"hints": 3.0, "leaked": 1.0}
+    # the trainer sums the counts over ranks before the rate: 1 + 2 leaked of 3 + 5 accepted
+    assert hint.audit_metrics({"hints": 8.0, "leaked": 3.0}) == {"hint_leaked": 3.0, "hint_leak_rate": 3 / 8}
+    assert hint.audit_metrics(hint.audit_counts([], [], 4)) == {"hint_leaked": 0.0, "hint_leak_rate": 0.0}
 
 
 @pytest.mark.parametrize("kinds", [["bcq", "hint"], ["hint", "prefix"], ["correction", "bcq"], ["reflection", "hint"]])

@@ -19,8 +19,10 @@ receive, and that only replies graded correct by the trainer's reward become tar
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,7 +30,8 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
-from zppo_trl.augmentations import BuiltGroup, answer_free
+from zppo_trl.augmentations import BuiltGroup, answer_free, leaks_answer
+from zppo_trl.evaluation.condition import CONDITION_KEY
 from zppo_trl.prompts import (
     CORRECT_TAG,
     INCORRECT_TAG,
@@ -291,7 +294,8 @@ def test_hint_row_puts_an_answer_free_teacher_hint_before_the_closer(
     hinted = [c for c in spy.calls if "<hint>" in c["prompts"][0]]
     plain = [c for c in spy.calls if "<hint>" not in c["prompts"][0]]
     assert len(plain) == 2 and 1 <= len(hinted) <= 2
-    hints = []
+    golds = {row["id"]: row["answer"] for row in toy_rows("text")}
+    hints, leaks = [], 0.0
     for call in hinted:
         for prompt, key in zip(call["prompts"], call["ids"]):
             hint = prompt.split("<hint>\n", 1)[1].split("\n</hint>", 1)[0]
@@ -299,8 +303,13 @@ def test_hint_row_puts_an_answer_free_teacher_hint_before_the_closer(
             assert prompt == compose_prompt(questions[key], hint_block(hint), RL_CLOSER)
             assert prompt.index("</hint>") < prompt.index(RL_CLOSER)
             hints.append(hint)
+            leaks += leaks_answer(hint, golds[key]) / trainer.num_generations  # G rollouts per hinted group
     assert len(hints) == trainer.num_generations * trainer.counters["hint_trained_total"]
     assert hint_text in hints  # the teacher's learnt reply to fig:prompt-hint (it samples at temperature 1)
+    # The leak count: accepted hints that state their question's gold answer, counted, not filtered.
+    assert logs[-1]["hint_leaked_total"] == sum(log["hint_leaked"] for log in logs) == leaks
+    for log in logs:
+        assert log["hint_leak_rate"] == (log["hint_leaked"] / log["hint_trained"] if log["hint_trained"] else 0.0)
     assert trainer.replay_buffer.residents() == _expected_buffer(plain).residents()
 
     # alg:hint's selection, and what its hint generator received: for every pre-capped hard question with a
@@ -566,6 +575,16 @@ def test_correction_sft_trains_verified_corrections_and_the_wrong_attempt_under_
     assert tags["<correct>"] == tags["<incorrect>"] == trainer.counters["correction_trained_total"]
     _check_cross_entropy(trainer, record["micro"][0])
     assert trainer.replay_buffer.residents() == _expected_buffer(_plain_scores(record)).residents()
+    # The saved model (every checkpoint, save_model, push_to_hub) records the condition it is evaluated under,
+    # for `zppo-eval run` to apply; the card says so.
+    trainer.save_model()
+    trainer.create_model_card()
+    out = Path(trainer.args.output_dir)
+    assert json.loads((out / "config.json").read_text())[CONDITION_KEY] == CORRECT_TAG
+    assert (
+        f"- **Evaluation:** every question carries `{CORRECT_TAG}` before the closer"
+        in (out / "README.md").read_text()
+    )
 
     # alg:correctionsft: every pre-capped hard question (each has a wrong rollout) gets one corrector call on one
     # of its wrong plain rollouts, and no G_T teacher rollouts are sampled; a correction the reward grades correct
@@ -611,6 +630,8 @@ def test_error_reflection_sft_trains_verified_revisions_under_the_bare_question(
         assert "<correct>" not in prompt and "<student_attempts>" not in prompt  # mistakes shape only the target
         assert (key, target.strip()) in verified
     _check_cross_entropy(trainer, record["micro"][0])
+    trainer.save_model()  # trained under the bare question: evaluated under the shared prompt
+    assert CONDITION_KEY not in json.loads((Path(trainer.args.output_dir) / "config.json").read_text())
 
     # alg:errorreflectionsft: the G_T drafts are graded (step 4 keeps exactly those the reward grades correct);
     # every pre-capped hard question with a correct draft gets one revision call on one such draft with all of

@@ -29,7 +29,7 @@ EXTERNAL_FLAGS = {
     "--max-model-len", "--port", "--host", "--data-parallel-size", "--tensor-parallel-size", "--reasoning-parser",
     "--language-model-only", "--api-key", "--model", "--config_file", "--num_processes", "--num_machines",
     "--machine_rank", "--no-deps", "--device", "--continuous-batching", "--bogus", "--dtype", "--enforce-eager",
-    "--mm-processor-kwargs", "--trust-request-mm-kwargs", "--max-logprobs",
+    "--mm-processor-kwargs", "--trust-request-mm-kwargs", "--max-logprobs", "--served-model-name",
 }  # fmt: skip
 # Our commands that take flags, and how to ask each for its options.
 SCRIPTS = {

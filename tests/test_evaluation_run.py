@@ -10,7 +10,9 @@ comparison written, and a killed run or a dead endpoint resumed without regenera
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,12 +21,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import VLLMServer, require_vllm
 from eval_fixtures import write_fixture
+from transformers import AutoConfig
 
 from zppo_trl.evaluation.cli import main
+from zppo_trl.evaluation.condition import record_condition
 from zppo_trl.evaluation.data import load_setting
 from zppo_trl.evaluation.prompting import build_requests
 from zppo_trl.evaluation.tasks import SUITE
+from zppo_trl.prompts import CORRECT_TAG, RL_CLOSER
 
 pytestmark = pytest.mark.integration
 
@@ -97,6 +103,13 @@ def test_the_cli_evaluates_every_scoring_path_and_family(vlm_server, teacher_ser
         assert (details.loc[unparsed, "score"] == 0).all()
         assert "<image>" in details["prompt"].iloc[0] or spec.family == "llm"
     assert "CharXiv" in printed.out and "results:" in printed.out
+    # `transformers serve` names the model by its directory (its /v1/models lists no root): that is the
+    # checkpoint read for a recorded condition, and this one records none
+    run = json.loads((out / "run.json").read_text())
+    assert run["condition"] is None
+    assert run["condition_source"] == (
+        f"none recorded in {Path(vlm_server.model) / 'config.json'} (the served model name, a local directory)"
+    )
 
     # The comparison reads the run back: the table has the run as a row and every setting as a column.
     assert main(["compare", str(out), "--plot", str(tmp_path / "families.png")]) == 0
@@ -220,3 +233,55 @@ def test_vllm_as_the_student_and_a_request_it_refuses_is_a_counted_skip(vllm_tea
     details = pd.read_parquet(out / "details" / "GPQA-D.parquet")
     reason = details["skipped"].dropna()
     assert len(reason) == 1 and reason.iloc[0].startswith("endpoint rejected: HTTP 400")
+    # vLLM's /v1/models reports the directory it serves (root): read for a recorded condition, none here
+    run = json.loads((out / "run.json").read_text())
+    assert run["condition"] is None and run["condition_source"] == (
+        f"none recorded in {Path(vllm_teacher_server.model) / 'config.json'} "
+        f"(the root of {vllm_teacher_server.model!r} in the endpoint's /v1/models)"
+    )
+
+
+def test_a_served_correction_sft_checkpoint_is_evaluated_under_its_recorded_condition(
+    tiny_text_model_dir, tmp_path, capsys, caplog
+):
+    """vLLM serves a checkpoint that records ``<correct>`` under another name: `zppo-eval run` finds the
+    directory through /v1/models's root and puts the tag before the closer of every question, unless
+    ``--condition none`` says otherwise; run.json says which and why."""
+    require_vllm()
+    checkpoint = tmp_path / "correction-sft"
+    shutil.copytree(tiny_text_model_dir, checkpoint)
+    config = AutoConfig.from_pretrained(checkpoint)
+    record_condition(config, CORRECT_TAG)  # as ZPPOTrainer records it for the correction row
+    config.save_pretrained(checkpoint)
+    caplog.set_level(logging.INFO, logger="zppo_trl.evaluation.cli")
+
+    class RenamedVLLMServer(VLLMServer):
+        model = "correction-sft"  # --served-model-name: only the root in /v1/models leads to the directory
+
+        def command(self) -> list[str]:
+            return [*super().command(), "--served-model-name", self.model]
+
+    server = RenamedVLLMServer(checkpoint, log_dir=tmp_path).start()
+    try:
+        data_dir = _data_dir(tmp_path / "data", ["GPQA-D"], rows=2)
+        runs = {}
+        for name, extra in (("default", ()), ("none", ("--condition", "none"))):
+            args = [*_run_args(server, server, data_dir, tmp_path / name, "GPQA-D", "--passes", "1", *extra)]
+            args[args.index("--judge-base-url") : args.index("--judge-base-url") + 4] = ["--no-judge"]
+            assert main(args) == 0, capsys.readouterr().err[-2000:]
+            runs[name] = json.loads((tmp_path / name / "run.json").read_text())
+            prompts = pd.read_parquet(tmp_path / name / "details" / "GPQA-D.parquet")["prompt"]
+            assert len(prompts) == 2
+            tagged = [
+                f"\n\n{CORRECT_TAG}\n\n{RL_CLOSER}" in prompt and prompt.endswith(RL_CLOSER) for prompt in prompts
+            ]
+            assert all(tagged) if name == "default" else not any(tagged), prompts.tolist()
+    finally:
+        server.stop()
+    assert runs["default"]["condition"] == CORRECT_TAG
+    assert runs["default"]["condition_source"] == (
+        f"recorded in {checkpoint / 'config.json'} (the root of 'correction-sft' in the endpoint's /v1/models)"
+    )
+    assert runs["none"]["condition"] is None and runs["none"]["condition_source"] == "--condition none"
+    assert f"evaluation condition: '{CORRECT_TAG}' (recorded in {checkpoint / 'config.json'}" in caplog.text
+    assert "evaluation condition: none, the shared prompt (--condition none)" in caplog.text

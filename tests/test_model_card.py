@@ -9,6 +9,7 @@ import yaml
 
 from zppo_trl import ZPPOConfig
 from zppo_trl.model_card import PAPER_TITLE, CardFacts, render_model_card
+from zppo_trl.prompts import compose_prompt
 
 ARGS = dict(
     output_dir="outputs/run",
@@ -23,13 +24,14 @@ LOG = [
 ]
 
 
-def _card(student, dataset, *, on_hub=False, license=None, **overrides) -> str:
+def _card(student, dataset, *, on_hub=False, license=None, condition=None, log=LOG, **overrides) -> str:
     args = ZPPOConfig(**{**ARGS, **overrides})
     facts = CardFacts(
         model_name="run", student=student, dataset=dataset, load_from="org/run" if on_hub else args.output_dir,
         on_hub=on_hub, vision=False, license=license, tags=("trl", "grpo", "zppo"), optimizer_steps=20,
+        evaluation_condition=condition,
     )  # fmt: skip
-    return render_model_card(args, facts, LOG)
+    return render_model_card(args, facts, log)
 
 
 def _front_matter(card: str) -> dict:
@@ -106,3 +108,34 @@ def test_the_training_procedure_and_both_citations_are_there():
     assert f"CLOSER = {ZPPOConfig(**ARGS).closer!r}" in card
     grpo = _card("Qwen/Qwen3.5-2B", "zppo-trl/ZPPO-77K", augmentations=[], replay_fraction=0.0)
     assert "**GRPO**" in grpo and "**Teacher:** none" in grpo
+
+
+def _quick_start_prompt(card: str) -> tuple[str, str]:
+    """The question of the card's quick start and the prompt it sends (its code run up to the pipeline)."""
+    code = card.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec("\n".join(line for line in code.splitlines() if not re.search(r"pipeline|generator|output", line)), namespace)
+    return namespace["question"], namespace["messages"][0]["content"]
+
+
+def test_a_correction_sft_card_says_which_condition_the_model_is_evaluated_under():
+    card = _card("Qwen/Qwen3.5-2B", "zppo-trl/ZPPO-77K", condition="<correct>", augmentations=["correction"])
+    closer = ZPPOConfig(**ARGS).closer
+    # the quick start's prompt is the one the model trained its corrections under and is evaluated under
+    question, prompt = _quick_start_prompt(card)
+    assert prompt == compose_prompt(question, "<correct>", closer)
+    assert "- **Evaluation:** every question carries `<correct>` before the closer" in card
+    assert "`zppo_evaluation_condition`" in card
+    plain = _card("Qwen/Qwen3.5-2B", "zppo-trl/ZPPO-77K")
+    question, prompt = _quick_start_prompt(plain)
+    assert prompt == compose_prompt(question, None, closer)
+    assert "**Evaluation:**" not in plain and "CONDITION" not in plain
+
+
+def test_a_hint_card_reports_how_many_hints_leaked_the_answer():
+    log = [{"zppo/rollout_steps": 5.0, "zppo/hint_total": 12.0, "zppo/hint_trained_total": 10.0,
+            "zppo/hint_leaked_total": 2.0}]  # fmt: skip
+    card = _card("Qwen/Qwen3.5-2B", "zppo-trl/ZPPO-77K", log=log, augmentations=["hint"])
+    assert "| Hint instances whose hint states the gold answer | 2 |" in card
+    assert "| hint leak rate (over the run) | 0.2 |" in card
+    assert "leak" not in _card("Qwen/Qwen3.5-2B", "zppo-trl/ZPPO-77K")  # other rows log no leak count

@@ -18,6 +18,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
+from zppo_trl.evaluation.condition import CONDITION_KEY
 from zppo_trl.replay import PromptReplayBuffer
 from zppo_trl.rewards import completion_text
 from zppo_trl.trainer import ZPPO_STATE_NAME
@@ -186,6 +187,8 @@ def test_resume_continues_the_same_run(tiny_text_model_dir, tmp_path):
     straight = run(tmp_path / "straight", 8)
     half = run(tmp_path / "resumed", 4, save=True)
     state = json.loads((tmp_path / "resumed" / "checkpoint-4" / ZPPO_STATE_NAME).read_text())
+    # a GRPO row's checkpoint is evaluated under the shared prompt: it records no condition
+    assert CONDITION_KEY not in json.loads((tmp_path / "resumed" / "checkpoint-4" / "config.json").read_text())
     assert state["buffer"]["residents"] == half.replay_buffer.residents()
     resumed = run(tmp_path / "resumed", 8, resume=True)
     assert resumed.replay_buffer.residents() == straight.replay_buffer.residents()
@@ -194,6 +197,20 @@ def test_resume_continues_the_same_run(tiny_text_model_dir, tmp_path):
     assert resumed._rng.getstate() == straight._rng.getstate()
     for name, p in straight.model.named_parameters():
         torch.testing.assert_close(resumed.model.get_parameter(name), p, rtol=0, atol=0)
+
+
+def test_a_grpo_row_clears_the_condition_of_the_checkpoint_it_starts_from(tiny_text_model_dir, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_text_model_dir)
+    model.config.update({CONDITION_KEY: "<correct>"})  # a Correction-SFT checkpoint as the starting point
+    trainer = ZPPOTrainer(
+        model=model,
+        reward_funcs=CoinReward(),
+        args=_config(tmp_path),
+        train_dataset=Dataset.from_list(QUESTIONS),
+        processing_class=AutoTokenizer.from_pretrained(tiny_text_model_dir),
+    )
+    trainer.save_model()
+    assert CONDITION_KEY not in json.loads((tmp_path / "out" / "config.json").read_text())
 
 
 def _staircase_reward(completions, id, **kwargs):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
 from .data import is_hub_id
+from .evaluation.condition import CONDITION_KEY
 
 __all__ = [
     "PAPER_CITATION",
@@ -79,6 +80,7 @@ _FINAL = (
     ("bcq_total", "BCQ instances"),
     ("ncq_total", "NCQ instances"),
     ("hint_total", "Hint instances"),
+    ("hint_leaked_total", "Hint instances whose hint states the gold answer"),
     ("prefix_total", "Prefix instances"),
     ("correction_trained_total", "verified Correction-SFT corrections"),
     ("reflection_trained_total", "verified Error-reflection-SFT revisions"),
@@ -148,6 +150,10 @@ def zppo_card_section(args, *, log_history: Iterable[Mapping] = ()) -> str:
     ]
     metrics = final_metrics(log_history)
     rows = [(label, metrics[f"zppo/{key}"]) for key, label in _FINAL if f"zppo/{key}" in metrics]
+    if metrics.get("zppo/hint_trained_total") and "zppo/hint_leaked_total" in metrics:
+        rows.append(
+            ("hint leak rate (over the run)", metrics["zppo/hint_leaked_total"] / metrics["zppo/hint_trained_total"])
+        )
     if "reward" in metrics:
         rows.append(("mean reward (last log)", metrics["reward"]))
     if rows:
@@ -168,6 +174,7 @@ class CardFacts:
     license: str | None = None
     tags: tuple[str, ...] = ()  # the trainer's own tags (trl, grpo, zppo) and the caller's
     optimizer_steps: int = 0
+    evaluation_condition: str | None = None  # text before the closer at evaluation (Correction-SFT: <correct>)
 
 
 def _front_matter(facts: CardFacts) -> str:
@@ -187,29 +194,38 @@ def _front_matter(facts: CardFacts) -> str:
 
 def _quick_start(facts: CardFacts, closer: str, max_new_tokens: int) -> list[str]:
     where = "from the Hub" if facts.on_hub else "from the run's output directory"
+    condition = facts.evaluation_condition
+    ending = (
+        f"after the question put `{condition}`, the condition it is evaluated under, then the RL closer it was "
+        "trained with"
+        if condition
+        else "end prompts with the RL closer the model was trained with"
+    )
     lines = [
         "## Quick start",
         "",
-        f"Load it {where}; end prompts with the RL closer the model was trained with.",
+        f"Load it {where}; {ending}.",
         "",
         "```python",
         "from transformers import pipeline",
         "",
+        *([f"CONDITION = {condition!r}"] if condition else []),
         f"CLOSER = {closer!r}",
         'question = "A train travels 120 km in 1.5 hours. What is its average speed in km/h?"',
     ]
+    text = 'question + "\\n\\n" + CONDITION + "\\n\\n" + CLOSER' if condition else 'question + "\\n\\n" + CLOSER'
     if facts.vision:
         lines += [
             f'generator = pipeline("image-text-to-text", model="{facts.load_from}")',
             'image = "figure.png"  # a path or URL to the question\'s image',
             'messages = [{"role": "user", "content": [{"type": "image", "url": image}, '
-            '{"type": "text", "text": question + "\\n\\n" + CLOSER}]}]',
+            f'{{"type": "text", "text": {text}}}]}}]',
             f"output = generator(text=messages, max_new_tokens={max_new_tokens}, return_full_text=False)[0]",
         ]
     else:
         lines += [
             f'generator = pipeline("text-generation", model="{facts.load_from}")',
-            'messages = [{"role": "user", "content": question + "\\n\\n" + CLOSER}]',
+            f'messages = [{{"role": "user", "content": {text}}}]',
             f"output = generator(messages, max_new_tokens={max_new_tokens}, return_full_text=False)[0]",
         ]
     return [*lines, 'print(output["generated_text"])', "```"]
@@ -315,6 +331,15 @@ def _procedure(args, facts: CardFacts) -> list[str]:
         f"- **Data:** {_link(facts.dataset, 'datasets/')}",
         f"- **Schedule:** {rollout_steps} rollout steps of {args.num_generations} student rollouts per prompt, "
         f"{facts.optimizer_steps} optimizer updates ({args.num_partitions} per rollout step).",
+        *(
+            [
+                f"- **Evaluation:** every question carries `{facts.evaluation_condition}` before the closer, as the "
+                f"paper evaluates this row; `config.json` records it (`{CONDITION_KEY}`) and `zppo-eval run` applies "
+                "it by default."
+            ]
+            if facts.evaluation_condition
+            else []
+        ),
         "",
     ]
 

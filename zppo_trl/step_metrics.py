@@ -34,7 +34,7 @@ TOTALS = (
     "graduated",
     "evicted",
 )
-_KIND_TOTALS = ("", "_trained", "_correct", "_rollouts", "_signal", "_targets")
+_KIND_TOTALS = ("", "_trained", "_correct", "_rollouts", "_signal", "_targets", "_leaked")
 
 
 def advantage_stats(values: Sequence[float]) -> dict[str, float]:

@@ -55,6 +55,7 @@ from .batches import concat_batches
 from .callbacks import QuietProgressCallback, RolloutSummaryCallback
 from .config import ZPPOConfig
 from .distill import DistillInputs, TeacherTopK, completion_states, frozen_distill_teacher
+from .evaluation.condition import CONDITION_KEY, record_condition
 from .losses import LossInputs, LossOutput, loss_for
 from .model_card import PAPER_CITATION, PAPER_TITLE, CardFacts, render_model_card
 from .partitioning import deal_targets, is_skipped, policy_partitions
@@ -187,7 +188,11 @@ class ZPPOTrainer(GRPOTrainer):
             question_of=lambda key: self._row(key)[data.QUESTION],
             teacher_chat=lambda key, text: self._teacher_conversation(self._row(key), text),
             grade=lambda key, texts: self._grade(self._row(key), texts),
+            answer_of=lambda key: self._row(key)[data.ANSWER],
         )
+        # The condition the checkpoint is evaluated under (Correction-SFT: <correct>), in the config every
+        # save and push writes, for `zppo-eval run` to apply; the other rows clear one a base model carried.
+        record_condition(self.model.config, getattr(self.augmentation, "evaluation_condition", None))
         supervised = self.augmentation is not None and self.augmentation.supervised
         self.objective_loss = loss_for(args, supervised=supervised)  # step 6's loss (zppo_trl.losses)
         # The generation round in flight: what TRL's hooks read and where its scoring leaves the rewards.
@@ -422,6 +427,7 @@ class ZPPOTrainer(GRPOTrainer):
             license=self.model_license,
             tags=(*self._tag_names, *([tags] if isinstance(tags, str) else tags or ())),
             optimizer_steps=self.state.global_step,
+            evaluation_condition=getattr(self.model.config, CONDITION_KEY, None),
         )
         os.makedirs(args.output_dir, exist_ok=True)
         with open(os.path.join(args.output_dir, "README.md"), "w") as f:

@@ -20,7 +20,7 @@ from typing import Any
 
 from .base import Augmentation, AugmentationInputs, BuiltGroup, BuiltGroups, Evidence, teacher_results
 from .candidates import CandidateReformulation
-from .guidance import Guidance, ResponsePrefix, TeacherHint, answer_free
+from .guidance import Guidance, HintedGuidance, ResponsePrefix, TeacherHint, answer_free, leaks_answer
 from .targets import CorrectionTargets, ReflectionTargets, SupervisedInstance
 
 __all__ = [
@@ -34,12 +34,14 @@ __all__ = [
     "CorrectionTargets",
     "Evidence",
     "Guidance",
+    "HintedGuidance",
     "ReflectionTargets",
     "ResponsePrefix",
     "SupervisedInstance",
     "TeacherHint",
     "answer_free",
     "check_kinds",
+    "leaks_answer",
     "make_augmentation",
     "teacher_results",
 ]
@@ -89,16 +91,17 @@ def make_augmentation(
     question_of: Any = None,
     teacher_chat: Any = None,
     grade: Any = None,
+    answer_of: Any = None,
 ) -> Augmentation | None:
     """The step-5 augmentation of a configuration's ``augmentations`` (None for none: GRPO†/GRPO),
     built by the registered class of its kinds (`AUGMENTATIONS`).
 
     The supervised controls need the trainer's ``question_of(key)``, ``teacher_chat(key, text)``
     and ``grade(key, responses)`` (see :mod:`zppo_trl.augmentations.targets`); Prefix the student's
-    tokenizer.
+    tokenizer; Hint ``answer_of(key)``, the gold answer its leak count looks for.
     """
     kinds = check_kinds(kinds)
     if not kinds:
         return None
-    inputs = AugmentationInputs(prefix_fraction, tokenizer, question_of, teacher_chat, grade)
+    inputs = AugmentationInputs(prefix_fraction, tokenizer, question_of, teacher_chat, grade, answer_of)
     return AUGMENTATIONS[kinds[0]].create(kinds, inputs)

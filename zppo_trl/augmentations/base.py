@@ -51,6 +51,7 @@ class AugmentationInputs:
         question_of: key -> the question text, without the closer (the supervised controls).
         teacher_chat: key, text -> the teacher chat: the question's images (if any), then the text.
         grade: key, responses -> one verdict per response, by the trainer's reward functions.
+        answer_of: key -> the question's gold answer (the Hint control's leak count).
     """
 
     prefix_fraction: float = 0.4
@@ -58,6 +59,7 @@ class AugmentationInputs:
     question_of: Any = None
     teacher_chat: Any = None
     grade: Any = None
+    answer_of: Any = None
 
 
 class BuiltGroup(NamedTuple):
@@ -97,6 +99,9 @@ class Augmentation(ABC):
     supervised = False
     # metrics its build sets per rank that the trainer sums over ranks
     summed_metrics: tuple[str, ...] = ()
+    # text before the closer of every evaluation question for a checkpoint trained with it (None: the
+    # paper's shared prompt); the trainer records it in the saved config for `zppo-eval run` to apply
+    evaluation_condition: str | None = None
 
     @classmethod
     def create(cls, kinds: tuple[str, ...], inputs: AugmentationInputs) -> Augmentation:

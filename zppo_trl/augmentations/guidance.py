@@ -11,21 +11,70 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mathruler.math_normalize import normalize_answer
+
 from ..prompts import hint_block
+from ..rewards import strip_degree_percent
 from .base import Augmentation, AugmentationInputs, BuiltGroup, BuiltGroups, Evidence, teacher_results
 
-__all__ = ["Guidance", "ResponsePrefix", "TeacherHint", "answer_free"]
+__all__ = ["Guidance", "HintedGuidance", "ResponsePrefix", "TeacherHint", "answer_free", "leaks_answer"]
+
+# Inline-math delimiters: they separate an answer from the prose around it ("is $2$.").
+_MATH_DELIMITERS = re.compile(r"\$|\\[()\[\]]")
+_SENTENCE_PUNCTUATION = ".,;:!?"
 
 
 def answer_free(hint: str) -> bool:
     """Whether a hint keeps the one checkable rule of the paper's hint-generation prompt: no ``\\boxed{}``
     expression."""
     return "\\boxed" not in hint
+
+
+def _normalized(text: str) -> str:
+    """The grader's string normalisation of an answer: its degree/percent strip
+    (`zppo_trl.rewards.strip_degree_percent`), then mathruler's (MATH's) ``normalize_answer``, the
+    first comparison of mathruler's ``grade_answer``."""
+    return normalize_answer(strip_degree_percent(text)) or ""
+
+
+def leaks_answer(hint: str, gold: Any) -> bool:
+    """Whether ``hint`` states the gold answer ``gold`` (the rule the hint-generation prompt sets and
+    cannot enforce).
+
+    Both sides are compared as the grader's string step compares answers (no sympy): through the
+    degree/percent strip and mathruler's ``normalize_answer``, which drops spaces, ``\\left``/``\\right``,
+    ``\\!``, units in ``\\text{ }`` and a short left-hand side (``x = 2`` -> ``2``), and writes ``\\dfrac``,
+    ``\\frac12``, ``1/2`` and ``0.5`` as ``\\frac{1}{2}``. The hint is cut into whitespace-separated
+    tokens (``$``, ``\\(``, ``\\)``, ``\\[``, ``\\]`` count as whitespace), and it leaks when a run of
+    consecutive tokens, without the sentence punctuation that ends it, normalises to the gold. Only
+    whole tokens match, so a short gold is not found inside a longer number or expression: ``2`` is
+    not stated by ``12``, ``2.5``, ``x^2`` or ``\\frac{1}{2}``, but is by ``2.``, ``$2$`` and ``x = 2``.
+    What no text test can tell is left: a small number or a capital letter used for something else
+    ("step 2"; the article "A" for a multiple-choice gold ``A``; "1 2" for ``12``) counts, so for such
+    golds the rate is an upper bound. A run is at most twice the gold's length plus 8 characters long
+    (room for what normalisation drops, such as ``x =`` or ``\\left``).
+    """
+    target = _normalized(str(gold))
+    if not target:
+        return False
+    budget = 2 * len("".join(str(gold).split())) + 8
+    tokens = _MATH_DELIMITERS.sub(" ", hint).split()
+    for start in range(len(tokens)):
+        length = 0
+        for end in range(start, len(tokens)):
+            length += len(tokens[end])
+            if length > budget:
+                break
+            run = " ".join(tokens[start : end + 1]).rstrip(_SENTENCE_PUNCTUATION)
+            if run and _normalized(run) == target:
+                return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -55,6 +104,15 @@ class _TeacherGuidance(Augmentation):
         return [Guidance(self.kind, key, rng.choice(list(evidence.teacher_correct[key]))) for key in solved[:limit]]
 
 
+@dataclass(frozen=True)
+class HintedGuidance(Guidance):
+    """A Hint instance whose hint was accepted: the hint, and whether it states the gold answer
+    (:func:`leaks_answer`)."""
+
+    hint: str = ""
+    leaked: bool = False
+
+
 class TeacherHint(_TeacherGuidance):
     """The Hint control (the paper's Hint-control algorithm and hint-generation prompt): the teacher
     reads one graded-correct rollout of its own and writes a hint; the student samples a group on the
@@ -62,7 +120,9 @@ class TeacherHint(_TeacherGuidance):
 
     The template forbids revealing the answer and any ``\\boxed{}``; a hint that still contains a
     ``\\boxed{`` is discarded (counted in ``hint_rejected``), so no hint in a prompt carries a boxed
-    answer. The request reuses the compression call's cap and sampling settings
+    answer. An accepted hint that states the gold answer anyway (:func:`leaks_answer`, against
+    ``answer_of(key)``) is counted (``hint_leaked``, ``hint_leak_rate``), not filtered: the paper does
+    not filter. The request reuses the compression call's cap and sampling settings
     (``compression_max_tokens``, ``compression_extra_body``): both are short rewrites of one teacher
     rollout, and the paper gives the hint no cap of its own.
     """
@@ -70,6 +130,15 @@ class TeacherHint(_TeacherGuidance):
     kind = "hint"
     kinds = ("hint",)
     summed_metrics = ("hint_rejected",)
+
+    def __init__(self, answer_of: Callable[[Hashable], Any]):
+        self.answer_of = answer_of
+
+    @classmethod
+    def create(cls, kinds: tuple[str, ...], inputs: AugmentationInputs) -> TeacherHint:
+        if inputs.answer_of is None:
+            raise ValueError("the Hint control needs answer_of, the gold answers its leak count looks for")
+        return cls(inputs.answer_of)
 
     def build(self, instances: Sequence[Guidance], teacher: Any, args: Any, metrics: dict) -> BuiltGroups:
         if not instances:
@@ -92,10 +161,19 @@ class TeacherHint(_TeacherGuidance):
             elif not answer_free(hint):
                 rejected += 1
             else:
+                leaked = leaks_answer(hint, self.answer_of(inst.key))
                 built.groups.append(BuiltGroup(self.kind, inst.key, hint_block(hint)))
-                built.instances.append(inst)
+                built.instances.append(HintedGuidance(inst.kind, inst.key, inst.teacher_response, hint, leaked))
         metrics["hint_rejected"] = rejected
         return built
+
+    def audit_counts(self, instances: Sequence[HintedGuidance], texts: Sequence[str], group_size: int) -> dict:
+        """Accepted hints, and those that state the gold answer."""
+        return {"hints": float(len(instances)), "leaked": float(sum(inst.leaked for inst in instances))}
+
+    def audit_metrics(self, totals: Mapping[str, float]) -> dict[str, float]:
+        hints, leaked = totals.get("hints", 0.0), totals.get("leaked", 0.0)
+        return {"hint_leaked": leaked, "hint_leak_rate": leaked / hints if hints else 0.0}
 
 
 class ResponsePrefix(_TeacherGuidance):

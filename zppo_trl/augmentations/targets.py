@@ -11,7 +11,7 @@ functions before it becomes one.
   LeMa and NAT): for each hard question, one wrong student rollout drawn uniformly; the teacher
   corrects it in one call. A correction graded correct gives two instances: the correction under
   ``<correct>`` and the wrong rollout under ``<incorrect>`` (the tag before the closer).
-  Evaluation keeps ``<correct>``.
+  Evaluation keeps ``<correct>`` (``evaluation_condition``: the trainer records it in the saved config).
 - Error-reflection-SFT (the paper's Error-reflection-SFT algorithm and error-conditioned refinement
   prompt; after ORION): for each hard question with a graded-correct teacher rollout (of the G_T
   drafts), one draft drawn uniformly is revised by the teacher with all the question's wrong
@@ -115,11 +115,13 @@ class CorrectionTargets(_SupervisedTargets):
 
     Needs no teacher rollouts (one corrector call per question), so step 2 samples none.
     A hard question without a wrong rollout (possible only when every rollout was unscorable) is
-    skipped.
+    skipped. The checkpoint is evaluated under ``<correct>``, the tag its corrections trained under
+    (the paper's Correction-SFT algorithm).
     """
 
     kind = "correction"
     needs_teacher_rollouts = False
+    evaluation_condition = CORRECT_TAG
 
     def plan(self, evidence: Evidence, limit: int, rng: random.Random, metrics: dict) -> list[SupervisedInstance]:
         metrics["hard"] = len(evidence.hard)

@@ -15,14 +15,18 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
 from ..teacher import TeacherClient
+from .condition import resolve_condition
 from .runner import EvalOptions, EvaluationError, run_suite
 from .tasks import PAPER_DECODING, select
 
 __all__ = ["data_locations", "main", "run_main"]
+
+logger = logging.getLogger(__name__)
 
 
 def _positive(text: str) -> int:
@@ -99,8 +103,15 @@ def _run_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--condition",
         default=None,
-        help="text before the closer of every question: '<correct>' for a Correction-SFT checkpoint (the tag it "
-        "trained under, as the paper evaluates that row); default none, the paper's shared prompt",
+        help="text before the closer of every question, over what the checkpoint records ('none': the paper's "
+        "shared prompt); default: the condition the checkpoint's config.json records (a Correction-SFT "
+        "checkpoint: '<correct>', the tag it trained under, as the paper evaluates that row), else none",
+    )
+    run.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="the served checkpoint's directory, read for its recorded condition; default: the directory the "
+        "endpoint's /v1/models reports (vLLM's root) or the served model name, where either is local",
     )
     run.add_argument(
         "--max-new-tokens",
@@ -141,13 +152,21 @@ def run_main(argv: list[str] | None = None) -> int:
             raise ValueError("--judge-base-url needs --judge-model")
         sources, videos, subtitles = data_locations(args.data_dir, names)
         decoding = dataclasses.replace(PAPER_DECODING, max_new_tokens=args.max_new_tokens)
+        api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+        condition = resolve_condition(args.condition, args.checkpoint, args.base_url, args.model, api_key=api_key)
+        logger.info(
+            "evaluation condition: %s (%s)",
+            "none, the shared prompt" if condition.condition is None else repr(condition.condition),
+            condition.source,
+        )
         options = EvalOptions(
             passes=args.passes,
             decoding=decoding,
             max_samples=args.max_samples,
             seed=args.seed,
             max_frames=args.max_frames,
-            condition=args.condition,
+            condition=condition.condition,
+            condition_source=condition.source,
             concurrency=args.concurrency,
             sources=sources,
             video_dir=videos,

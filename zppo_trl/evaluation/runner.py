@@ -103,6 +103,8 @@ class EvalOptions:
             reject the others (``transformers serve`` answers 422): not the paper's decoding.
         condition: text before the closer of every question (``"<correct>"`` for a Correction-SFT
             checkpoint, the tag it trained under); None for the paper's shared prompt.
+        condition_source: where ``condition`` came from, in words (``zppo-eval run`` resolves it from
+            ``--condition`` or the checkpoint's record: `zppo_trl.evaluation.condition`); run.json keeps it.
     """
 
     passes: int = PAPER_DECODING.passes
@@ -116,6 +118,7 @@ class EvalOptions:
     subtitle_dir: Mapping[str, str] = field(default_factory=dict)
     sampling_fields: str = "all"
     condition: str | None = None
+    condition_source: str | None = None
 
     def __post_init__(self) -> None:
         if self.sampling_fields not in SAMPLING_FIELDS:
@@ -594,6 +597,7 @@ def run_suite(
         "seed": options.seed,
         "max_frames": options.max_frames,
         "condition": options.condition,
+        "condition_source": options.condition_source,
         "settings": names,
         "sources": {name: options.sources.get(name) or SUITE[name].dataset for name in names},
     }
