@@ -251,7 +251,9 @@ def _selection_evidence() -> Evidence:
 
 
 def _guidance(kind: str):
-    return make_augmentation([kind], tokenizer=_tokenizer) if kind == "prefix" else make_augmentation([kind])
+    if kind == "prefix":
+        return make_augmentation([kind], tokenizer=_tokenizer)
+    return make_augmentation([kind], answer_of=lambda key: "7")  # the leak count's gold answer; plans never read it
 
 
 def _supervised(kind: str):
