@@ -90,3 +90,13 @@ def test_a_zero_probability_teacher_token_gives_no_nan():
     loss = generalized_jsd_per_token(student, teacher, 0.5).sum()
     loss.backward()
     assert torch.isfinite(loss) and torch.all(torch.isfinite(student.grad))
+
+
+def test_a_micro_batch_without_loss_positions_still_backpropagates_zero_through_the_head():
+    """A rank's micro-batch of padding rows (no loss position) must still run backward through every parameter, as
+    data-parallel training needs of each rank (a loss without a graph fails there)."""
+    states, teacher_states, head, teacher_head, mask = _setup()
+    inputs = DistillInputs(states, head, V, teacher_states=teacher_states, teacher_head=teacher_head)
+    total = chunked_jsd(inputs, torch.zeros_like(mask), 0.5, 4)
+    total.backward()
+    assert total.item() == 0.0 and torch.all(head.weight.grad == 0) and torch.all(states.grad == 0)

@@ -138,7 +138,9 @@ def chunked_jsd(inputs: DistillInputs, mask: torch.Tensor, beta: float, chunk_si
                 teacher_logps = torch.log_softmax(logits, dim=-1)
         return generalized_jsd_per_token(student, teacher_logps, beta).sum()
 
-    total = _at_least_fp32(states.new_zeros(()))
+    # zero, but through the head and the states: a rank whose micro-batch has no loss position (padding rows)
+    # still backpropagates through every parameter, as data-parallel training needs of each rank
+    total = _at_least_fp32(inputs.head(inputs.states[:, :1]).sum()) * 0
     for start in range(0, states.size(0), chunk_size):
         pieces = [x[start : start + chunk_size] for x in (states, *extras)]
         total = total + checkpoint(chunk_loss, *pieces, use_reentrant=False)
