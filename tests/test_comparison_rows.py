@@ -104,12 +104,12 @@ def _config(tmp_path, server, reformulations, **overrides) -> ZPPOConfig:
     return ZPPOConfig(**{**settings, **overrides})
 
 
-def _trainer(student_dir, server, tmp_path, reformulations, spy, teacher=None, **overrides) -> ZPPOTrainer:
+def _trainer(student_dir, server, tmp_path, reformulations, spy, teacher=None, rows=None, **overrides) -> ZPPOTrainer:
     return ZPPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(student_dir),
         reward_funcs=spy,
         args=_config(tmp_path, server, reformulations, **overrides),
-        train_dataset=Dataset.from_list(toy_rows("text")),
+        train_dataset=Dataset.from_list(rows or toy_rows("text")),
         processing_class=AutoTokenizer.from_pretrained(student_dir),
         teacher=teacher,
     )
@@ -221,11 +221,21 @@ def _wrong_plain(trainer, step) -> dict:
     return wrong
 
 
-def _teacher_correct(step, row) -> list[str]:
-    """The step's teacher rollouts on ``row``'s plain prompt that the boxed grader finds correct."""
+def _teacher_rollouts(step, row) -> tuple[list[str], list[str]]:
+    """The step's teacher rollouts on ``row``'s plain prompt, and those of them the boxed grader finds correct."""
     prompt = compose_prompt(row["question"], None, RL_CLOSER)
     rollouts = [t for messages, texts in step["sampled"] if messages[-1]["content"] == prompt for t in texts or ()]
-    return [t for t, ok in zip(rollouts, grade_batch(rollouts, [row["answer"]] * len(rollouts))) if ok]
+    return rollouts, [t for t, ok in zip(rollouts, grade_batch(rollouts, [row["answer"]] * len(rollouts))) if ok]
+
+
+def _teacher_correct(step, row) -> list[str]:
+    return _teacher_rollouts(step, row)[1]
+
+
+def _unsolvable(rows: list[dict], keys: tuple[str, ...]) -> list[dict]:
+    """``rows`` with the gold answer of ``keys`` set to one neither boxed model ever writes: every teacher (and
+    student) rollout on those questions is graded wrong, as on a question the teacher cannot solve."""
+    return [{**row, "answer": "-1"} if row["id"] in keys else row for row in rows]
 
 
 def _replies(step) -> list[tuple[str, str]]:
@@ -278,6 +288,11 @@ def _expected_buffer(plain_calls) -> PromptReplayBuffer:
 def test_hint_row_puts_an_answer_free_teacher_hint_before_the_closer(
     boxed_text_student_dir, boxed_teacher_server, tmp_path
 ):
+    """The Hint row (alg:hint) end to end. Besides the hinted prompts and the buffer, pins its selection (the
+    pre-cap, `_check_pre_cap`; one hint per pre-capped hard question with a graded-correct teacher rollout) and
+    what the hint generator receives: fig:prompt-hint on exactly one of that question's graded-correct teacher
+    rollouts, alone. Fails if a hint request carried the question, a student rollout, a second or a wrong teacher
+    rollout, or if a hard question without a correct teacher rollout (or one past the cap) got a hint."""
     spy = Spy()
     teacher = _recording_teacher(boxed_teacher_server)
     trainer = _trainer(boxed_text_student_dir, boxed_teacher_server, tmp_path, ["hint"], spy, teacher=teacher)
@@ -333,6 +348,10 @@ def test_hint_row_puts_an_answer_free_teacher_hint_before_the_closer(
 def test_prefix_row_continues_a_correct_teacher_prefix_that_carries_no_loss(
     boxed_text_student_dir, boxed_teacher_server, tmp_path
 ):
+    """The Prefix row (alg:prefix) end to end. Besides the prefix itself, pins its selection: the pre-cap
+    (`_check_pre_cap`) and one prefix group per pre-capped hard question with a graded-correct teacher rollout,
+    cut from one such rollout. Fails if a question without a correct teacher rollout, or past the cap, got a
+    prefix group, or if step 4 kept a teacher rollout the reward grades wrong."""
     spy = Spy()
     teacher = _recording_teacher(boxed_teacher_server)
     trainer = _trainer(boxed_text_student_dir, boxed_teacher_server, tmp_path, ["prefix"], spy, teacher=teacher)
@@ -487,10 +506,11 @@ def _train_recorded(trainer) -> dict:
     return record
 
 
-def _supervised_run(student_dir, server, tmp_path, kind, **overrides):
-    """Train the supervised ``kind`` row (two rollout steps unless ``max_steps`` says) with a `RecordingTeacher`;
-    recorded (`_train_recorded`), its steps too (`_record_steps`)."""
-    trainer = _trainer(student_dir, server, tmp_path, [kind], Spy(), teacher=_recording_teacher(server), **overrides)
+def _supervised_run(student_dir, server, tmp_path, kind, rows=None, **overrides):
+    """Train the supervised ``kind`` row (two rollout steps unless ``max_steps`` says) on ``rows`` (the toy rows
+    by default) with a `RecordingTeacher`; recorded (`_train_recorded`), its steps too (`_record_steps`)."""
+    teacher = _recording_teacher(server)
+    trainer = _trainer(student_dir, server, tmp_path, [kind], Spy(), teacher=teacher, rows=rows, **overrides)
     steps = _record_steps(trainer)
     return trainer, _train_recorded(trainer), steps
 
@@ -544,6 +564,12 @@ def _check_cross_entropy(trainer, micro):
 def test_correction_sft_trains_verified_corrections_and_the_wrong_attempt_under_their_tags(
     boxed_text_student_dir, boxed_teacher_server, tmp_path
 ):
+    """The Correction-SFT row (alg:correctionsft) end to end. Pins its selection (the pre-cap; one corrector
+    call per pre-capped hard question, on one of the step's wrong plain rollouts; no G_T teacher rollouts) and
+    its targets: a correction the reward grades correct gives the pair (<correct>, correction) and (<incorrect>,
+    the rollout it corrected), any other is counted rejected and trains nothing. Fails if an unverified
+    correction became a target, a pair's wrong rollout were not the corrected one, or the cap or ranking
+    changed."""
     trainer, record, steps = _supervised_run(boxed_text_student_dir, boxed_teacher_server, tmp_path, "correction")
     assert trainer.args.variant == "Correction-SFT\u2020"
     questions = {row["id"]: row["question"] for row in toy_rows("text")}
@@ -612,10 +638,20 @@ def test_correction_sft_trains_verified_corrections_and_the_wrong_attempt_under_
 def test_error_reflection_sft_trains_verified_revisions_under_the_bare_question(
     boxed_text_student_dir, boxed_teacher_server, tmp_path
 ):
+    """The Error-reflection-SFT row (alg:errorreflectionsft) end to end. Pins that the teacher's drafts are
+    graded (only a draft the reward grades correct is revised), that the revision request carries every wrong
+    plain rollout of the question in full, and that exactly the revisions graded correct train (under the bare
+    question) while the others are counted rejected. Fails if a wrong draft were revised, an attempt were left
+    out or cut, or a wrong revision trained."""
     # The tiny teacher verifies a revision of 3-4 wrong attempts about one time in six: six rollout steps
-    # (24 revision requests) make a run without any verified revision unlikely (about 1%).
+    # (24 revision requests) make a run without any verified revision unlikely (about 1%). The boxed teacher
+    # solves nearly every toy question, so two of them are made unsolvable (`_unsolvable`): their drafts are all
+    # graded wrong, which is what shows that drafts are graded. Both are hard for the student too (no rollout is
+    # ever right), so over six steps they reach the pre-cap (the check below says so if they never did).
+    unsolvable = ("toy-00", "toy-01")
+    dataset = _unsolvable(toy_rows("text"), unsolvable)
     trainer, record, steps = _supervised_run(
-        boxed_text_student_dir, boxed_teacher_server, tmp_path, "reflection", max_steps=12
+        boxed_text_student_dir, boxed_teacher_server, tmp_path, "reflection", rows=dataset, max_steps=12
     )
     assert trainer.args.variant == "Error-reflection-SFT\u2020"
     questions = {row["id"]: row["question"] for row in toy_rows("text")}
@@ -638,13 +674,14 @@ def test_error_reflection_sft_trains_verified_revisions_under_the_bare_question(
     # the step's wrong plain rollouts of that question, in full; a revision graded correct is the target under
     # the bare question, any other is rejected and not trained.
     _check_pre_cap(trainer, steps)
-    rows = {row["id"]: row for row in toy_rows("text")}
+    rows = {row["id"]: row for row in dataset}
+    graded_wrong = 0  # teacher drafts of hard questions the reward graded wrong
     for step in steps:
         evidence, wrong = step["evidence"], _wrong_plain(trainer, step)
         for key in evidence.hard:
-            assert wrong[key] and sorted(evidence.teacher_correct.get(key, [])) == sorted(
-                _teacher_correct(step, rows[key])
-            )
+            drafts, correct = _teacher_rollouts(step, rows[key])
+            assert wrong[key] and sorted(evidence.teacher_correct.get(key, [])) == sorted(correct)
+            graded_wrong += len(drafts) - len(correct)
         assert [inst.key for inst in step["plan"]] == [k for k in evidence.hard if evidence.teacher_correct.get(k)]
         for inst in step["plan"]:
             assert inst.source in evidence.teacher_correct[inst.key]  # a graded-correct draft, never a wrong one
@@ -656,6 +693,8 @@ def test_error_reflection_sft_trains_verified_revisions_under_the_bare_question(
             BuiltGroup("reflection", inst.key, None, target=reply) for inst, reply in verified
         ]
     assert sum(len(step["built"].instances) for step in steps) == trainer.counters["reflection_trained_total"]
+    assert graded_wrong > 0, "no hard question had a draft graded wrong: the draft grading went unexercised"
+    assert not any(inst.key in unsolvable for step in steps for inst in step["plan"])
 
 
 def test_a_correction_that_fails_grading_never_becomes_a_target(boxed_teacher_server, tmp_path):
