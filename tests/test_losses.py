@@ -24,6 +24,10 @@ ARGS = SimpleNamespace(
     distillation=None,
     distill_beta=0.5,
     dispo_bounds=DispoBounds(0.2, 10.0, 1.0, 100.0),
+    dispo_out_of_bounds="zero",
+    gspo_settings="gspo_paper",
+    cispo_weight_bound=5.0,
+    distill_chunk_size=4,
 )
 
 

@@ -30,7 +30,7 @@ from .advantages import NORMALIZATIONS
 from .augmentations import check_kinds
 from .context import PAPER_MAX_PROMPT_LENGTH, ContextLengths, context_lengths
 from .distill import DISTILLATION_MODES, DISTILLATION_NAMES
-from .losses import DispoBounds, policy_objectives
+from .losses import CISPO_WEIGHT_BOUND, DispoBounds, policy_objectives
 from .prompts import RL_CLOSER
 from .reformulate import KINDS, augment_limit
 from .replay import replay_count
@@ -231,7 +231,7 @@ class ZPPOConfig(GRPOConfig):
         },
     )
     cispo_weight_bound: float = field(
-        default=5.0,
+        default=CISPO_WEIGHT_BOUND,
         metadata={
             "help": "CISPO's upper bound on the stop-gradient importance weight (no lower bound, as MiniMax-M1). "
             "MiniMax-M1 does not state its value; 5 is ScaleRL's eps_max for CISPO (TRL's recommendation). Only "

@@ -181,7 +181,7 @@ class LossInputs:
 
     mask: torch.Tensor
     normalizer: torch.Tensor | float
-    sequences: torch.Tensor | float = 1.0
+    sequences: torch.Tensor | float | None = None
     logps: torch.Tensor | None = None
     old_logps: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
@@ -314,6 +314,8 @@ def _clipped_surrogate(
         weight = torch.clamp(weight, max=args.delta)
     per_token_loss = -torch.min(weight * advantages, clipped * advantages)
     if per_response:
+        if inputs.sequences is None:
+            raise ValueError("a per-response loss needs LossInputs.sequences, the update's response count")
         loss = (per_token_loss.squeeze(1) * _has_tokens(mask)).sum() / inputs.sequences
     else:
         loss = (per_token_loss * mask).sum() / inputs.normalizer
@@ -352,7 +354,7 @@ def gspo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """
     log_ratio = inputs.logps - _old_logps(inputs)
     log_weights = (log_ratio * inputs.mask).sum(-1) / inputs.mask.sum(-1).clamp(min=1.0)
-    if getattr(args, "gspo_settings", "gspo_paper") == "gspo_paper":
+    if args.gspo_settings == "gspo_paper":
         return _clipped_surrogate(inputs, args, log_weights.unsqueeze(-1), GSPO_EPSILONS, per_response=True)
     return _clipped_surrogate(inputs, args, log_weights.unsqueeze(-1), _epsilons(args))
 
@@ -361,7 +363,7 @@ def gspo_loss(inputs: LossInputs, args: Any) -> LossOutput:
 def cispo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """CISPO: ``-sg(min(r, cispo_weight_bound)) A log pi`` per token (no lower bound, as MiniMax-M1 trains it)."""
     mask, advantages = inputs.mask, _advantages(inputs)
-    bound = getattr(args, "cispo_weight_bound", CISPO_WEIGHT_BOUND)
+    bound = args.cispo_weight_bound
     weight = torch.exp(inputs.logps - _old_logps(inputs))
     per_token_loss = -torch.clamp(weight, max=bound).detach() * advantages * inputs.logps
     loss = (per_token_loss * mask).sum() / inputs.normalizer
@@ -377,9 +379,7 @@ def dispo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     (``clip_ratio/{pos,neg}_{low,high}_mean``: A > 0 or A < 0, weight below or above its interval)."""
     mask, advantages, old = inputs.mask, _advantages(inputs), _old_logps(inputs)
     bounds = args.dispo_bounds
-    per_token_loss = dispo_per_token_loss(
-        inputs.logps, old, advantages, bounds, getattr(args, "dispo_out_of_bounds", "zero")
-    )
+    per_token_loss = dispo_per_token_loss(inputs.logps, old, advantages, bounds, args.dispo_out_of_bounds)
     loss = (per_token_loss * mask).sum() / inputs.normalizer
     below, above = dispo_outside(torch.exp(inputs.logps.detach() - old.detach()), advantages, bounds)
     pos, neg = (advantages > 0).expand_as(below), (advantages < 0).expand_as(below)
@@ -405,7 +405,7 @@ def sft_loss(inputs: LossInputs, args: Any) -> LossOutput:
 def jsd_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """GKD's generalized JSD to the teacher at every completion token, a chunk of tokens at a time
     (:func:`zppo_trl.distill.chunked_jsd`), over ``normalizer``."""
-    total = chunked_jsd(inputs.distill, inputs.mask, args.distill_beta, getattr(args, "distill_chunk_size", 1024))
+    total = chunked_jsd(inputs.distill, inputs.mask, args.distill_beta, args.distill_chunk_size)
     count = inputs.mask.sum().to(total.dtype)
     return LossOutput(total / inputs.normalizer, means={"distill/jsd": (total.detach(), count)})
 

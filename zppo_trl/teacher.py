@@ -473,8 +473,8 @@ class TeacherClient:
         and vLLM's ``prompt_logprobs=top_k`` (the server's ``--max-logprobs`` must be at least ``top_k``;
         vLLM's default is 20). Position ``j`` of a result is the distribution that predicts completion token
         ``j``: ``(token_ids, logprobs)``, each ``top_k`` long in rank order. A sequence whose request failed
-        gives None (counted ``failed``); a reply without ``prompt_logprobs`` (a server that is not vLLM) is
-        an error that names the server.
+        gives None (counted ``failed``, the last error logged): a server that refuses ``top_k`` (HTTP 400) or
+        sends no ``prompt_logprobs`` (one that is not vLLM, named in the error) fails every request.
         """
         sequences = [list(map(int, seq)) for seq in _check_list("sequences", sequences)]
         prompt_lengths = [_check_int(f"prompt_lengths[{i}]", n, 1) for i, n in enumerate(prompt_lengths)]
