@@ -374,6 +374,16 @@ class ZPPOConfig(GRPOConfig):
         },
     )
 
+    # --- memory (the paper's "Fused LM-head kernel" row; zppo_trl.lm_head)
+    fused_lm_head: bool = field(
+        default=True,
+        metadata={
+            "help": "Per-token log-probs and entropies from the last hidden states in tiles (TRL's fused LM head), "
+            "never the whole [tokens, vocab] logits, as the paper trains. False: the full logits, then a "
+            "log-softmax (the reference path; its memory grows with tokens x vocabulary)."
+        },
+    )
+
     # --- the console
     full_console_logs: bool = field(
         default=False,

@@ -152,19 +152,20 @@ def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float64 else x.float()
 
 
-def completion_states(model: Any, inputs: dict, vocab: int) -> tuple[torch.Tensor, Callable]:
+def completion_states(model: Any, inputs: dict, vocab: int, fused: bool = True) -> tuple[torch.Tensor, Callable]:
     """``model``'s last hidden states at the positions that predict each completion token of a TRL batch
     (B, C, H), and its LM head (``hidden -> logits``): the logits themselves are left to :func:`chunked_jsd`.
 
     The head's weight must be whole on this rank to be applied outside the forward pass; where FSDP or
-    ZeRO-3 shards it, the forward computes the completion positions' logits itself and those are returned
-    with an identity head (their memory then grows with the completion length).
+    ZeRO-3 shards it, or with ``fused=False`` (``ZPPOConfig.fused_lm_head``), the forward computes the
+    completion positions' logits itself and those are returned with an identity head (their memory then
+    grows with the completion length).
     """
     completion_width = inputs["completion_ids"].size(1)
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
     extra = {name: inputs[name] for name in _FORWARD_FIELDS if inputs.get(name) is not None}
-    head = _local_head(model)
+    head = _local_head(model) if fused else None
     if head is None:
         logits = model(
             input_ids=input_ids,

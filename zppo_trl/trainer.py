@@ -44,6 +44,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+from accelerate.utils import is_peft_model
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOTrainer
 from trl.models import prepare_deepspeed, prepare_fsdp
@@ -56,6 +57,7 @@ from .callbacks import QuietProgressCallback, RolloutSummaryCallback
 from .config import ZPPOConfig
 from .distill import DistillInputs, TeacherTopK, completion_states, frozen_distill_teacher
 from .evaluation.condition import CONDITION_KEY, record_condition
+from .lm_head import use_full_logits
 from .losses import LossInputs, LossOutput, loss_for
 from .model_card import PAPER_CITATION, PAPER_TITLE, CardFacts, render_model_card
 from .partitioning import deal_targets, is_skipped, policy_partitions
@@ -164,6 +166,8 @@ class ZPPOTrainer(GRPOTrainer):
             )
 
         args.composition(self.accelerator.num_processes)  # raises unless every rank holds whole groups
+        if not args.fused_lm_head:  # the reference path (zppo_trl.lm_head): TRL fuses the head unconditionally
+            use_full_logits(self.model.get_base_model() if is_peft_model(self.model) else self.model, self.temperature)
         self.ranks = Ranks(self.accelerator)
         self._row_of = row_of  # id -> dataset row, for replayed questions and augmented prompts
         self.replay_buffer = PromptReplayBuffer(capacity=args.replay_capacity, threshold=args.hard_threshold)
@@ -472,7 +476,7 @@ class ZPPOTrainer(GRPOTrainer):
         for this micro-batch (``teacher_topk_*``), or a local teacher's own states and head."""
         vocab = len(self._tokenizer)
         with self.accelerator.autocast():
-            states, head = completion_states(model, inputs, vocab)
+            states, head = completion_states(model, inputs, vocab, fused=self.args.fused_lm_head)
             if self.distill_teacher is None:
                 topk = TeacherTopK(inputs["teacher_topk_ids"], inputs["teacher_topk_logps"])
                 return DistillInputs(states, head, vocab, topk=topk)
