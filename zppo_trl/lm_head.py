@@ -33,9 +33,10 @@ def use_full_logits(model: Any, temperature: float = 1.0) -> None:
     from the model's complete logits instead of TRL's fused tiles (same outputs, same meaning).
 
     ``model`` must already carry TRL's fused head (``GRPOTrainer.__init__`` adds it); calls without
-    ``fused_lm_head`` (generation, the distillation rows' hidden states) are passed through unchanged. The
-    logits are divided by ``temperature`` as TRL's fused head divides them, and the log-softmax is taken in
-    float32 (or wider).
+    ``fused_lm_head`` (generation, the distillation rows' hidden states) are passed through unchanged. Only
+    the positions from the first scored label on get logits (TRL's completion positions), divided by
+    ``temperature`` as TRL's fused head divides them; the log-softmax is taken in float32 (or wider). The
+    entropies carry no gradient (the trainer only logs them).
     """
     fused_forward = model.forward
 
@@ -43,20 +44,28 @@ def use_full_logits(model: Any, temperature: float = 1.0) -> None:
         if not fused_lm_head:
             return fused_forward(*args, labels=labels, **kwargs)
         kwargs["use_cache"] = False
-        outputs = fused_forward(*args, **kwargs)  # the model's own forward: logits at every position
+        # the logits of the loss positions only (and the last one, dropped), as TRL computed them before it fused
+        scored = (labels != -100).any(0).nonzero()
+        first = int(scored[0]) if len(scored) else labels.size(1) - 1
+        outputs = fused_forward(*args, logits_to_keep=labels.size(1) - first + 1, **kwargs)
+        aux_loss = getattr(outputs, "aux_loss", None)
         logits = outputs.logits[:, :-1]
+        del outputs  # nothing else may hold the raw logits once they are scaled
         logits = (logits if logits.dtype == torch.float64 else logits.float()) / temperature
-        targets = labels[:, 1:].to(logits.device)
-        mask = targets != -100
         logps = torch.log_softmax(logits, dim=-1)
         del logits
+        targets = labels[:, -logps.size(1) :].to(logps.device)
+        mask = targets != -100
         log_probs = logps.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-        entropy = -(logps.exp() * logps).sum(-1)
+        with torch.no_grad():  # the entropies are logged, never trained on: no second [tokens, vocab] for autograd
+            entropy = -(logps.exp().mul_(logps)).sum(-1)
+        # positions before the first loss position (every row's prompt) carry zeros, as the fused head's do
+        pad = labels.size(1) - 1 - log_probs.size(1)
         return FusedCausalLMOutput(
-            log_probs=log_probs.masked_fill(~mask, 0),
-            entropy=entropy.masked_fill(~mask, 0),
-            label_mask=mask,
-            aux_loss=getattr(outputs, "aux_loss", None),
+            log_probs=torch.nn.functional.pad(log_probs.masked_fill(~mask, 0), (pad, 0)),
+            entropy=torch.nn.functional.pad(entropy.masked_fill(~mask, 0), (pad, 0)),
+            label_mask=torch.nn.functional.pad(mask, (pad, 0)),
+            aux_loss=aux_loss,
         )
 
     model.forward = types.MethodType(forward, model)
