@@ -145,3 +145,18 @@ def test_the_objective_settings_zppo_pins_exist_in_trl(name):
     assert name in GRPOConfig.__dataclass_fields__, (
         f"GRPOConfig.{name} is gone: revisit zppo_trl.config.PAPER_OBJECTIVE"
     )
+
+
+def test_trl_fuses_the_lm_head_with_the_tiles_the_memory_plan_assumes():
+    """zppo_trl.lm_head keeps TRL's fused head (GRPOTrainer patches it in and calls it on every log-prob pass),
+    and zppo_trl.memory_plan sizes its tile as TRL's kernel does."""
+    from trl.kernels import chunked_logprob
+    from trl.trainer import utils as trl_utils
+
+    from zppo_trl import memory_plan
+
+    assert "add_fused_lm_head(" in inspect.getsource(GRPOTrainer.__init__)
+    assert "fused_lm_head=True" in inspect.getsource(GRPOTrainer._get_per_token_logps_and_entropies)
+    assert chunked_logprob.TOKEN_CHUNK_SIZE == memory_plan.FUSED_TILE_TOKENS
+    assert trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE == memory_plan.FUSED_TILE_VOCAB
+    assert "entropy" in chunked_logprob.OPTIONAL_OUTPUTS

@@ -29,10 +29,19 @@ from trl import ModelConfig
 
 from .config import ZPPOConfig
 from .data import is_hub_id, load_questions
+from .memory_plan import architecture, format_plan, known_student_config, optimizer_state, plan_memory, update_shape
 from .recipe import ScriptArguments, endpoints, is_vision_language, student_config
 from .teacher import TeacherClient
 
-__all__ = ["HubStatus", "dry_run", "generation_backend", "print_checks", "print_plan", "probe_hub"]
+__all__ = [
+    "HubStatus",
+    "dry_run",
+    "generation_backend",
+    "print_checks",
+    "print_memory_plan",
+    "print_plan",
+    "probe_hub",
+]
 
 _TRUE = {"1", "on", "yes", "true"}
 
@@ -153,9 +162,7 @@ def print_checks(
     """
     problems: list[str] = []
     out("\nchecks:")
-    hub_ids = [model_args.model_name_or_path] + ([args.distill_teacher] if args.distillation else [])
-    if hub is None and any(is_hub_id(name) for name in hub_ids):
-        hub = probe_hub()
+    hub = _hub_status(args, model_args, hub)
     local_only = hub is not None and hub.offline
     if local_only:
         out(hub.line)
@@ -218,6 +225,51 @@ def print_checks(
     return problems
 
 
+def _hub_status(args: ZPPOConfig, model_args: ModelConfig, hub: HubStatus | None) -> HubStatus | None:
+    """``hub``, or the Hub probed once when a model to be checked is a Hub id (None: nothing to ask it)."""
+    hub_ids = [model_args.model_name_or_path] + ([args.distill_teacher] if args.distillation else [])
+    if hub is None and any(is_hub_id(name) for name in hub_ids):
+        hub = probe_hub()
+    return hub
+
+
+def print_memory_plan(
+    script_args: ScriptArguments,
+    args: ZPPOConfig,
+    model_args: ModelConfig,
+    out: Callable[[str], object] = print,
+    hub: HubStatus | None = None,
+) -> None:
+    """The memory of one student training rank during an update (:mod:`zppo_trl.memory_plan`), from the
+    student's config where it can be read, else from the paper's students' known architectures."""
+    name = model_args.model_name_or_path
+    hub = _hub_status(args, model_args, hub)
+    try:
+        config, source = student_config(model_args, local_files_only=hub is not None and hub.offline), "its config"
+    except Exception:  # noqa: BLE001 - the checks above report an unreadable config
+        config, source = known_student_config(name), "the architecture zppo_trl.memory_plan knows for it"
+    if config is None:
+        out(
+            f"\nmemory plan: skipped (the config of {name} cannot be read here, and it is not one of the paper's "
+            "students)"
+        )
+        return
+    ranks = script_args.num_training_ranks or args.world_size
+    shape = update_shape(args)
+    state_bytes, kahan = optimizer_state(args)
+    plan = plan_memory(
+        architecture(config),
+        shape,
+        ranks,
+        optimizer_state_bytes=state_bytes,
+        kahan=kahan,
+        gradient_checkpointing=args.gradient_checkpointing,
+        fused_head=args.fused_lm_head,
+    )
+    format_plan(plan, shape, ranks, out)
+    out(f"  (the student {name}: {architecture(config).parameters / 1e9:.2f}B parameters, from {source})")
+
+
 def dry_run(
     script_args: ScriptArguments,
     args: ZPPOConfig,
@@ -227,7 +279,9 @@ def dry_run(
 ) -> int:
     """Validate what can be validated without weights and print the plan. Returns an exit code (0 ok, 1 problems)."""
     print_plan(script_args, args, out)
+    hub = _hub_status(args, model_args, hub)
     problems = print_checks(script_args, args, model_args, out, hub)
+    print_memory_plan(script_args, args, model_args, out, hub)
     if problems:
         out(f"\n{len(problems)} problem(s); nothing was trained.")
         return 1
