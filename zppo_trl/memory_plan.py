@@ -301,7 +301,7 @@ def plan_memory(
     # TRL's kernel scores only the loss positions where Triton runs (CUDA); elsewhere it scores every position and
     # works each float32 tile with about seven temporaries of its size (its torch fallback).
     head_tokens = shape.completion_tokens if fsdp else shape.tokens
-    tile = min(head_tokens, FUSED_TILE_TOKENS) * FUSED_TILE_VOCAB * (act if fsdp else 7 * 4)
+    tile = min(head_tokens, FUSED_TILE_TOKENS) * min(v, FUSED_TILE_VOCAB) * (act if fsdp else 7 * 4)
     fused = tile + head_tokens * h * (act + 4)
     unfused = shape.completion_tokens * v * _UNFUSED_BYTES["bf16" if fsdp else "fp32"]
     return MemoryPlan(tuple(lines), fused, unfused, fused_head)
