@@ -1,8 +1,10 @@
 """`AnyPrecisionAdamW`: the paper's AdamW with bf16 optimizer state, against torch's AdamW.
 
-The trajectories are compared on a small regression (a 2-layer tanh MLP fitting ``sin(sum x)``,
-fixed seed, full batch) by the distance between the final parameters divided by how far the
-reference moved from the initialisation, so a tolerance reads as a fraction of the training.
+The trajectories are compared on a small regression (``optim_problem.py``: a 2-layer tanh MLP
+fitting ``sin(sum x)``, fixed seed, full batch) by the distance between the final parameters
+divided by how far the reference moved from the initialisation, so a tolerance reads as a
+fraction of the training. The FSDP2 test (integration: two spawned gloo ranks, about 15 s) runs
+the optimizer on DTensor shards and through accelerate's checkpoint path.
 The tolerances were set against broken optimizers: over initialisation seeds 0-4, bf16 moments end
 0.022-0.045 of the displacement from torch's AdamW with the loss within 0.3%, while a missing first
 (second) bias correction ends 0.14-0.19 (1.4-2.1) away and coupled L2 weight decay 1.4-1.5, with
@@ -13,12 +15,10 @@ from __future__ import annotations
 
 import copy
 import io
-import os
 import socket
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -26,8 +26,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from zppo_trl import ZPPOConfig, ZPPOTrainer
 from zppo_trl.optim import AnyPrecisionAdamW, anyprecision_kwargs
 
-HYPER = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
-FP32_MOMENTS = dict(momentum_dtype=torch.float32, variance_dtype=torch.float32)
+try:  # tests/ is on sys.path under pytest's default (rootdir-less, prepend) import mode
+    from optim_problem import FP32_MOMENTS, FSDP2_STEPS, HYPER, flat, fsdp2_rank, make_net, train
+except ImportError:  # tests/ imported as a package
+    from tests.optim_problem import FP32_MOMENTS, FSDP2_STEPS, HYPER, flat, fsdp2_rank, make_net, train
 
 
 @pytest.fixture(autouse=True)
@@ -39,38 +41,12 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-def _net(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-    return net.to(torch.bfloat16).to(dtype)  # a bf16-representable start, the same in every dtype
-
-
-def _data(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    x = torch.randn(256, 8, generator=torch.Generator().manual_seed(seed + 1))
-    return x, torch.sin(x.sum(1, keepdim=True))
-
-
-def _flat(net: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().float().flatten() for p in net.parameters()])
-
-
-def _train(net: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> float:
-    x, y = _data()
-    dtype = next(net.parameters()).dtype
-    for _ in range(steps):
-        optimizer.zero_grad()
-        loss = ((net(x.to(dtype)).float() - y) ** 2).mean()
-        loss.backward()
-        optimizer.step()
-    return loss.item()
-
-
 def _run(make, steps: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(initial parameters, final parameters, last loss) of ``steps`` full-batch steps."""
-    net = _net(dtype=dtype)
-    start = _flat(net)
-    loss = _train(net, make(net.parameters()), steps)
-    return start, _flat(net), loss
+    net = make_net(dtype=dtype)
+    start = flat(net)
+    loss = train(net, make(net.parameters()), steps)
+    return start, flat(net), loss
 
 
 def _off_course(run: torch.Tensor, reference: torch.Tensor, start: torch.Tensor) -> float:
@@ -87,12 +63,12 @@ def test_bf16_moments_track_torch_adamw_over_300_steps():
 
 
 def test_fp32_moments_are_torch_adamw_to_float_rounding():
-    net, twin = _net(), _net()
+    net, twin = make_net(), make_net()
     torch_adamw = torch.optim.AdamW(twin.parameters(), **{**HYPER, "lr": 1e-2})
     ours = AnyPrecisionAdamW(net.parameters(), **{**HYPER, "lr": 1e-2}, **FP32_MOMENTS)
-    _train(twin, torch_adamw, 100)
-    _train(net, ours, 100)
-    torch.testing.assert_close(_flat(net), _flat(twin), rtol=1e-6, atol=1e-7)
+    train(twin, torch_adamw, 100)
+    train(net, ours, 100)
+    torch.testing.assert_close(flat(net), flat(twin), rtol=1e-6, atol=1e-7)
     for p, q in zip(net.parameters(), twin.parameters()):
         for name in ("exp_avg", "exp_avg_sq"):
             torch.testing.assert_close(ours.state[p][name], torch_adamw.state[q][name], rtol=1e-6, atol=1e-9)
@@ -104,11 +80,11 @@ def _state_bytes(optimizer: torch.optim.Optimizer, names=("exp_avg", "exp_avg_sq
 
 @pytest.mark.parametrize("kahan", [False, True])
 def test_the_state_is_half_of_torch_adamws_for_fp32_parameters(kahan):
-    net, twin = _net(), _net()
+    net, twin = make_net(), make_net()
     ours = AnyPrecisionAdamW(net.parameters(), use_kahan_summation=kahan, **HYPER)
     torch_adamw = torch.optim.AdamW(twin.parameters(), **HYPER)
-    _train(net, ours, 1)
-    _train(twin, torch_adamw, 1)
+    train(net, ours, 1)
+    train(twin, torch_adamw, 1)
     numel = sum(p.numel() for p in net.parameters())
     assert _state_bytes(torch_adamw) == 8 * numel
     assert _state_bytes(ours) == 4 * numel
@@ -121,21 +97,21 @@ def test_kahan_summation_keeps_bf16_weights_on_the_fp32_trajectory():
     hyper = {**HYPER, "lr": 1e-4}
     start, reference, _ = _run(lambda p: AnyPrecisionAdamW(p, **hyper, **FP32_MOMENTS), 200)
     _, plain, _ = _run(lambda p: AnyPrecisionAdamW(p, **hyper), 200, dtype=torch.bfloat16)
-    kahan_net = _net(dtype=torch.bfloat16)
+    kahan_net = make_net(dtype=torch.bfloat16)
     kahan_optimizer = AnyPrecisionAdamW(kahan_net.parameters(), use_kahan_summation=True, **hyper)
-    _train(kahan_net, kahan_optimizer, 200)
+    train(kahan_net, kahan_optimizer, 200)
     # Measured (seeds 0-4): bf16 weights end 0.94-0.99 of the displacement off course, with Kahan 0.022-0.030.
     assert _off_course(plain, reference, start) > 0.5
-    assert _off_course(_flat(kahan_net), reference, start) < 0.1
+    assert _off_course(flat(kahan_net), reference, start) < 0.1
     compensation = [s["compensation"] for s in kahan_optimizer.state.values()]
     assert len(compensation) == 4 and all(c.dtype == torch.bfloat16 for c in compensation)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_state_dict_round_trip_restores_the_bf16_state_exactly(dtype):
-    net = _net(dtype=dtype)
+    net = make_net(dtype=dtype)
     optimizer = AnyPrecisionAdamW(net.parameters(), use_kahan_summation=True, **HYPER)
-    _train(net, optimizer, 5)
+    train(net, optimizer, 5)
     buffer = io.BytesIO()
     torch.save(optimizer.state_dict(), buffer)  # as transformers writes optimizer.pt
     buffer.seek(0)
@@ -150,22 +126,22 @@ def test_a_state_dict_round_trip_restores_the_bf16_state_exactly(dtype):
         for name, value in optimizer.state[p].items():
             assert resumed.state[q][name].dtype == value.dtype
             assert torch.equal(resumed.state[q][name], value)
-    _train(net, optimizer, 5)
-    _train(resumed_net, resumed, 5)
-    assert torch.equal(_flat(net), _flat(resumed_net))
+    train(net, optimizer, 5)
+    train(resumed_net, resumed, 5)
+    assert torch.equal(flat(net), flat(resumed_net))
 
 
 def test_a_torch_adamw_state_dict_loads_into_bf16_moments():
-    twin = _net()
+    twin = make_net()
     torch_adamw = torch.optim.AdamW(twin.parameters(), **HYPER)
-    _train(twin, torch_adamw, 3)
+    train(twin, torch_adamw, 3)
     net = copy.deepcopy(twin)
     ours = AnyPrecisionAdamW(net.parameters(), **HYPER)
     ours.load_state_dict(torch_adamw.state_dict())
     for p, q in zip(net.parameters(), twin.parameters()):
         assert ours.state[p]["exp_avg"].dtype == torch.bfloat16
         assert torch.equal(ours.state[p]["exp_avg"], torch_adamw.state[q]["exp_avg"].bfloat16())
-    _train(net, ours, 1)  # the settings torch's groups lack come from the defaults
+    train(net, ours, 1)  # the settings torch's groups lack come from the defaults
     assert int(ours.state[next(net.parameters())]["step"]) == 4
 
 
@@ -203,11 +179,11 @@ def test_bad_optim_args_are_refused_naming_the_key(optim_args, named):
 
 
 def test_bad_constructor_settings_are_refused():
-    params = _net().parameters()
+    params = make_net().parameters()
     with pytest.raises(ValueError, match="momentum_dtype"):
         AnyPrecisionAdamW(params, momentum_dtype=torch.int8)
     with pytest.raises(ValueError, match="betas"):
-        AnyPrecisionAdamW(_net().parameters(), betas=(0.9, 1.0))
+        AnyPrecisionAdamW(make_net().parameters(), betas=(0.9, 1.0))
 
 
 _CPU = dict(output_dir="unused", use_cpu=True, bf16=False, augmentations=[], report_to=[])
@@ -282,50 +258,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _fsdp2_rank(rank: int, world: int, port: int, out: str) -> None:
-    """One rank: FSDP2-shard the regression net, train 5 steps, round-trip the state through DCP, train 5 more."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import DTensor
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        net = _net()
-        for layer in net:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer)
-        fully_shard(net)
-        settings = {**HYPER, "lr": 1e-2}
-        optimizer = AnyPrecisionAdamW(net.parameters(), **settings)
-        _train(net, optimizer, 5)
-        # The path accelerate takes for FSDP2 checkpoints: DCP's optimizer state dict, into a fresh optimizer.
-        resumed = AnyPrecisionAdamW(net.parameters(), **settings)
-        set_optimizer_state_dict(net, resumed, get_optimizer_state_dict(net, optimizer))
-        exact = all(
-            isinstance(value, DTensor)
-            and resumed.state[p][name].dtype == torch.bfloat16
-            and torch.equal(resumed.state[p][name].full_tensor(), value.full_tensor())
-            for p in optimizer.state
-            for name, value in optimizer.state[p].items()
-            if name != "step"
-        )
-        _train(net, resumed, 5)
-        full = [p.full_tensor() for p in net.parameters()]
-        if rank == 0:
-            torch.save({"exact": exact, "params": full}, out)
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.integration
 def test_fsdp2_shards_train_as_one_process_and_resume_in_bf16(tmp_path):
     out = str(tmp_path / "rank0.pt")
-    mp.spawn(_fsdp2_rank, args=(2, _free_port(), out), nprocs=2)
+    mp.spawn(fsdp2_rank, args=(2, _free_port(), out), nprocs=2)
     result = torch.load(out)
     assert result["exact"], "the DCP round trip must keep DTensor bf16 state, equal"
-    net = _net()
-    _train(net, AnyPrecisionAdamW(net.parameters(), **{**HYPER, "lr": 1e-2}), 10)
+    net = make_net()
+    train(net, AnyPrecisionAdamW(net.parameters(), **{**HYPER, "lr": 1e-2}), 2 * FSDP2_STEPS)
     # FSDP2 averages the two ranks' equal gradients: the sharded run is the single-process one.
     for sharded, single in zip(result["params"], net.parameters()):
         torch.testing.assert_close(sharded, single.detach(), rtol=1e-6, atol=1e-7)
