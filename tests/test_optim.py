@@ -3,8 +3,9 @@
 The trajectories are compared on a small regression (``optim_problem.py``: a 2-layer tanh MLP
 fitting ``sin(sum x)``, fixed seed, full batch) by the distance between the final parameters
 divided by how far the reference moved from the initialisation, so a tolerance reads as a
-fraction of the training. The FSDP2 test (integration: two spawned gloo ranks, about 15 s) runs
-the optimizer on DTensor shards and through accelerate's checkpoint path.
+fraction of the training. Two integration tests go further: FSDP2 (two spawned gloo ranks, about
+15 s) runs the optimizer on DTensor shards and through accelerate's checkpoint path, and a trainer
+run stopped and resumed from its checkpoint ends where the straight run ends.
 The tolerances were set against broken optimizers: over initialisation seeds 0-4, bf16 moments end
 0.022-0.045 of the displacement from torch's AdamW with the loss within 0.3%, while a missing first
 (second) bias correction ends 0.14-0.19 (1.4-2.1) away and coupled L2 weight decay 1.4-1.5, with
@@ -250,6 +251,26 @@ def test_the_trainer_builds_it_from_optim_and_optim_args(tiny_text_model_dir, tm
     changed = [n for n, p in ours.model.named_parameters() if not torch.equal(p, before[n])]
     assert changed and all(optimizer.state[p]["exp_avg"].dtype == torch.bfloat16 for p in optimizer.state)
     assert {int(s["step"]) for s in optimizer.state.values()} == {1}
+
+
+@pytest.mark.integration
+def test_a_resumed_trainer_run_ends_where_the_straight_run_ends(tiny_text_model_dir, tmp_path):
+    """transformers' checkpoint path (``optimizer.pt``) with bf16 moments: stopped at step 2 and resumed,
+    the run ends where the straight 4-step run ends, bit for bit, its moments still bf16."""
+    optim = dict(optim="adamw_anyprecision", optim_args="momentum_dtype=bfloat16,variance_dtype=bfloat16")
+    straight = _trainer(tiny_text_model_dir, tmp_path, output_dir=str(tmp_path / "straight"), max_steps=4, **optim)
+    straight.train()
+    first = dict(output_dir=str(tmp_path / "resumed"), save_strategy="steps", save_steps=2, **optim)
+    _trainer(tiny_text_model_dir, tmp_path, max_steps=2, **first).train()
+    resumed = _trainer(tiny_text_model_dir, tmp_path, max_steps=4, **first)
+    resumed.train(resume_from_checkpoint=True)
+    optimizer, straight_optimizer = resumed.optimizer.optimizer, straight.optimizer.optimizer
+    assert type(optimizer) is AnyPrecisionAdamW and optimizer.state
+    assert {s[n].dtype for s in optimizer.state.values() for n in ("exp_avg", "exp_avg_sq")} == {torch.bfloat16}
+    for name, p in straight.model.named_parameters():
+        assert torch.equal(resumed.model.get_parameter(name), p), name
+        state, straight_state = optimizer.state[resumed.model.get_parameter(name)], straight_optimizer.state[p]
+        assert state.keys() == straight_state.keys() and all(torch.equal(state[k], straight_state[k]) for k in state)
 
 
 def _free_port() -> int:
