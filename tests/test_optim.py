@@ -25,7 +25,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
-from zppo_trl.optim import AnyPrecisionAdamW, anyprecision_kwargs
+from zppo_trl.optim import AnyPrecisionAdamW, anyprecision_kwargs, state_bytes_per_parameter
 
 try:  # tests/ is on sys.path under pytest's default (rootdir-less, prepend) import mode
     from optim_problem import FP32_MOMENTS, FSDP2_STEPS, HYPER, flat, fsdp2_rank, make_net, train
@@ -92,6 +92,19 @@ def test_the_state_is_half_of_torch_adamws_for_fp32_parameters(kahan):
     # fp32 weights need no compensation: Kahan adds no buffer to them.
     assert all(set(s) == {"step", "exp_avg", "exp_avg_sq"} for s in ours.state.values())
     assert {s[n].dtype for s in ours.state.values() for n in ("exp_avg", "exp_avg_sq")} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_state_bytes_per_parameter_is_what_the_optimizer_allocates(dtype):
+    kwargs = anyprecision_kwargs("use_kahan_summation=true,momentum_dtype=bfloat16,variance_dtype=bfloat16")
+    net = make_net(dtype=dtype)
+    optimizer = AnyPrecisionAdamW(net.parameters(), **HYPER, **kwargs)
+    train(net, optimizer, 1)
+    numel = sum(p.numel() for p in net.parameters())
+    allocated = _state_bytes(optimizer, ("exp_avg", "exp_avg_sq", "compensation"))
+    assert allocated == state_bytes_per_parameter(kwargs, dtype) * numel
+    assert state_bytes_per_parameter(kwargs, dtype) == {torch.float32: 4, torch.bfloat16: 6}[dtype]
+    assert state_bytes_per_parameter(anyprecision_kwargs(None)) == 8  # transformers' defaults: fp32 moments
 
 
 def test_kahan_summation_keeps_bf16_weights_on_the_fp32_trajectory():

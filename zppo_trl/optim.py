@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ANYPRECISION_OPTIM", "AnyPrecisionAdamW", "anyprecision_kwargs"]
+__all__ = ["ANYPRECISION_OPTIM", "AnyPrecisionAdamW", "anyprecision_kwargs", "state_bytes_per_parameter"]
 
 ANYPRECISION_OPTIM = "adamw_anyprecision"  # transformers' OptimizerNames value
 
@@ -90,6 +90,19 @@ def anyprecision_kwargs(optim_args: str | None) -> dict[str, Any]:
                 raise ValueError(f"optim_args: {key} must be one of {', '.join(_DTYPE_NAMES)}, got {value!r}")
             kwargs[key] = _DTYPE_NAMES[value]
     return kwargs
+
+
+def state_bytes_per_parameter(kwargs: Mapping[str, Any], param_dtype: torch.dtype = torch.float32) -> int:
+    """Bytes of optimizer state per parameter of ``param_dtype`` under these keyword arguments.
+
+    ``kwargs`` is what :func:`anyprecision_kwargs` returns: the two moments, plus the compensation
+    buffer where Kahan summation applies to that parameter dtype (bf16/fp16 only). For memory plans:
+    fp32 master weights with bf16 moments hold 4 bytes, Kahan or not; torch's AdamW holds 8.
+    """
+    size = torch.finfo(kwargs["momentum_dtype"]).bits // 8 + torch.finfo(kwargs["variance_dtype"]).bits // 8
+    if _kahan(torch.empty(0, dtype=param_dtype), kwargs):
+        size += torch.finfo(kwargs["compensation_buffer_dtype"]).bits // 8
+    return size
 
 
 def _state_dtype(name: str, value: Any) -> torch.dtype:
