@@ -31,6 +31,7 @@ from .augmentations import check_kinds
 from .context import PAPER_MAX_PROMPT_LENGTH, ContextLengths, context_lengths
 from .distill import DISTILLATION_MODES, DISTILLATION_NAMES
 from .losses import CISPO_WEIGHT_BOUND, DispoBounds, policy_objectives
+from .optim import ANYPRECISION_OPTIM, anyprecision_kwargs
 from .prompts import RL_CLOSER
 from .reformulate import KINDS, augment_limit
 from .replay import replay_count
@@ -496,6 +497,8 @@ class ZPPOConfig(GRPOConfig):
             minimum = 0 if name == "replay_capacity" else 1
             if not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        if self.optim == ANYPRECISION_OPTIM:
+            anyprecision_kwargs(self.optim_args)  # a bad optim_args fails here, before any training
         self._validate_distillation()
         if self.augmentations and not (self.teacher_base_url and self.teacher_model):
             raise ValueError(

@@ -60,6 +60,7 @@ from .evaluation.condition import CONDITION_KEY, record_condition
 from .lm_head import use_full_logits
 from .losses import LossInputs, LossOutput, loss_for
 from .model_card import PAPER_CITATION, PAPER_TITLE, CardFacts, render_model_card
+from .optim import ANYPRECISION_OPTIM, AnyPrecisionAdamW, anyprecision_kwargs
 from .partitioning import deal_targets, is_skipped, policy_partitions
 from .prompts import compose_prompt
 from .ranks import Ranks
@@ -387,6 +388,28 @@ class ZPPOTrainer(GRPOTrainer):
             yield request
         finally:
             self._active_round = None
+
+    # ------------------------------------------------------------------ TRL hooks: the optimizer
+
+    @staticmethod
+    def get_optimizer_cls_and_kwargs(args, model=None):
+        """transformers' choice of optimizer, except that ``optim="adamw_anyprecision"`` builds ours.
+
+        The paper trains with AnyPrecisionAdamW (bf16 optimizer state); transformers would import it from
+        torchdistx, which cannot be installed here, so :class:`zppo_trl.optim.AnyPrecisionAdamW` takes its
+        place with transformers' keyword arguments (lr, betas, eps from ``args``; ``optim_args`` parsed
+        by :func:`zppo_trl.optim.anyprecision_kwargs`). ``create_optimizer`` still builds the parameter
+        groups and their weight decay; every other ``optim`` is transformers' own.
+        """
+        if args.optim == ANYPRECISION_OPTIM:
+            kwargs = {
+                "lr": args.learning_rate,
+                "betas": (args.adam_beta1, args.adam_beta2),
+                "eps": args.adam_epsilon,
+                **anyprecision_kwargs(args.optim_args),
+            }
+            return AnyPrecisionAdamW, kwargs
+        return GRPOTrainer.get_optimizer_cls_and_kwargs(args, model)
 
     # ------------------------------------------------------------------ TRL hooks: checkpoints and card
 
