@@ -15,7 +15,7 @@ import pytest
 import torch
 from datasets import Dataset
 from tiny_models import tiny_processor, tiny_text_model, tiny_tokenizer, tiny_vlm
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3_5ForConditionalGeneration
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, Qwen3_5ForConditionalGeneration
 from trl.trainer.utils import add_fused_lm_head
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
@@ -161,7 +161,7 @@ def test_which_models_are_packed():
     flash = _llama("sdpa").config
     flash._attn_implementation = "flash_attention_2"  # the config alone: flash-attn is not installed here
     assert "'flash_attention_2'" in model_refusal(flash)
-    assert "'mistral'" in model_refusal(__import__("transformers").MistralConfig())
+    assert "'mistral'" in model_refusal(MistralConfig())
 
 
 def test_qwen35_linear_attention_mixes_packed_sequences():

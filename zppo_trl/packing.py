@@ -43,7 +43,8 @@ _GATED_DELTANET = (
     "the boundaries of packed sequences in transformers' PyTorch path; only the flash-linear-attention kernels "
     "take sequence boundaries (cu_seqlens), which transformers does not derive from position ids"
 )
-# Model types known to mix sequences when packed, and why.
+# Model types known to mix sequences when packed, and why (shown on qwen3_5_text in tests/test_packing.py; the
+# other two run the same Gated DeltaNet code in transformers 5.23).
 _MIXES_SEQUENCES = {
     "qwen3_5_text": _GATED_DELTANET,
     "qwen3_5_moe_text": _GATED_DELTANET,
