@@ -35,6 +35,7 @@ PURE = (
     "augmentations.guidance",
     "augmentations.targets",
     "batches",
+    "packing",
 )
 
 

@@ -49,6 +49,7 @@ def test_partitions_map_onto_trl_batching():
         (dict(replay_capacity=-1), "replay_capacity"),
         (dict(teacher_num_generations=0), "teacher_num_generations"),
         (dict(compression_max_tokens=0), "compression_max_tokens"),
+        (dict(padding_free="yes"), "padding_free"),
         (dict(delta=1.1), "delta"),
         (dict(delta=None), "delta"),
         (dict(augmentations=["hint", "prefix"]), "augmentations"),

@@ -306,3 +306,29 @@ def test_the_console_shows_a_line_per_rollout_step_not_trls_metrics_dict(tiny_te
     loud.train()
     out = capsys.readouterr()
     assert "'zppo/buffer_size'" in out.out + out.err and "rollout 1/1 |" in out.out + out.err
+
+
+def test_padding_free_trains_the_same_weights(tiny_text_model_dir, tmp_path):
+    # One rollout step (2 optimizer updates on the same rollouts), its old log-probs and both losses
+    # packed, against the padded run: the same rollouts, the same old log-probs, the same weights (up to
+    # the float rounding in which the two forward passes differ). Plain SGD: AdamW's first step,
+    # g / (|g| + eps), would turn rounding-level differences of near-zero gradient entries into full steps.
+    def run(padding_free):
+        args = _config(
+            tmp_path / str(padding_free), max_steps=2, padding_free=padding_free, optim="sgd", learning_rate=1.0
+        )
+        trainer = _trainer(tiny_text_model_dir, args, _staircase_reward)
+        trainer.train()
+        return trainer
+
+    padded, packed = run(False), run(True)
+    assert packed.counters["padded_micro_batches_total"] == 0  # every pass was packed
+    for mine, theirs in zip(packed._buffered_inputs, padded._buffered_inputs, strict=True):
+        assert torch.equal(mine["completion_ids"], theirs["completion_ids"])
+        torch.testing.assert_close(mine["old_per_token_logps"], theirs["old_per_token_logps"], rtol=0, atol=1e-5)
+    start = AutoModelForCausalLM.from_pretrained(tiny_text_model_dir)
+    moved = 0.0
+    for name, p in padded.model.named_parameters():
+        torch.testing.assert_close(packed.model.get_parameter(name), p, rtol=0, atol=1e-6, msg=name)
+        moved = max(moved, float((p - start.get_parameter(name)).abs().max()))
+    assert moved > 1e-2  # the updates moved the weights far more than the two runs differ

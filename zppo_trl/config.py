@@ -385,6 +385,19 @@ class ZPPOConfig(GRPOConfig):
         },
     )
 
+    # --- "Padding-free training" (zppo_trl.packing)
+    padding_free: bool = field(
+        default=False,
+        metadata={
+            "help": "Run each micro-batch's forward passes (old log-probs and loss) without padding: its sequences "
+            "flattened into one continuous row, position ids restarting per sequence, so pad tokens cost no "
+            "compute or memory (as TRL's SFTConfig.padding_free). Applied where it was checked exact: Llama and "
+            "Qwen3 with sdpa or eager attention. Other models and multimodal batches run padded, warned once "
+            "per reason and counted in zppo/padded_micro_batches_total (Qwen3.5's linear-attention layers mix "
+            "packed sequences in transformers' PyTorch path). Paper: on."
+        },
+    )
+
     # --- the console
     full_console_logs: bool = field(
         default=False,
@@ -482,8 +495,9 @@ class ZPPOConfig(GRPOConfig):
             raise ValueError(
                 f"advantage_normalization must be one of {list(NORMALIZATIONS)}, got {self.advantage_normalization!r}"
             )
-        if not isinstance(self.compress_candidates, bool):
-            raise ValueError(f"compress_candidates must be true or false, got {self.compress_candidates!r}")
+        for name in ("compress_candidates", "padding_free"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in (
             "replay_capacity",
             "num_partitions",

@@ -61,6 +61,7 @@ from .lm_head import use_full_logits
 from .losses import LossInputs, LossOutput, loss_for
 from .model_card import PAPER_CITATION, PAPER_TITLE, CardFacts, render_model_card
 from .optim import ANYPRECISION_OPTIM, AnyPrecisionAdamW, anyprecision_kwargs
+from .packing import batch_refusal, model_refusal, pack
 from .partitioning import deal_targets, is_skipped, policy_partitions
 from .prompts import compose_prompt
 from .ranks import Ranks
@@ -202,6 +203,7 @@ class ZPPOTrainer(GRPOTrainer):
         self.objective_loss = loss_for(args, supervised=supervised)  # step 6's loss (zppo_trl.losses)
         # The generation round in flight: what TRL's hooks read and where its scoring leaves the rewards.
         self._active_round: RoundRequest | None = None
+        self._padding_free_warned: set[str] = set()  # the reasons padding_free fell back for, warned once each
         self._set_up_console()
 
     def _prepare_distill_teacher(self, model: Any) -> Any:
@@ -294,16 +296,7 @@ class ZPPOTrainer(GRPOTrainer):
         batch_size=None,
         compute_entropy=False,
         compute_aux_loss=False,
-        pixel_values=None,
-        image_grid_thw=None,
-        num_images=None,
-        pixel_attention_mask=None,
-        spatial_shapes=None,
-        num_tiles=None,
-        image_sizes=None,
-        token_type_ids=None,
-        mm_token_type_ids=None,
-        image_position_ids=None,
+        **multimodal,
     ):
         if self._active_round is not None and self._active_round.given_responses is not None:
             # Teacher-forced targets: TRL's old log-probs of them are never read (the SFT and JSD losses).
@@ -311,10 +304,20 @@ class ZPPOTrainer(GRPOTrainer):
             return empty, (torch.zeros_like(empty) if compute_entropy else None), None
         # TRL re-derives the token types of image prompts from the prompt text, which has no response
         # prefix (the Prefix control): rebuild them from the ids when their width does not match.
-        if token_type_ids is not None and token_type_ids.size(1) != input_ids.size(1):
-            token_type_ids = self._token_types(input_ids)
-        if mm_token_type_ids is not None and mm_token_type_ids.size(1) != input_ids.size(1):
-            mm_token_type_ids = self._token_types(input_ids)
+        for name in _TOKEN_TYPE_FIELDS:
+            if multimodal.get(name) is not None and multimodal[name].size(1) != input_ids.size(1):
+                multimodal[name] = self._token_types(input_ids)
+        batch_size = batch_size or input_ids.size(0)
+        if self.args.padding_free:  # the paper's "Padding-free training" (zppo_trl.packing)
+            present = sorted(name for name, value in multimodal.items() if value is not None)
+            refusal = model_refusal(self.accelerator.unwrap_model(model).config) or (
+                f"the batch carries multimodal inputs ({', '.join(present)})" if present else None
+            )
+            if refusal is None:
+                return self._packed_logps(
+                    model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss
+                )
+            self._count_padded(model, refusal, math.ceil(input_ids.size(0) / batch_size))
         return super()._get_per_token_logps_and_entropies(
             model,
             input_ids,
@@ -323,17 +326,50 @@ class ZPPOTrainer(GRPOTrainer):
             batch_size=batch_size,
             compute_entropy=compute_entropy,
             compute_aux_loss=compute_aux_loss,
-            pixel_values=pixel_values,
-            image_grid_thw=image_grid_thw,
-            num_images=num_images,
-            pixel_attention_mask=pixel_attention_mask,
-            spatial_shapes=spatial_shapes,
-            num_tiles=num_tiles,
-            image_sizes=image_sizes,
-            token_type_ids=token_type_ids,
-            mm_token_type_ids=mm_token_type_ids,
-            image_position_ids=image_position_ids,
+            **multimodal,
         )
+
+    def _packed_logps(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, aux):
+        """TRL's per-token log-probs, entropies and MoE balancing loss, each chunk of ``batch_size`` rows run
+        as one packed row (:func:`zppo_trl.packing.pack`); a chunk that cannot be packed runs padded."""
+        logps, entropies, aux_losses = [], [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            ids, mask = input_ids[start : start + batch_size], attention_mask[start : start + batch_size]
+            refusal = batch_refusal(mask, logits_to_keep)
+            if refusal is not None:
+                self._count_padded(model, refusal, 1)
+                chunk = super()._get_per_token_logps_and_entropies(
+                    model, ids, mask, logits_to_keep, compute_entropy=compute_entropy, compute_aux_loss=aux
+                )
+            else:
+                packed = pack(ids, mask, logits_to_keep)
+                with self.accelerator.autocast():  # no attention mask: the position ids separate the rows
+                    out = model(
+                        input_ids=packed.input_ids,
+                        position_ids=packed.position_ids,
+                        labels=packed.labels,
+                        fused_lm_head=True,
+                        **({"output_router_logits": True} if aux else {}),
+                    )
+                entropy = packed.unpack(out.entropy) if compute_entropy else None
+                chunk = packed.unpack(out.log_probs), entropy, out.aux_loss if aux else None
+            logps.append(chunk[0])
+            entropies.append(chunk[1])
+            aux_losses.append(chunk[2])
+        return (
+            torch.cat(logps),
+            torch.cat(entropies) if compute_entropy else None,
+            torch.stack(aux_losses).mean() if aux else None,
+        )
+
+    def _count_padded(self, model, reason: str, micro_batches: int) -> None:
+        """Count micro-batches that ``padding_free`` could not pack (``zppo/padded_micro_batches_total``,
+        this rank's), warning once per reason: they run padded, never packed wrongly."""
+        self.counters["padded_micro_batches_total"] += micro_batches
+        if reason not in self._padding_free_warned:
+            self._padding_free_warned.add(reason)
+            model_type = self.accelerator.unwrap_model(model).config.get_text_config().model_type
+            logger.warning("padding_free: %s micro-batches run padded: %s", model_type, reason)
 
     def _token_types(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Image (1) and video (2) placeholder positions of ``input_ids``, as TRL marks them for tool images."""
