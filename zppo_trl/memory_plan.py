@@ -12,8 +12,8 @@ longest BCQ/NCQ block + ``max_completion_length``), the worst case a padded micr
 The estimate, per rank, in bytes (P parameters, N ranks, T micro-batch tokens, T_c its completion tokens,
 H the hidden size, V the vocabulary, L decoder layers):
 
-- weights 4P/N, gradients 4P/N, optimizer state 2 moments x (2 bytes bf16 | 4 bytes fp32) x P/N, and a
-  Kahan compensation buffer 2P/N when AnyPrecisionAdamW uses one;
+- weights 4P/N, gradients 4P/N, optimizer state 4P/N with AnyPrecisionAdamW's bf16 moments (8P/N with
+  float32 ones; its Kahan buffer exists only for bf16 weights, and these are float32);
 - gathered weights: the root module in bf16 for the whole pass, two decoder layers in bf16 and one
   layer's unsharded bf16 gradients, and the LM head's float32 weight gradient, which TRL's fused head
   accumulates whole (4 V H);
@@ -220,16 +220,15 @@ class UpdateShape:
         return self.rows * self.completion_per_row
 
 
-def optimizer_state(args: Any) -> tuple[int, bool]:
-    """Bytes per optimizer moment and whether a Kahan buffer is kept, for a config's ``optim``/``optim_args``:
-    AnyPrecisionAdamW keeps bf16 moments (unless its ``optim_args`` say otherwise), every other optimizer
-    float32 ones."""
-    if str(getattr(args.optim, "value", args.optim)) != "adamw_anyprecision":
-        return 4, False
-    options = dict(part.split("=", 1) for part in (args.optim_args or "").replace(" ", "").split(",") if "=" in part)
-    wide = {"float32", "fp32", "float"}
-    moments = (options.get("momentum_dtype", "bfloat16"), options.get("variance_dtype", "bfloat16"))
-    return (4 if all(m in wide for m in moments) else 2), options.get("use_kahan_summation", "false").lower() == "true"
+def optimizer_state(args: Any) -> int:
+    """Bytes of optimizer state per (float32 master) parameter for a config's ``optim``/``optim_args``:
+    AnyPrecisionAdamW's as :mod:`zppo_trl.optim` allocates it, every other optimizer AdamW's two float32
+    moments."""
+    from .optim import ANYPRECISION_OPTIM, anyprecision_kwargs, state_bytes_per_parameter
+
+    if str(getattr(args.optim, "value", args.optim)) != ANYPRECISION_OPTIM:
+        return 8
+    return state_bytes_per_parameter(anyprecision_kwargs(args.optim_args), torch.float32)
 
 
 def update_shape(args: Any) -> UpdateShape:
@@ -265,8 +264,7 @@ def plan_memory(
     ranks: int = 1,
     *,
     layout: str = "fsdp",
-    optimizer_state_bytes: int = 4,
-    kahan: bool = False,
+    optimizer_state_bytes: int = 8,
     gradient_checkpointing: bool = True,
     fused_head: bool = True,
 ) -> MemoryPlan:
@@ -274,7 +272,8 @@ def plan_memory(
 
     ``layout``: ``"fsdp"`` (full shard over ``ranks``, bf16 compute on CUDA) or ``"single"`` (one float32
     process on a CPU, nothing sharded or gathered: what ``benchmarks/bench_memory.py`` measures).
-    ``optimizer_state_bytes``: bytes per moment (2 for bf16 state, 4 for float32).
+    ``optimizer_state_bytes``: optimizer state per parameter (8 for AdamW's float32 moments, 4 for bf16 ones:
+    :func:`optimizer_state`).
     """
     if layout not in ("fsdp", "single"):
         raise ValueError(f"layout must be 'fsdp' or 'single', got {layout!r}")
@@ -282,7 +281,6 @@ def plan_memory(
     act = 2 if fsdp else 4  # activation bytes: bf16 compute, or float32
     shards = ranks if fsdp else 1
     p, h, v = arch.parameters, arch.hidden_size, arch.vocab_size
-    state = 2 * optimizer_state_bytes + (2 if kahan else 0)
     per_layer = layer_activation_elements(arch) * shape.tokens * act
     if gradient_checkpointing:
         activations = arch.num_layers * shape.tokens * h * act + 2 * per_layer
@@ -291,7 +289,7 @@ def plan_memory(
     lines = [
         ("weights (float32 shard)" if fsdp else "weights (float32)", 4 * p // shards),
         ("gradients (float32 shard)" if fsdp else "gradients (float32)", 4 * p // shards),
-        (f"optimizer state ({'bf16' if optimizer_state_bytes == 2 else 'float32'} moments)", state * p // shards),
+        (f"optimizer state ({optimizer_state_bytes} bytes per parameter)", optimizer_state_bytes * p // shards),
     ]
     if fsdp:
         gathered = 2 * arch.root + 3 * 2 * arch.largest_layer + 4 * v * h

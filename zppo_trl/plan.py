@@ -256,13 +256,11 @@ def print_memory_plan(
         return
     ranks = script_args.num_training_ranks or args.world_size
     shape = update_shape(args)
-    state_bytes, kahan = optimizer_state(args)
     plan = plan_memory(
         architecture(config),
         shape,
         ranks,
-        optimizer_state_bytes=state_bytes,
-        kahan=kahan,
+        optimizer_state_bytes=optimizer_state(args),
         gradient_checkpointing=args.gradient_checkpointing,
         fused_head=args.fused_lm_head,
     )
