@@ -36,6 +36,8 @@ PURE = (
     "augmentations.targets",
     "batches",
     "packing",
+    "memory_plan",
+    "optim",
 )
 
 
