@@ -296,8 +296,30 @@ class ZPPOTrainer(GRPOTrainer):
         batch_size=None,
         compute_entropy=False,
         compute_aux_loss=False,
-        **multimodal,
+        pixel_values=None,
+        image_grid_thw=None,
+        num_images=None,
+        pixel_attention_mask=None,
+        spatial_shapes=None,
+        num_tiles=None,
+        image_sizes=None,
+        token_type_ids=None,
+        mm_token_type_ids=None,
+        image_position_ids=None,
     ):
+        # TRL's signature, spelled out (tests/test_trl_coupling.py compares it with the installed TRL's)
+        multimodal = dict(
+            pixel_values=pixel_values,
+            image_grid_thw=image_grid_thw,
+            num_images=num_images,
+            pixel_attention_mask=pixel_attention_mask,
+            spatial_shapes=spatial_shapes,
+            num_tiles=num_tiles,
+            image_sizes=image_sizes,
+            token_type_ids=token_type_ids,
+            mm_token_type_ids=mm_token_type_ids,
+            image_position_ids=image_position_ids,
+        )
         if self._active_round is not None and self._active_round.given_responses is not None:
             # Teacher-forced targets: TRL's old log-probs of them are never read (the SFT and JSD losses).
             empty = torch.zeros(input_ids.size(0), logits_to_keep, device=input_ids.device)
