@@ -50,6 +50,7 @@ SCRIPTS = {
     "evaluation/compare.py": [sys.executable, "evaluation/compare.py", "--help"],
     "zppo-eval run": [sys.executable, "-m", "zppo_trl.evaluation.cli", "run", "--help"],
     "zppo-eval compare": [sys.executable, "-m", "zppo_trl.evaluation.cli", "compare", "--help"],
+    "zppo-eval rejudge": [sys.executable, "-m", "zppo_trl.evaluation.cli", "rejudge", "--help"],
 }
 
 

@@ -160,7 +160,7 @@ def test_a_resumed_run_rescores_with_the_current_rule_but_keeps_the_judges_verdi
 
     from zppo_trl.evaluation.data import load_setting
     from zppo_trl.evaluation.prompting import build_requests
-    from zppo_trl.evaluation.runner import EvalOptions, _digest, _SettingRun
+    from zppo_trl.evaluation.runner import EvalOptions, _SettingRun, fingerprint
 
     spec = SUITE["InfoVQA"]  # Det.: no judge, so the digest does not see the verdict
     write_fixture("InfoVQA", tmp_path / "data", rows=1)
@@ -171,7 +171,7 @@ def test_a_resumed_run_rescores_with_the_current_rule_but_keeps_the_judges_verdi
     response = f"\\boxed{{{gold}}}"
     store = RecordStore(tmp_path / "InfoVQA.jsonl")
     # A record an older harness wrote: the same response, a stale metric value, no facets.
-    store.add({"kind": "judgment", "key": key, "digest": _digest(response, None, None), "det_score": 0.25,
+    store.add({"kind": "judgment", "key": key, "digest": fingerprint(response, None, None), "det_score": 0.25,
                "score": 0.25, "judge_prompt": None, "group": None})  # fmt: skip
     run = _SettingRun(spec, [row], store, student=None, judge=None, options=EvalOptions(passes=1))
     run._score(key, request, response)

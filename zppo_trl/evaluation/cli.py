@@ -3,6 +3,8 @@
     zppo-eval run --base-url http://127.0.0.1:8000/v1 --model ckpt --judge-base-url http://127.0.0.1:8001/v1 \\
         --judge-model judge --tasks vlm,llm,video --output-dir evals/zppo-0.8b
     zppo-eval compare evals/grpo-0.8b evals/zppo-0.8b --bootstrap --plot families.png
+    zppo-eval rejudge evals/grpo-0.8b evals/zppo-0.8b --judge-base-url https://api.example.com/v1 \\
+        --judge-model other-judge --output-dir evals/judge-sweep
 
 ``run`` is resumable: the same command on the same ``--output-dir`` continues an interrupted run.
 Errors in the arguments or the data print one ``error: ...`` line and exit 2; an endpoint that
@@ -242,13 +244,15 @@ def _print_summary(results: dict, run_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``zppo-eval {run,compare} ...``."""
+    """``zppo-eval {run,compare,rejudge} ...``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"run": run_main, "compare": _compare_main}
+    commands = {"run": run_main, "compare": _compare_main, "rejudge": _rejudge_main}
     if not argv or argv[0] not in commands:
-        print("usage: zppo-eval {run,compare} [--help]\n"
+        print("usage: zppo-eval {run,compare,rejudge} [--help]\n"
               "  run      evaluate a served checkpoint on the suite (resumable)\n"
-              "  compare  the paper's tables (and bootstrap, plot) for several runs", file=sys.stderr)  # fmt: skip
+              "  compare  the paper's tables (and bootstrap, plot) for several runs\n"
+              "  rejudge  the judge sweep: runs' stored responses re-scored by another judge",
+              file=sys.stderr)  # fmt: skip
         return 0 if argv[:1] in (["-h"], ["--help"]) else 2
     return commands[argv[0]](argv[1:])
 
@@ -257,6 +261,12 @@ def _compare_main(argv: list[str]) -> int:
     from .report import compare_main
 
     return compare_main(argv)
+
+
+def _rejudge_main(argv: list[str]) -> int:
+    from .rejudge import rejudge_main
+
+    return rejudge_main(argv)
 
 
 if __name__ == "__main__":

@@ -58,8 +58,12 @@ __all__ = [
     "EvaluationError",
     "RecordStore",
     "RunDirectoryMismatch",
+    "ask_judge",
+    "fingerprint",
+    "judge_score",
     "run_suite",
     "sampling_extra_body",
+    "scored_by_pass",
     "summarize_setting",
 ]
 
@@ -203,7 +207,7 @@ class RecordStore:
                 handle.write(line)
 
 
-def _digest(*parts: Any) -> str:
+def fingerprint(*parts: Any) -> str:
     """A short fingerprint tying a judgment to the exact response and judge prompt it scored."""
     return hashlib.sha256(json.dumps(parts, ensure_ascii=False).encode()).hexdigest()[:16]
 
@@ -251,7 +255,20 @@ def _scored_fields(spec: TaskSpec, row: Mapping[str, Any], verdict: Any) -> dict
     return fields
 
 
-def _judge_score(spec: TaskSpec, row: Mapping[str, Any], reply: str) -> tuple[float, bool]:
+def ask_judge(judge: TeacherClient, prompt: str) -> tuple[str | None, str]:
+    """(reply, "") from `judge` at the paper's judge decoding, or (None, why) where it refused or failed.
+
+    A why starting ``"rejected: "`` is a prompt the endpoint refused as a client error (retrying cannot help).
+    """
+    errors: list = []
+    (replies,) = judge.sample(
+        [prompt], n=1, max_tokens=JUDGE_DECODING.max_new_tokens, temperature=JUDGE_DECODING.temperature,
+        top_p=JUDGE_DECODING.top_p, errors=errors,
+    )  # fmt: skip
+    return (replies[0], "") if replies else (None, errors[0] or "no reply")
+
+
+def judge_score(spec: TaskSpec, row: Mapping[str, Any], reply: str) -> tuple[float, bool]:
     """(score, parsed) of a judge reply, by the setting's parser (strict: unparsed scores 0)."""
     if spec.scoring == "benchjudge":
         result = spec.bench_judge.parse(row, reply)
@@ -389,7 +406,7 @@ class _SettingRun:
         spec = self.spec
         verdict = None if spec.scoring == "benchjudge" else score_deterministic(spec, response, request.row)
         prompt = _judge_prompt(spec, request, response, verdict) if self.judge is not None else None
-        digest = _digest(response, prompt, self.judge.model if prompt is not None else None)
+        digest = fingerprint(response, prompt, self.judge.model if prompt is not None else None)
         scored = _scored_fields(spec, request.row, verdict)
         done = self.store.judgments.get(key)
         if done is not None and done.get("digest") == digest:
@@ -411,19 +428,13 @@ class _SettingRun:
                 else:
                     self._failed("failed_judgments")
                 return
-            score, parsed = _judge_score(spec, request.row, reply)
+            score, parsed = judge_score(spec, request.row, reply)
             # The shared judge runs only where the deterministic step gave 0, so its verdict is the score.
             judgment.update(judge_reply=reply, judge_score=score, judge_parsed=parsed, score=score)
         self.store.add(judgment)
 
     def _ask_judge(self, prompt: str) -> tuple[str | None, str]:
-        """(reply, "") from the judge at the paper's judge decoding, or (None, why) where it refused or failed."""
-        errors: list = []
-        (replies,) = self.judge.sample(
-            [prompt], n=1, max_tokens=JUDGE_DECODING.max_new_tokens, temperature=JUDGE_DECODING.temperature,
-            top_p=JUDGE_DECODING.top_p, errors=errors,
-        )  # fmt: skip
-        return (replies[0], "") if replies else (None, errors[0] or "no reply")
+        return ask_judge(self.judge, prompt)
 
     # -------------------------------------------------------------- the rule audit
 
@@ -441,7 +452,7 @@ class _SettingRun:
             )  # fmt: skip
             request = next(request for request in requests if (request.part or "") == part)
             prompt = audit_prompt(request, self.store.judgments[key], self.store.generations[key]["response"])
-            digest = _digest(prompt, self.judge.model)
+            digest = fingerprint(prompt, self.judge.model)
             if self.store.audits.get(key, {}).get("digest") != digest:
                 todo.append((key, request, prompt, digest))
         with concurrent.futures.ThreadPoolExecutor(max_workers=self.options.concurrency) as pool:
@@ -461,7 +472,7 @@ class _SettingRun:
             if not error.startswith("rejected: "):  # a refused prompt is left unaudited, as the judge would skip it
                 self.counters.add("failed_judgments")
             return
-        score, parsed = _judge_score(self.spec, request.row, reply)
+        score, parsed = judge_score(self.spec, request.row, reply)
         self.store.add({"kind": "audit", "key": key, "digest": digest, "judge_prompt": prompt, "judge_reply": reply,
                         "judge_score": score, "judge_parsed": parsed})  # fmt: skip
 
@@ -515,26 +526,28 @@ def _details(store: RecordStore) -> list[dict]:
     return rows
 
 
-def _scored_by_pass(
-    spec: TaskSpec, store: RecordStore, passes: int
+def scored_by_pass(
+    spec: TaskSpec, judgments: Mapping[str, Mapping[str, Any]], skips: Mapping[str, Mapping[str, Any]], passes: int
 ) -> tuple[dict[int, list[dict]], dict[int, int], int]:
     """(pass -> its scored items, pass -> its skipped items, groups left out of worst-case scoring).
 
-    Skipped items are never scored. Under ``worst_case_variants`` (DynaMath) a seed with a skipped
-    variant is left out of that pass entirely: its worst case is unknown.
+    `judgments` and `skips` map item keys (`item_key`) to their records (a `RecordStore`'s tables;
+    a judgment needs ``score`` and, under a grouped aggregation, ``group``). Skipped items are
+    never scored. Under ``worst_case_variants`` (DynaMath) a seed with a skipped variant is left
+    out of that pass entirely: its worst case is unknown.
     """
     skipped = dict.fromkeys(range(passes), 0)
     broken: dict[int, set] = {p: set() for p in range(passes)}
-    for key, skip in store.skips.items():
+    for key, skip in skips.items():
         pass_index = _parse_key(key)[0]
         if pass_index < passes:
             skipped[pass_index] += 1
             broken[pass_index].add(skip.get("group"))
     by_pass: dict[int, list[dict]] = {p: [] for p in range(passes)}
     left_out = 0
-    for key, judgment in store.judgments.items():
+    for key, judgment in judgments.items():
         pass_index, _, part = _parse_key(key)
-        if key in store.skips or pass_index >= passes:
+        if key in skips or pass_index >= passes:
             continue
         if spec.aggregation == "worst_case_variants" and judgment.get("group") in broken[pass_index]:
             left_out += 1
@@ -554,7 +567,7 @@ def summarize_setting(spec: TaskSpec, store: RecordStore, passes: int, complete_
     any pass skipped; ``complete`` is False on a subset (max_samples), with skipped items, or with
     a pass missing.
     """
-    by_pass, skipped, left_out = _scored_by_pass(spec, store, passes)
+    by_pass, skipped, left_out = scored_by_pass(spec, store.judgments, store.skips, passes)
     scored = [p for p in range(passes) if by_pass[p]]
     entry: dict[str, Any] = {
         "family": spec.family,
