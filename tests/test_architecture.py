@@ -32,6 +32,7 @@ PURE = (
     "augmentations",
     "augmentations.base",
     "augmentations.candidates",
+    "augmentations.candidate_content",
     "augmentations.guidance",
     "augmentations.targets",
     "batches",

@@ -426,9 +426,10 @@ def test_prefix_row_continues_a_correct_teacher_prefix_that_carries_no_loss(
 @pytest.mark.parametrize(
     "objective, variant, logged",
     [
-        ("gspo", "ZPPO (GSPO)", "clip_ratio/region_mean"),
-        ("cispo", "ZPPO (CISPO)", "cispo_clip_ratio"),
-        ("dispo", "ZPPO (DISPO)", "clip_ratio/neg_high_mean"),
+        # the toy's rho_replay is 0.5 (to exercise the buffer), which ZPPO's name states
+        ("gspo", "ZPPO (GSPO, \u03c1_replay=0.50)", "clip_ratio/region_mean"),
+        ("cispo", "ZPPO (CISPO, \u03c1_replay=0.50)", "cispo_clip_ratio"),
+        ("dispo", "ZPPO (DISPO, \u03c1_replay=0.50)", "clip_ratio/neg_high_mean"),
     ],
 )
 def test_zppo_trains_under_each_step_6_objective(

@@ -97,6 +97,16 @@ ROWS = {
     "grpo_dagger": ("GRPO\u2020", dict(augmentations=[], replay_fraction=0.25)),
     "grpo_dagger_bcq": ("GRPO\u2020+BCQ", dict(augmentations=["bcq"])),
     "grpo_dagger_ncq": ("GRPO\u2020+NCQ", dict(augmentations=["ncq"])),
+    "grpo_dagger_bcq_boxed_masked": (
+        "GRPO\u2020+BCQ (boxed-answer-masked)",
+        dict(augmentations=["bcq"], bcq_candidate_content="boxed_masked"),
+    ),
+    "grpo_dagger_bcq_final_answer_only": (
+        "GRPO\u2020+BCQ (final-answer-only)",
+        dict(augmentations=["bcq"], bcq_candidate_content="final_answer_only"),
+    ),
+    "grpo_dagger_replay050": ("Replay-matched GRPO\u2020", dict(augmentations=[], replay_fraction=0.5)),
+    "zppo_replay050": ("ZPPO (\u03c1_replay=0.50)", dict(replay_fraction=0.5)),
     "grpo_both": ("GRPO+Both", dict(augmentations=["bcq", "ncq"], replay_fraction=0.0)),
     "grpo_dagger_hint": ("GRPO\u2020+Hint", dict(augmentations=["hint"])),
     "grpo_dagger_prefix": ("GRPO\u2020+Prefix", dict(augmentations=["prefix"], prefix_fraction=0.4)),
@@ -199,7 +209,7 @@ def test_command_line_overrides_the_yaml():
         "0.5",
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "ZPPO dry run: GRPO\u2020" in run.stdout
+    assert "ZPPO dry run: Replay-matched GRPO\u2020" in run.stdout  # GRPO† at rho_replay 0.5
     assert (
         "per rollout step: 192 new + <=96 replayed + <=0 reformulated prompts x 8 rollouts; "
         "4 optimizer updates of 48 new prompts; no teacher" in run.stdout
@@ -312,10 +322,11 @@ def test_recipe_trains_checkpoints_resumes_and_writes_its_card(boxed_text_studen
     rollout_rows = [r for r in rows if "zppo/rollout_steps" in r]
     assert [r["zppo/rollout_steps"] for r in rollout_rows] == [1, 2]
     assert rows[-1].get("train_runtime") is not None
-    assert {r["variant"] for r in rows} == {"ZPPO"}  # every row says which of the paper's rows this run is
+    # every row says which of the paper's rows this run is (ZPPO at this toy's rho_replay 0.5)
+    assert {r["variant"] for r in rows} == {"ZPPO (\u03c1_replay=0.50)"}
     card = (out / "README.md").read_text()
     for text in (
-        "## Training procedure", "trained with **ZPPO**",
+        "## Training procedure", "trained with **ZPPO (\u03c1_replay=0.50)**",
         f"**Student:** the local checkpoint `{boxed_text_student_dir}`",
         f"**Teacher:** `{boxed_teacher_server.model}`", f"**Data:** the local dataset `{data}`",
         "**Schedule:** 2 rollout steps of 4 student rollouts per prompt, 4 optimizer updates",

@@ -20,6 +20,7 @@ feeds ``num_partitions`` optimizer updates.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .advantages import NORMALIZATIONS
-from .augmentations import check_kinds
+from .augmentations import candidate_content, check_kinds
 from .context import PAPER_MAX_PROMPT_LENGTH, ContextLengths, context_lengths
 from .distill import DISTILLATION_MODES, DISTILLATION_NAMES
 from .losses import CISPO_WEIGHT_BOUND, DispoBounds, policy_objectives
@@ -36,7 +37,15 @@ from .prompts import RL_CLOSER
 from .reformulate import KINDS, augment_limit
 from .replay import replay_count
 
-__all__ = ["OBJECTIVE_SETTINGS", "PAPER_OBJECTIVE", "StepComposition", "ZPPOConfig"]
+__all__ = [
+    "MATCHED_REPLAY_FRACTION",
+    "OBJECTIVE_SETTINGS",
+    "PAPER_GROUP_SIZE",
+    "PAPER_OBJECTIVE",
+    "PAPER_REPLAY_FRACTION",
+    "StepComposition",
+    "ZPPOConfig",
+]
 
 # TRL settings that would change the paper's objective, with the value it needs and why.
 # The objective (the paper's per-token PPO ratio and dual-clip equations, "What on-policy means"): a per-token PPO
@@ -88,6 +97,13 @@ DISPO_OUT_OF_BOUNDS = ("zero", "clamp")
 DISPO_FIELDS = ("dispo_epsilon_low_pos", "dispo_epsilon_high_pos", "dispo_epsilon_low_neg", "dispo_epsilon_high_neg")
 # How the paper's mistakes table prints the supervised controls (the dagger marks the replay buffer).
 _SUPERVISED_NAMES = {"correction": "Correction-SFT", "reflection": "Error-reflection-SFT"}
+# The paper's defaults that the appendix's controls vary, and that a row's name states when it differs from them:
+# G_S and the corpus passes (the group-size and corpus-pass controls), rho_replay (the replay control).
+PAPER_GROUP_SIZE = 8
+PAPER_REPLAY_FRACTION = 0.25
+# "Replay-matched": GRPO†'s replay raised until its per-step cap (|X_new| new + rho_replay |X_new| replayed groups)
+# equals the headline ZPPO's (|X_new| new + 0.25 |X_new| replayed + at most rho_aug = 0.25 |X_new| reformulated).
+MATCHED_REPLAY_FRACTION = PAPER_REPLAY_FRACTION + 0.25
 
 
 @dataclass(frozen=True)
@@ -184,6 +200,15 @@ class ZPPOConfig(GRPOConfig):
             "open the response."
         },
     )
+    bcq_candidate_content: str = field(
+        default="full",
+        metadata={
+            "help": "What each BCQ <candidate> block shows, both candidates transformed alike after compression: "
+            "'full' (the paper's BCQ), 'boxed_masked' (every \\boxed{...} span becomes \\boxed{[MASKED]}) or "
+            "'final_answer_only' (\\boxed{answer} alone): the paper's BCQ candidate-content controls. A pair with "
+            "a candidate without a closed, non-empty box is dropped (zppo/bcq_content_unboxed). Only BCQ reads it."
+        },
+    )
     num_partitions: int = field(
         default=4,
         metadata={
@@ -210,6 +235,15 @@ class ZPPOConfig(GRPOConfig):
     closer: str = field(
         default=RL_CLOSER,
         metadata={"help": "Appended last to every student prompt (plain, BCQ and NCQ); datasets hold raw questions."},
+    )
+    corpus_passes: int = field(
+        default=1,
+        metadata={
+            "help": "How many times the schedule (max_steps) passes over the training corpus: the paper's "
+            "group-size and corpus-pass control trains 1 or 2 (one pass: 200 rollout steps x 384 new prompts = "
+            "76,800 draws of ZPPO-77K, max_steps 800). It does not set max_steps: a recipe sets both, the row's "
+            "name states it when it is not 1, and the dry run checks it against a local dataset."
+        },
     )
 
     # --- Step 6's policy objective (the paper's appendix and table of alternative policy objectives)
@@ -495,6 +529,16 @@ class ZPPOConfig(GRPOConfig):
             raise ValueError(
                 f"advantage_normalization must be one of {list(NORMALIZATIONS)}, got {self.advantage_normalization!r}"
             )
+        candidate_content(self.bcq_candidate_content)  # an unknown content fails here, naming the field
+        passes = self.corpus_passes
+        if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+            raise ValueError(f"corpus_passes must be an integer >= 1, got {passes!r}")
+        if passes > 1 and (not self.max_steps or self.max_steps <= 0 or self.max_steps % passes):
+            raise ValueError(
+                f"corpus_passes={passes} needs a schedule in steps that splits into {passes} equal passes: set "
+                f"max_steps to {passes} x one pass's optimizer updates (the paper's pass: 800), got "
+                f"max_steps={self.max_steps!r}"
+            )
         for name in ("compress_candidates", "padding_free"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -583,6 +627,7 @@ class ZPPOConfig(GRPOConfig):
         ``prefix_fraction`` without ``augmentations: [prefix]``), naming the field and what reads it."""
         readers = {
             "prefix_fraction": ("prefix" in self.augmentations, "augmentations: [prefix]"),
+            "bcq_candidate_content": ("bcq" in self.augmentations, "augmentations with bcq"),
             "distill_teacher": (self.distillation is not None, "distillation: off|on"),
             "distill_beta": (self.distillation is not None, "distillation: off|on"),
             "distill_top_k": (
@@ -674,12 +719,19 @@ class ZPPOConfig(GRPOConfig):
         With another Step-6 objective, the names of the paper's table of alternative objectives: ``ZPPO (GSPO)``
         for the full method, ``GSPO†`` for the replay pipeline without augmentations; any other ablation is
         ``<variant> (<OBJECTIVE>)``, e.g. ``GRPO†+BCQ (DISPO)``.
+
+        The appendix's controls add what they vary, only where it is not the paper's default, so the names
+        above stay as they are: ``Replay-matched GRPO†`` (GRPO† at rho_replay 0.50, its per-step cap that of
+        the headline ZPPO) and ``(ρ_replay=0.75)`` for another fraction of GRPO† or ZPPO (e.g.
+        ``ZPPO (ρ_replay=0.50)``); the BCQ candidate content (``GRPO†+BCQ (boxed-answer-masked)``); and G_S
+        with the corpus passes when G_S is above 8 or the passes not 1 (``GRPO† (G_S=16, 2 passes)``).
+        Qualifiers share one pair of brackets: ``ZPPO (GSPO, G_S=16, 1 pass)``.
         """
         kinds = set(self.augmentations)
         replay = self.replay_fraction > 0
         if self.distillation is not None:
-            return DISTILLATION_NAMES[self.distillation] + ("\u2020" if replay else "")
-        if kinds == set(KINDS):
+            name = DISTILLATION_NAMES[self.distillation] + ("\u2020" if replay else "")
+        elif kinds == set(KINDS):
             name = "ZPPO" if replay else "GRPO+Both"
         elif not kinds:
             name = "GRPO\u2020" if replay else "GRPO"
@@ -690,10 +742,28 @@ class ZPPOConfig(GRPOConfig):
             else:
                 kind = kind.upper() if kind in KINDS else kind.capitalize()
                 name = f"GRPO\u2020+{kind}" if replay else f"GRPO+{kind}"
-        if self.policy_objective == "grpo":
+        if self.policy_objective != "grpo":
+            objective = policy_objectives()[self.policy_objective].printed
+            name = {"GRPO\u2020": f"{objective}\u2020", "GRPO": objective}.get(name, f"{name} ({objective})")
+        qualifiers = []
+        # the replay control's rows: GRPO† and ZPPO (the other rows keep their names whatever their fraction)
+        if replay and self.distillation is None and kinds in (set(), set(KINDS)):
+            if not math.isclose(self.replay_fraction, PAPER_REPLAY_FRACTION):
+                if not kinds and math.isclose(self.replay_fraction, MATCHED_REPLAY_FRACTION):
+                    name = f"Replay-matched {name}"
+                else:
+                    qualifiers.append(f"\u03c1_replay={self.replay_fraction:.2f}")
+        printed = candidate_content(self.bcq_candidate_content).printed
+        if printed and "bcq" in kinds:
+            qualifiers.append(printed)
+        if self.num_generations > PAPER_GROUP_SIZE or self.corpus_passes != 1:
+            passes = self.corpus_passes
+            qualifiers.append(f"G_S={self.num_generations}, {passes} pass{'' if passes == 1 else 'es'}")
+        if not qualifiers:
             return name
-        objective = policy_objectives()[self.policy_objective].printed
-        return {"GRPO\u2020": f"{objective}\u2020", "GRPO": objective}.get(name, f"{name} ({objective})")
+        if name.endswith(")"):  # one pair of brackets: "ZPPO (GSPO, G_S=16, 1 pass)"
+            return f"{name[:-1]}, {', '.join(qualifiers)})"
+        return f"{name} ({', '.join(qualifiers)})"
 
     @property
     def dispo_bounds(self) -> DispoBounds:

@@ -27,6 +27,7 @@ from huggingface_hub.utils import get_session
 from transformers.trainer_utils import get_last_checkpoint
 from trl import ModelConfig
 
+from .augmentations import candidate_content
 from .config import ZPPOConfig
 from .data import is_hub_id, load_questions
 from .memory_plan import architecture, format_plan, known_student_config, optimizer_state, plan_memory, update_shape
@@ -110,6 +111,7 @@ def print_plan(script_args: ScriptArguments, args: ZPPOConfig, out: Callable[[st
         f"micro-batches of {composition.rows_per_micro_batch} rows x {composition.micro_batches_per_update} "
         "per update (replayed and reformulated groups add rows)"
     )
+    out(f"  per-step cap: <= {composition.max_prompts} prompt groups (new + replayed + reformulated)")
     out(f"  student rollouts: {generation_backend(args)}")
     if args.augmentations:
         cap = args.compression_max_tokens
@@ -117,6 +119,9 @@ def print_plan(script_args: ScriptArguments, args: ZPPOConfig, out: Callable[[st
             candidates = f"compression <= {cap} tokens"
         else:
             candidates = "candidates uncompressed (compress_candidates: false)"
+        printed = candidate_content(args.bcq_candidate_content).printed
+        if printed and "bcq" in args.augmentations:
+            candidates += f"; BCQ candidates {printed}"
         use = {
             "hint": f"hints <= {cap} tokens",
             "prefix": f"response prefix alpha={args.prefix_fraction:g}",
@@ -133,9 +138,10 @@ def print_plan(script_args: ScriptArguments, args: ZPPOConfig, out: Callable[[st
     out(f"  judge: {f'{args.judge_model} at {args.judge_base_url}' if judging else 'off (boxed grader only)'}")
     if composition.rollout_steps is not None:
         draws = composition.rollout_steps * composition.new_prompts
+        passes = f" ({args.corpus_passes} corpus passes)" if args.corpus_passes != 1 else ""
         out(
             f"  schedule: {composition.rollout_steps} rollout steps = {args.max_steps} optimizer updates = "
-            f"{draws:,} new-prompt draws"
+            f"{draws:,} new-prompt draws{passes}"
         )
     precision = "bf16" if args.bf16 else "fp32"
     schedule = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
@@ -204,6 +210,14 @@ def print_checks(
                 draws = composition.rollout_steps * composition.new_prompts
                 if draws > len(dataset):
                     out(f"        ({draws:,} draws is {draws / len(dataset):.2f} epochs of it)")
+                passes = args.corpus_passes
+                if passes > 1 and round(draws / len(dataset)) != passes:  # the row's name would say otherwise
+                    problem = (
+                        f"corpus_passes={passes}, but the schedule's {draws:,} draws are "
+                        f"{draws / len(dataset):.2f} passes of {script_args.dataset_name}"
+                    )
+                    problems.append(problem)
+                    out(f"  FAIL  {problem}")
         except Exception as err:  # noqa: BLE001
             problems.append(f"dataset {script_args.dataset_name}: {err}")
             out(f"  FAIL  dataset {script_args.dataset_name}: {err}")

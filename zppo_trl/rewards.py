@@ -40,6 +40,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "GuardedGrader",
     "boxed_accuracy_reward",
+    "boxed_spans",
     "completion_text",
     "default_grader",
     "extract_boxed",
@@ -76,6 +77,13 @@ def extract_boxed(text: str | None) -> str | None:
     if start < 0:
         return None
     begin = start + len(_BOX_OPEN)
+    close = _closing_brace(text, begin)
+    return None if close is None else text[begin:close].strip() or None
+
+
+def _closing_brace(text: str, begin: int) -> int | None:
+    """The index of the ``}`` that closes a brace opened just before ``begin`` (None: never closed), counting
+    braces as mathruler counts them."""
     depth = 0
     for brace in _BRACE.finditer(text, begin):
         if brace.group() == "{":
@@ -83,8 +91,25 @@ def extract_boxed(text: str | None) -> str | None:
         elif depth:
             depth -= 1
         else:
-            return text[begin : brace.start()].strip() or None
+            return brace.start()
     return None
+
+
+def boxed_spans(text: str | None) -> list[tuple[int, int]] | None:
+    """Every ``\\boxed{...}`` span of ``text`` as ``(start, end)`` slices, left to right, braces counted as
+    :func:`extract_boxed` counts them; a box nested in another is part of the outer span.
+
+    Returns None when a ``\\boxed{`` is never closed (a truncated text: where its content ends is
+    unknown), and ``[]`` when there is no box."""
+    spans: list[tuple[int, int]] = []
+    start = (text or "").find(_BOX_OPEN)
+    while start >= 0:
+        close = _closing_brace(text, start + len(_BOX_OPEN))
+        if close is None:
+            return None
+        spans.append((start, close + 1))
+        start = text.find(_BOX_OPEN, close + 1)
+    return spans
 
 
 _DEGREE_PERCENT = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree|°|\\%|%")

@@ -195,6 +195,7 @@ class ZPPOTrainer(GRPOTrainer):
             teacher_chat=lambda key, text: self._teacher_conversation(self._row(key), text),
             grade=lambda key, texts: self._grade(self._row(key), texts),
             answer_of=lambda key: self._row(key)[data.ANSWER],
+            bcq_candidate_content=args.bcq_candidate_content,
         )
         # The condition the checkpoint is evaluated under (Correction-SFT: <correct>), in the config every
         # save and push writes, for `zppo-eval run` to apply; the other rows clear one a base model carried.

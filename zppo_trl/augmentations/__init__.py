@@ -2,7 +2,8 @@
 extra groups (or, for the supervised controls, into targets), behind one seam.
 
 - `base`: the seam (`Augmentation`, `Evidence`, `BuiltGroup`, `BuiltGroups`, `teacher_results`).
-- `candidates`: ZPPO's BCQ and NCQ prompts (`CandidateReformulation`).
+- `candidates`: ZPPO's BCQ and NCQ prompts (`CandidateReformulation`); `candidate_content`: what a BCQ
+  candidate block shows (the paper's candidate-content controls, `CANDIDATE_CONTENTS`).
 - `guidance`: the paper's Hint and Prefix controls (`TeacherHint`, `ResponsePrefix`).
 - `targets`: the supervised Correction-SFT and Error-reflection-SFT controls (`CorrectionTargets`,
   `ReflectionTargets`).
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .base import Augmentation, AugmentationInputs, BuiltGroup, BuiltGroups, Evidence, teacher_results
+from .candidate_content import CANDIDATE_CONTENTS, CandidateContent, candidate_content
 from .candidates import CandidateReformulation
 from .guidance import Guidance, HintedGuidance, ResponsePrefix, TeacherHint, answer_free, leaks_answer
 from .targets import CorrectionTargets, ReflectionTargets, SupervisedInstance
@@ -30,6 +32,8 @@ __all__ = [
     "AugmentationInputs",
     "BuiltGroup",
     "BuiltGroups",
+    "CANDIDATE_CONTENTS",
+    "CandidateContent",
     "CandidateReformulation",
     "CorrectionTargets",
     "Evidence",
@@ -40,6 +44,7 @@ __all__ = [
     "SupervisedInstance",
     "TeacherHint",
     "answer_free",
+    "candidate_content",
     "check_kinds",
     "leaks_answer",
     "make_augmentation",
@@ -92,16 +97,20 @@ def make_augmentation(
     teacher_chat: Any = None,
     grade: Any = None,
     answer_of: Any = None,
+    bcq_candidate_content: str = "full",
 ) -> Augmentation | None:
     """The step-5 augmentation of a configuration's ``augmentations`` (None for none: GRPO†/GRPO),
     built by the registered class of its kinds (`AUGMENTATIONS`).
 
     The supervised controls need the trainer's ``question_of(key)``, ``teacher_chat(key, text)``
     and ``grade(key, responses)`` (see :mod:`zppo_trl.augmentations.targets`); Prefix the student's
-    tokenizer; Hint ``answer_of(key)``, the gold answer its leak count looks for.
+    tokenizer; Hint ``answer_of(key)``, the gold answer its leak count looks for; BCQ
+    ``bcq_candidate_content``, what its candidate blocks show.
     """
     kinds = check_kinds(kinds)
     if not kinds:
         return None
-    inputs = AugmentationInputs(prefix_fraction, tokenizer, question_of, teacher_chat, grade, answer_of)
+    inputs = AugmentationInputs(
+        prefix_fraction, tokenizer, question_of, teacher_chat, grade, answer_of, bcq_candidate_content
+    )
     return AUGMENTATIONS[kinds[0]].create(kinds, inputs)

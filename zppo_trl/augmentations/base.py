@@ -52,6 +52,7 @@ class AugmentationInputs:
         teacher_chat: key, text -> the teacher chat: the question's images (if any), then the text.
         grade: key, responses -> one verdict per response, by the trainer's reward functions.
         answer_of: key -> the question's gold answer (the Hint control's leak count).
+        bcq_candidate_content: what a BCQ candidate block shows (`zppo_trl.augmentations.candidate_content`).
     """
 
     prefix_fraction: float = 0.4
@@ -60,6 +61,7 @@ class AugmentationInputs:
     teacher_chat: Any = None
     grade: Any = None
     answer_of: Any = None
+    bcq_candidate_content: str = "full"
 
 
 class BuiltGroup(NamedTuple):

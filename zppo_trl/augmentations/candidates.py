@@ -3,7 +3,8 @@
 BCQ shows one correct teacher answer and one wrong student answer, anonymised and shuffled; NCQ
 lists the student's wrong answers as known-wrong and shows them as candidates. Both templates are
 the paper's BCQ and NCQ prompt figures (`zppo_trl.prompts`); the planning is
-`zppo_trl.reformulate.plan_reformulations`.
+`zppo_trl.reformulate.plan_reformulations`. What a BCQ candidate block shows (the whole compressed
+candidate, or one of the paper's candidate-content controls) is `zppo_trl.augmentations.candidate_content`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import Any
 
 from ..prompts import bcq_block, ncq_block
 from ..reformulate import KINDS, Reformulation, attach_compressions, plan_reformulations
-from ..rewards import extract_boxed, grade_batch
+from ..rewards import boxed_spans, extract_boxed, grade_batch
 from .base import Augmentation, AugmentationInputs, BuiltGroup, BuiltGroups, Evidence, teacher_results
+from .candidate_content import CandidateContent, candidate_content
 
 __all__ = ["CandidateReformulation"]
 
@@ -24,15 +26,18 @@ __all__ = ["CandidateReformulation"]
 class CandidateReformulation(Augmentation):
     """ZPPO's BCQ and NCQ prompts (the paper's BCQ and NCQ prompt templates), candidates compressed first."""
 
-    def __init__(self, kinds: Sequence[str] = KINDS):
+    def __init__(self, kinds: Sequence[str] = KINDS, content: str = "full"):
         unknown = set(kinds) - set(KINDS)
         if unknown:
             raise ValueError(f"unknown reformulation kind(s) {sorted(unknown)}; expected a subset of {KINDS}")
         self.kinds = tuple(kind for kind in KINDS if kind in kinds)
+        self.content: CandidateContent = candidate_content(content)
+        # a candidate-content control counts what its transform met (summed over ranks by the trainer)
+        self.summed_metrics = () if self.content.name == "full" else ("bcq_content_unboxed", "bcq_multiple_boxed")
 
     @classmethod
     def create(cls, kinds: tuple[str, ...], inputs: AugmentationInputs) -> CandidateReformulation:
-        return cls(kinds)
+        return cls(kinds, inputs.bcq_candidate_content)
 
     def plan(self, evidence: Evidence, limit: int, rng: random.Random, metrics: dict) -> list[Reformulation]:
         parsed = {
@@ -78,12 +83,37 @@ class CandidateReformulation(Augmentation):
             compressed = list(sources)
         metrics["time/compression_s"] = time.perf_counter() - t0
         kept, failed = attach_compressions(instances, compressed)
-        built = BuiltGroups(failures=failed)
+        built = self.render(kept, metrics)
+        built.failures = failed
+        return built
+
+    def render(self, kept: Sequence[tuple[Reformulation, tuple[str, ...]]], metrics: dict) -> BuiltGroups:
+        """The blocks of the instances that kept their compressed candidates (``attach_compressions``): a BCQ
+        pair shown under the configured candidate content (both candidates alike), NCQ's candidates as they
+        are. A BCQ pair the content cannot show is dropped (``bcq_content_unboxed``)."""
+        built = BuiltGroups()
         for inst, texts in kept:
+            if inst.kind == "bcq" and self.content.name != "full":
+                texts = self._shown(texts, metrics)
+                if texts is None:
+                    continue
             block = bcq_block(texts) if inst.kind == "bcq" else ncq_block(inst.wrong_answers, texts)
             built.groups.append(BuiltGroup(inst.kind, inst.key, block))
             built.instances.append(inst)
         return built
+
+    def _shown(self, texts: Sequence[str], metrics: dict) -> tuple[str, ...] | None:
+        """Both compressed candidates of a BCQ pair under the configured content, or None (the instance is
+        dropped, counted in ``bcq_content_unboxed``) when either has no closed, non-empty boxed answer.
+        Candidates with more than one box are counted in ``bcq_multiple_boxed``."""
+        metrics["bcq_multiple_boxed"] = metrics.get("bcq_multiple_boxed", 0) + sum(
+            len(boxed_spans(text) or ()) > 1 for text in texts
+        )
+        shown = tuple(self.content.transform(text) for text in texts)
+        if any(text is None for text in shown):
+            metrics["bcq_content_unboxed"] = metrics.get("bcq_content_unboxed", 0) + 1
+            return None
+        return shown
 
     def audit_counts(
         self, instances: Sequence[Reformulation], texts: Sequence[str], group_size: int
