@@ -219,3 +219,84 @@ def test_the_dry_run_headline_names_the_row(recipe, headline, signal):
     print_plan(script, args, lines.append)
     assert lines[0] == f"ZPPO dry run: {headline}"
     assert args.zero_variance_signal == signal and args.augmentations == [] and args.replay_fraction == 0.25
+
+
+# ---------------------------------------------------------------- a tiny trainer: the all-wrong group trains
+
+
+def _tiny_trainer(tmp_path, signal: str):
+    from datasets import Dataset
+
+    from zppo_trl import ZPPOTrainer
+
+    try:  # tests/ is on sys.path under pytest's default import mode
+        from tiny_models import tiny_text_model, tiny_tokenizer
+    except ImportError:
+        from tests.tiny_models import tiny_text_model, tiny_tokenizer
+
+    args = ZPPOConfig(
+        output_dir=str(tmp_path / signal),
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        per_device_train_batch_size=2,
+        num_generations=2,
+        num_partitions=2,  # LENS reads the sampling log-probs, which TRL keeps when a step feeds 2+ updates
+        max_completion_length=4,
+        augmentations=[],
+        zero_variance_signal=signal,
+    )
+    trainer = ZPPOTrainer(
+        model=tiny_text_model(seed=0),
+        reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
+        args=args,
+        train_dataset=Dataset.from_list(
+            [dict(id="q0", question="What is 12 + 30?", images=[], answer="42", source="toy", subdataset="toy")]
+        ),
+        processing_class=tiny_tokenizer(),
+    )
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
+    return trainer
+
+
+def _all_wrong_round(trainer):
+    """One plain group of two wrong rollouts (reward 0), its sampling log-probs those of the current model
+    shifted so that the first rollout is the more confident one."""
+    from zppo_trl.rollout import Round
+
+    g = torch.Generator().manual_seed(0)
+    vocab = len(trainer.processing_class)
+    prompt_ids = torch.randint(10, vocab, (2, 5), generator=g)
+    completion_ids = torch.randint(10, vocab, (2, 4), generator=g)
+    batch = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": torch.ones_like(prompt_ids),
+        "completion_ids": completion_ids,
+        "completion_mask": torch.ones_like(completion_ids),
+        "advantages": torch.zeros(2),
+    }
+    with torch.no_grad():
+        logps, _, _ = trainer._completion_logps(trainer.model, batch)
+    # inside the clip band (ratios e^-0.05, e^0.05), so the surrogate's gradient is not clipped away
+    batch["old_per_token_logps"] = logps + torch.tensor([[0.05], [-0.05]])
+    return Round(batch, torch.zeros(2), ["", ""], [[("plain", "q0")]])
+
+
+@pytest.mark.parametrize("signal", ["none", "rl_zvp", "lens"])
+def test_an_all_wrong_group_gets_a_gradient_under_each_row_and_none_under_grpo_dagger(tmp_path, signal):
+    from zppo_trl.rollout import empty_round
+
+    trainer = _tiny_trainer(tmp_path, signal)
+    assert trainer.args.variant == {"none": "GRPO\u2020", "rl_zvp": "RL-ZVP\u2020", "lens": "LENS\u2020"}[signal]
+    metrics: dict = {}
+    micro_batches = trainer._policy_batches(_all_wrong_round(trainer), empty_round(1), metrics)
+    trainer.model.zero_grad(set_to_none=True)
+    for micro in micro_batches:
+        if not is_skipped(micro):
+            trainer._compute_loss(trainer.model, micro).backward()
+    norm = sum(float(p.grad.norm()) for p in trainer.model.parameters() if p.grad is not None)
+    if signal == "none":  # both partitions are empty-signal: skipped, no forward, no gradient
+        assert metrics["skipped_partitions"] == 2 and norm == 0.0
+    else:  # the group's partition trains; the other (empty) one is still skipped
+        assert metrics["skipped_partitions"] == 1 and norm > 0.0
