@@ -39,6 +39,7 @@ PURE = (
     "packing",
     "memory_plan",
     "optim",
+    "zero_variance",
 )
 
 

@@ -116,6 +116,8 @@ ROWS = {
     "gspo_dagger": ("GSPO\u2020", dict(policy_objective="gspo", augmentations=[])),
     "cispo_dagger": ("CISPO\u2020", dict(policy_objective="cispo", augmentations=[])),
     "dispo_dagger": ("DISPO\u2020", dict(policy_objective="dispo", augmentations=[])),
+    "rl_zvp_dagger": ("RL-ZVP\u2020", dict(augmentations=[], zero_variance_signal="rl_zvp")),
+    "lens_dagger": ("LENS\u2020", dict(augmentations=[], zero_variance_signal="lens")),
     "correction_sft_dagger": ("Correction-SFT\u2020", dict(augmentations=["correction"])),
     "reflection_sft_dagger": ("Error-reflection-SFT\u2020", dict(augmentations=["reflection"])),
     "off_distill": (

@@ -36,6 +36,7 @@ from .optim import ANYPRECISION_OPTIM, anyprecision_kwargs
 from .prompts import RL_CLOSER
 from .reformulate import KINDS, augment_limit
 from .replay import replay_count
+from .zero_variance import ZERO_VARIANCE_SIGNALS
 
 __all__ = [
     "MATCHED_REPLAY_FRACTION",
@@ -305,6 +306,25 @@ class ZPPOConfig(GRPOConfig):
         },
     )
 
+    # --- the zero-variance rows (the paper's appendix on the zero-variance line; zppo_trl.zero_variance)
+    zero_variance_signal: str = field(
+        default="none",
+        metadata={
+            "help": "A signal for the all-wrong groups, which the two-step advantage leaves at zero: 'none' (the "
+            "paper's ZPPO and GRPO), 'rl_zvp' (RL-ZVP: -alpha (max entropy - token entropy) per token) or 'lens' "
+            "(LENS: a penalty that grows with the sampling policy's length-normalised likelihood of each wrong "
+            "answer, de-meaned in its group; needs num_partitions >= 2). The group is then not skipped as "
+            "empty-signal. See docs/comparison_rows.md."
+        },
+    )
+    zero_variance_alpha: float | None = field(
+        default=None,
+        metadata={
+            "help": "The signal's coefficient alpha; None: its paper's (RL-ZVP 0.1, LENS 0.25). Only "
+            "zero_variance_signal reads it."
+        },
+    )
+
     # --- the distillation rows (the paper's Off-Distill and On-Distill algorithms; zppo_trl.distill)
     distillation: str | None = field(
         default=None,
@@ -558,6 +578,7 @@ class ZPPOConfig(GRPOConfig):
         if self.optim == ANYPRECISION_OPTIM:
             anyprecision_kwargs(self.optim_args)  # a bad optim_args fails here, before any training
         self._validate_distillation()
+        self._validate_zero_variance()
         if self.augmentations and not (self.teacher_base_url and self.teacher_model):
             raise ValueError(
                 f"augmentations {self.augmentations} need a teacher: set teacher_base_url and teacher_model "
@@ -592,6 +613,33 @@ class ZPPOConfig(GRPOConfig):
         if self.delta <= 1 + (self.epsilon_high if self.epsilon_high is not None else self.epsilon):
             raise ValueError(
                 f"delta (dual-clip ratio, {self.delta}) must exceed 1 + epsilon_high to act as the dual clip"
+            )
+
+    def _validate_zero_variance(self) -> None:
+        signal = self.zero_variance_signal
+        if signal != "none" and signal not in ZERO_VARIANCE_SIGNALS:
+            raise ValueError(f"zero_variance_signal must be one of {['none', *ZERO_VARIANCE_SIGNALS]}, got {signal!r}")
+        alpha = self.zero_variance_alpha
+        if alpha is not None and (
+            isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < alpha < float("inf")
+        ):
+            raise ValueError(f"zero_variance_alpha must be a finite number > 0 or null, got {alpha!r}")
+        if signal == "none":
+            return
+        if self.distillation is not None or set(self.augmentations) & set(_SUPERVISED_NAMES):
+            raise ValueError(
+                f"zero_variance_signal={signal!r} shapes RL advantages; this row trains "
+                f"{'the JSD' if self.distillation else 'cross-entropy'}: leave it 'none'"
+            )
+        if signal == "rl_zvp" and self.policy_objective == "gspo":
+            raise ValueError(
+                "zero_variance_signal='rl_zvp' gives each token its own advantage; policy_objective='gspo' trains one "
+                "ratio per response: use a token-level objective (grpo, cispo, dispo)"
+            )
+        if signal == "lens" and self.num_partitions < 2:
+            raise ValueError(
+                "zero_variance_signal='lens' reads the sampling policy's log-probs, which TRL computes only when a "
+                f"rollout step feeds more than one update: set num_partitions >= 2 (got {self.num_partitions})"
             )
 
     def _resolve_augmentations(self) -> None:
@@ -639,6 +687,7 @@ class ZPPOConfig(GRPOConfig):
             "gspo_settings": (self.policy_objective == "gspo", "policy_objective: gspo"),
             "cispo_weight_bound": (self.policy_objective == "cispo", "policy_objective: cispo"),
             "dispo_out_of_bounds": (self.policy_objective == "dispo", "policy_objective: dispo"),
+            "zero_variance_alpha": (self.zero_variance_signal != "none", "zero_variance_signal: rl_zvp|lens"),
         }
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for name, (used, reader) in readers.items():
@@ -726,6 +775,9 @@ class ZPPOConfig(GRPOConfig):
         ``ZPPO (ρ_replay=0.50)``); the BCQ candidate content (``GRPO†+BCQ (boxed-answer-masked)``); and G_S
         with the corpus passes when G_S is above 8 or the passes not 1 (``GRPO† (G_S=16, 2 passes)``).
         Qualifiers share one pair of brackets: ``ZPPO (GSPO, G_S=16, 1 pass)``.
+
+        A zero-variance signal (the paper's zero-variance table) names GRPO† after its method, ``RL-ZVP†`` and
+        ``LENS†`` (``RL-ZVP`` without the buffer); on any other row it is a qualifier, ``ZPPO (LENS)``.
         """
         kinds = set(self.augmentations)
         replay = self.replay_fraction > 0
@@ -745,11 +797,19 @@ class ZPPOConfig(GRPOConfig):
         if self.policy_objective != "grpo":
             objective = policy_objectives()[self.policy_objective].printed
             name = {"GRPO\u2020": f"{objective}\u2020", "GRPO": objective}.get(name, f"{name} ({objective})")
+        zero_variance = ZERO_VARIANCE_SIGNALS.get(self.zero_variance_signal)
         qualifiers = []
+        if zero_variance is not None:  # the zero-variance rows: "RL-ZVP†" for GRPO† with the named term
+            renamed = {"GRPO\u2020": f"{zero_variance.printed}\u2020", "GRPO": zero_variance.printed}.get(name)
+            if renamed:
+                name = renamed
+            else:
+                qualifiers.append(zero_variance.printed)
         # the replay control's rows: GRPO† and ZPPO (the other rows keep their names whatever their fraction)
         if replay and self.distillation is None and kinds in (set(), set(KINDS)):
             if not math.isclose(self.replay_fraction, PAPER_REPLAY_FRACTION):
-                if not kinds and math.isclose(self.replay_fraction, MATCHED_REPLAY_FRACTION):
+                matched = math.isclose(self.replay_fraction, MATCHED_REPLAY_FRACTION)
+                if not kinds and matched and zero_variance is None:
                     name = f"Replay-matched {name}"
                 else:
                     qualifiers.append(f"\u03c1_replay={self.replay_fraction:.2f}")

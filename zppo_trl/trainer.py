@@ -82,6 +82,7 @@ from .rollout import (
 )
 from .step_metrics import accumulate_totals, admission_bins, advantage_stats, bin_label, kind_metrics, timing_metrics
 from .teacher import TeacherClient
+from .zero_variance import MARK_FIELD, response_log_confidence, signal_for, token_advantages
 
 __all__ = ["ZPPO_STATE_NAME", "ZPPOTrainer"]
 
@@ -543,6 +544,9 @@ class ZPPOTrainer(GRPOTrainer):
         else:
             loss_inputs.logps, loss_inputs.entropies, aux_loss = self._completion_logps(model, inputs)
             loss_inputs.old_logps, loss_inputs.advantages = inputs.get("old_per_token_logps"), inputs.get("advantages")
+            loss_inputs.advantages = token_advantages(  # RL-ZVP's token-level signal on all-wrong groups
+                self.args, loss_inputs.advantages, loss_inputs.entropies, mask, inputs.get(MARK_FIELD)
+            )
         out = self.objective_loss.fn(loss_inputs, self.args)
         loss = out.loss
         if self.aux_loss_enabled and aux_loss is not None:  # as TRL: scaled for gradient accumulation
@@ -958,8 +962,10 @@ class ZPPOTrainer(GRPOTrainer):
         rewards_per_rank = [
             [x for r in rounds for x in r.rewards.view(world, -1)[rank].tolist()] for rank in range(world)
         ]
+        signal = signal_for(self.args)  # LENS reads each rollout's sampling log-prob, gathered like the rewards
+        confidences = self.ranks.gather(response_log_confidence(batch)) if signal and signal.needs_confidence else None
         result = policy_partitions(
-            batch, kinds_per_rank, rewards_per_rank, G, self.args, self.ranks, self._rng.getrandbits(32)
+            batch, kinds_per_rank, rewards_per_rank, G, self.args, self.ranks, self._rng.getrandbits(32), confidences
         )
         metrics["skipped_partitions"] = result.skipped
         metrics.update(advantage_stats(list(result.trained.values())))

@@ -1,0 +1,189 @@
+"""The zero-variance rows' named terms: a signal for the all-wrong groups that ZPPO's (Z0) leaves at zero.
+
+The paper's appendix on the zero-variance line adds RL-ZVP and LENS to the GRPO† pipeline: "both replace that
+zero advantage with an extra signal from the student's own rollouts, so the group is not skipped". An
+all-wrong group (every rollout's reward at or below :data:`zppo_trl.rollout.CORRECT`) gets zero two-step
+advantage (:mod:`zppo_trl.advantages`); under a signal its rows are marked, the partition holding it is no
+longer an empty-signal partition, and the signal is added to their (zero) advantage. Mixed groups keep
+their two-step advantages exactly; all-correct groups stay at zero (the ZPPO paper adapts both methods to
+the all-wrong group only).
+
+==========  ==================================================================================================
+``rl_zvp``  Le et al. 2026, "No Prompt Left Behind: Exploiting Zero-Variance Prompts in LLM Reinforcement
+            Learning via Entropy-Guided Advantage Shaping" (arXiv 2509.21880), eq. 5, negative branch: token t
+            of response i gets ``-alpha (max_k H_ik - H_it)``, H the policy's detached token entropy and the
+            max over the response's own loss tokens; alpha 0.1 (its best value, Table 3). Token-level, so it
+            is applied at the loss, on the entropies of the same forward (:func:`token_advantages`).
+``lens``    Feng et al. 2025, "Don't Waste Mistakes: Leveraging Negative RL-Groups via Confidence Reweighting"
+            (arXiv 2510.08696), section 5: a wrong response's calibrated reward
+            ``r~_i = -(1/G) pbar_i / (D - pbar_i)``, ``pbar_i = pi_old(o_i | q)^(1/|o_i|)`` (the sampling policy's
+            length-normalised likelihood) and, for a negative group, ``D = 2 max_j pbar_j``; the group is
+            de-meaned only (no std) and weighted by alpha 0.25 (its one hyperparameter):
+            ``A_i = alpha (r~_i - mean_j r~_j)``. Response-level, so it is computed where groups are whole, in
+            the partition (:func:`lens_advantages`).
+==========  ==================================================================================================
+
+This module is pure: torch only, no TRL, no trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .rollout import CORRECT
+
+__all__ = [
+    "MARK_FIELD",
+    "ZERO_VARIANCE_SIGNALS",
+    "ZeroVarianceSignal",
+    "all_wrong_rows",
+    "lens_advantages",
+    "partition_signal",
+    "response_log_confidence",
+    "rl_zvp_token_advantages",
+    "signal_for",
+    "token_advantages",
+]
+
+# The micro-batch field that marks the rows of all-wrong groups (1.0) for a loss-time signal.
+MARK_FIELD = "zero_variance_rows"
+
+
+@dataclass(frozen=True)
+class ZeroVarianceSignal:
+    """A registered named term: the ``zero_variance_signal`` value, how the paper's table prints the row
+    (``<printed>†``), its paper's coefficient, and where it is computed: ``"loss"`` (per token, from the
+    forward's entropies) or ``"partition"`` (per response, from the sampling policy's log-probs, which the
+    trainer gathers for it: ``needs_confidence``)."""
+
+    name: str
+    printed: str
+    default_alpha: float
+    at: str
+
+    @property
+    def needs_confidence(self) -> bool:
+        return self.at == "partition"
+
+
+ZERO_VARIANCE_SIGNALS: dict[str, ZeroVarianceSignal] = {
+    "rl_zvp": ZeroVarianceSignal("rl_zvp", "RL-ZVP", 0.1, "loss"),
+    "lens": ZeroVarianceSignal("lens", "LENS", 0.25, "partition"),
+}
+
+
+def signal_for(args) -> ZeroVarianceSignal | None:
+    """The configuration's signal (``args.zero_variance_signal``), or None for ``"none"``."""
+    name = getattr(args, "zero_variance_signal", "none")
+    if name == "none":
+        return None
+    if name not in ZERO_VARIANCE_SIGNALS:
+        raise ValueError(f"zero_variance_signal must be one of {['none', *ZERO_VARIANCE_SIGNALS]}, got {name!r}")
+    return ZERO_VARIANCE_SIGNALS[name]
+
+
+def _alpha(args, signal: ZeroVarianceSignal) -> float:
+    alpha = getattr(args, "zero_variance_alpha", None)
+    return signal.default_alpha if alpha is None else float(alpha)
+
+
+def all_wrong_rows(rewards: Sequence[float] | torch.Tensor, group_ids: Sequence[Hashable]) -> torch.Tensor:
+    """(N,) bool: the rows whose group has every reward at or below :data:`CORRECT` (an all-wrong group)."""
+    r = torch.as_tensor(rewards, dtype=torch.float64).flatten()
+    wrong: dict[Hashable, bool] = {}
+    for g, value in zip(group_ids, r.tolist()):
+        wrong[g] = wrong.get(g, True) and value <= CORRECT
+    return torch.tensor([wrong[g] for g in group_ids], dtype=torch.bool)
+
+
+def lens_advantages(
+    log_confidence: Sequence[float] | torch.Tensor,
+    group_ids: Sequence[Hashable],
+    marked: torch.Tensor,
+    alpha: float,
+) -> torch.Tensor:
+    """LENS's advantage of every row of the ``marked`` (all-wrong) groups; 0 elsewhere.
+
+    ``log_confidence`` is each row's mean token log-prob under the sampling policy, so ``pbar = exp`` of it is
+    the length-normalised likelihood. Per marked group of size G: ``D = 2 max_j pbar_j``,
+    ``r~_i = -(1/G) pbar_i / (D - pbar_i)`` (in [-1/G, 0): the most confident mistake gets -1/G), and
+    ``A_i = alpha (r~_i - mean_j r~_j)``: the more confident a mistake, the lower its advantage.
+    """
+    c = torch.as_tensor(log_confidence, dtype=torch.float64).flatten()
+    out = torch.zeros_like(c)
+    rows: dict[Hashable, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        if marked[i]:
+            rows.setdefault(g, []).append(i)
+    for members in rows.values():
+        index = torch.tensor(members)
+        pbar = torch.exp(c[index])
+        d = 2.0 * pbar.max()
+        calibrated = -(pbar / (d - pbar)) / len(members)
+        out[index] = alpha * (calibrated - calibrated.mean())
+    return out
+
+
+def partition_signal(
+    args,
+    rewards: Sequence[float],
+    group_ids: Sequence[Hashable],
+    log_confidence: Sequence[float] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One partition's ``(marked rows, extra advantages)`` under the configuration's signal (both (N,); no
+    signal: nothing marked, zeros). A partition with a marked row has a learning signal."""
+    n = len(group_ids)
+    signal = signal_for(args)
+    if signal is None:
+        return torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.float64)
+    marked = all_wrong_rows(rewards, group_ids)
+    if not signal.needs_confidence:
+        return marked, torch.zeros(n, dtype=torch.float64)
+    if log_confidence is None:
+        raise ValueError(f"zero_variance_signal={signal.name!r} needs each rollout's log-confidence")
+    return marked, lens_advantages(log_confidence, group_ids, marked, _alpha(args, signal))
+
+
+def response_log_confidence(batch: Mapping) -> list[float]:
+    """Each row's mean token log-prob under the sampling policy (``old_per_token_logps``) over its loss tokens:
+    the log of LENS's length-normalised likelihood. A row without loss tokens gets 0."""
+    old = batch.get("old_per_token_logps")
+    if old is None:
+        raise ValueError(
+            "zero_variance_signal='lens' reads the sampling policy's log-probs (old_per_token_logps), which TRL "
+            "computes only when a rollout step feeds more than one update: set num_partitions >= 2"
+        )
+    mask = batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
+    mask = mask.to(torch.float64)
+    total = (old.detach().to(torch.float64) * mask).sum(-1)
+    return (total / mask.sum(-1).clamp(min=1.0)).tolist()
+
+
+def rl_zvp_token_advantages(
+    advantages: torch.Tensor, entropies: torch.Tensor, mask: torch.Tensor, marked: torch.Tensor, alpha: float
+) -> torch.Tensor:
+    """RL-ZVP's eq. 5 on the ``marked`` rows (all-wrong groups): ``-alpha (max_k H_k - H_t)`` per loss token,
+    the max over the row's own loss tokens, entropies detached; the other rows keep ``advantages``. Returns
+    (B, T) advantages."""
+    a = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    h = entropies.detach().to(a.dtype)
+    valid = mask > 0
+    h_max = torch.where(valid, h, torch.full_like(h, float("-inf"))).amax(-1, keepdim=True)
+    shaped = torch.where(valid, -alpha * (h_max - h), torch.zeros_like(h))
+    return torch.where(marked.bool().unsqueeze(1), shaped, a.expand_as(h))
+
+
+def token_advantages(
+    args, advantages: torch.Tensor, entropies: torch.Tensor | None, mask: torch.Tensor, marked: torch.Tensor | None
+) -> torch.Tensor:
+    """The advantages a micro-batch's loss trains with: ``advantages`` unchanged, or, under a loss-time signal
+    with marked rows, RL-ZVP's token-level advantages on those rows."""
+    signal = signal_for(args)
+    if signal is None or signal.at != "loss" or marked is None or not bool(marked.any()):
+        return advantages
+    if entropies is None:
+        raise ValueError(f"zero_variance_signal={signal.name!r} needs the per-token entropies of the loss forward")
+    return rl_zvp_token_advantages(advantages, entropies, mask, marked, _alpha(args, signal))
