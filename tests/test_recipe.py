@@ -384,3 +384,20 @@ def test_help_lists_the_zppo_fields_first():
     assert "--hard_threshold" in zppo and "--teacher_base_url" in zppo and "--learning_rate" not in zppo
     script = run.stdout.split("this script (recipes/zppo.py):")[1].split("TRL fields at the paper's values:")[0]
     assert "--use_judge" in script and "--no_use_judge" in script and "--dry_run" in script
+
+
+@pytest.mark.parametrize(
+    ("recipe", "family", "trainable"),
+    [("internvl35_2b", "InternVL3.5-2B", True), ("ovis25_2b", "Ovis2.5-2B", False)],
+)
+def test_a_backbone_recipe_names_its_family_and_keeps_the_2b_recipe(recipe, family, trainable):
+    run = _recipe("--config", f"recipes/{recipe}.yaml", "--dry_run")
+    assert f"ZPPO dry run: ZPPO ({family})" in run.stdout, run.stdout + run.stderr[-2000:]
+    assert PAPER_STEP in run.stdout  # the Qwen3.5-2B recipe's composition, unchanged
+    if trainable:
+        assert run.returncode == 0, run.stderr[-3000:]
+    else:  # Ovis2.5 is remote code only: the dry run says so instead of training it as something else
+        assert (
+            run.returncode != 0
+            and "FAIL  student AIDC-AI/Ovis2.5-2B (ovis2_5): Ovis2.5 has no transformers" in run.stdout
+        )

@@ -4,8 +4,10 @@ A ZPPO rollout step scores two rounds with `GRPOTrainer._generate_and_score_comp
 (plain prompts, then BCQ/NCQ prompts) and then regroups the rows into ``num_partitions``
 optimizer mini-batches. Each round comes back as TRL's padded dict: prompts left-padded,
 completions right-padded, per-token tensors as wide as the completions, and images as
-one flat ``pixel_values`` tensor indexed by ``image_grid_thw``/``num_images``. This module
-merges such dicts and picks rows out of them, padding every field the way TRL does.
+one flat ``pixel_values`` tensor: Qwen-VL's patches indexed by ``image_grid_thw``/``num_images``,
+InternVL's tiles by ``num_tiles`` (tiles per row), or one entry per image counted by
+``num_images`` (Ovis2, and InternVL with one tile per image). This module merges such dicts and
+picks rows out of them, padding every field the way TRL does.
 
 A field this module does not know raises ``ValueError`` naming it, rather than being
 merged wrongly.
@@ -37,7 +39,7 @@ _SEQUENCE_FIELDS = {"token_type_ids": 0, "mm_token_type_ids": 0}
 # one value per row
 _ROW_FIELDS = ("advantages",)
 # images, kept per row between concat and select: {"pixel_values": [tensor per row], ...}
-_IMAGE_FIELDS = ("pixel_values", "image_grid_thw", "num_images")
+_IMAGE_FIELDS = ("pixel_values", "image_grid_thw", "num_images", "num_tiles")
 # recomputed by the caller per optimizer mini-batch
 _DROPPED = ("num_items_in_batch", "num_sequences_in_batch")
 
@@ -53,10 +55,11 @@ def _check_fields(batch: Mapping) -> None:
     if unknown:
         raise ValueError(
             f"ZPPOTrainer cannot regroup the rollout field(s) {unknown} this model produces; "
-            "supported: text models and Qwen-VL style models (pixel_values with image_grid_thw)"
+            "supported: text models and image inputs as pixel_values with image_grid_thw (Qwen-VL), num_tiles "
+            "(InternVL) or one entry per image (Ovis2)"
         )
-    if "pixel_values" in batch and "image_grid_thw" not in batch:
-        raise ValueError("pixel_values without image_grid_thw: only Qwen-VL style image inputs are supported")
+    if "pixel_values" in batch and "num_images" not in batch:
+        raise ValueError("pixel_values without num_images: the images cannot be assigned to their rows")
 
 
 def _pad_width(x: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
@@ -66,24 +69,42 @@ def _pad_width(x: torch.Tensor, width: int, value: float, left: bool) -> torch.T
     return F.pad(x, (missing, 0) if left else (0, missing), value=value)
 
 
-def _per_row_images(batch: Mapping) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]] | None:
-    """Split flat image tensors into one (pixel_values, image_grid_thw) pair per row."""
+def _per_row_images(batch: Mapping) -> tuple[list, list, list[int], list] | None:
+    """Split flat image tensors into one entry per row: (pixel_values, image_grid_thw or None, image
+    count, tile count or None) lists."""
     if "pixel_values" not in batch:
         return None
     if isinstance(batch["pixel_values"], list):  # already per row
-        return batch["pixel_values"], batch["image_grid_thw"], list(batch["num_images"])
+        n = len(batch["pixel_values"])
+        return (
+            batch["pixel_values"],
+            batch.get("image_grid_thw", [None] * n),
+            list(batch["num_images"]),
+            batch.get("num_tiles", [None] * n),
+        )
     counts = [int(n) for n in batch["num_images"]]
-    grids = list(torch.split(batch["image_grid_thw"], counts))
-    patches = [int(g.prod(-1).sum()) if g.numel() else 0 for g in grids]
-    pixels = list(torch.split(batch["pixel_values"], patches))
-    return pixels, grids, counts
+    pixel_values = batch["pixel_values"]
+    if "image_grid_thw" in batch:  # Qwen-VL: each image is prod(grid) patch rows
+        grids = list(torch.split(batch["image_grid_thw"], counts))
+        patches = [int(g.prod(-1).sum()) if g.numel() else 0 for g in grids]
+        return list(torch.split(pixel_values, patches)), grids, counts, [None] * len(counts)
+    if "num_tiles" in batch:  # InternVL: each row holds its images' tiles
+        tiles = [int(n) for n in batch["num_tiles"]]
+        return list(torch.split(pixel_values, tiles)), [None] * len(counts), counts, tiles
+    if pixel_values.size(0) != sum(counts):
+        raise ValueError(
+            f"pixel_values has {pixel_values.size(0)} entries for {sum(counts)} images and neither image_grid_thw "
+            "nor num_tiles says how they split"
+        )
+    return list(torch.split(pixel_values, counts)), [None] * len(counts), counts, [None] * len(counts)
 
 
 def concat_batches(batches: Sequence[Mapping], pad_token_id: int) -> dict:
     """Stack the rows of several scored batches into one, padding to common widths.
 
-    Images stay split per row in the result (``pixel_values`` and ``image_grid_thw`` as
-    lists), ready for :func:`select_rows`; ``num_items_in_batch`` is dropped.
+    Images stay split per row in the result (``pixel_values``, and ``image_grid_thw`` or
+    ``num_tiles`` where the model has them, as lists), ready for :func:`select_rows`;
+    ``num_items_in_batch`` is dropped.
     """
     batches = [b for b in batches if b is not None]
     if not batches:
@@ -129,19 +150,26 @@ def concat_batches(batches: Sequence[Mapping], pad_token_id: int) -> dict:
     out["advantages"] = torch.cat([b["advantages"] for b in batches])
     images = [_per_row_images(b) for b in batches]
     if any(i is not None for i in images):
-        pixels, grids, counts = [], [], []
+        pixels, grids, counts, tiles = [], [], [], []
         for batch, split in zip(batches, images):
             if split is None:  # a round without images: rows carry none
                 n = num_rows(batch)
-                pixels += [None] * n
-                grids += [None] * n
-                counts += [0] * n
-            else:
-                pixels += split[0]
-                grids += split[1]
-                counts += split[2]
-        out["pixel_values"], out["image_grid_thw"], out["num_images"] = pixels, grids, counts
+                split = [None] * n, [None] * n, [0] * n, [0 if "num_tiles" in _keys(images) else None] * n
+            pixels += split[0]
+            grids += split[1]
+            counts += split[2]
+            tiles += split[3]
+        out["pixel_values"], out["num_images"] = pixels, counts
+        if any(g is not None for g in grids):
+            out["image_grid_thw"] = grids
+        if any(t is not None for t in tiles):
+            out["num_tiles"] = [t or 0 for t in tiles]
     return out
+
+
+def _keys(images: list) -> set[str]:
+    """Which per-row image layouts the rounds' images use ("num_tiles" when any round counts tiles)."""
+    return {"num_tiles" for split in images if split is not None and any(t is not None for t in split[3])}
 
 
 def _trim(out: dict) -> None:
@@ -197,6 +225,9 @@ def select_rows(batch: Mapping, rows: Sequence[int], trim: bool = True) -> dict:
         if sum(counts):
             with_images = [i for i in rows if batch["num_images"][i]]  # text-only rows hold None here
             out["pixel_values"] = torch.cat([batch["pixel_values"][i] for i in with_images])
-            out["image_grid_thw"] = torch.cat([batch["image_grid_thw"][i] for i in with_images])
+            if "image_grid_thw" in batch:
+                out["image_grid_thw"] = torch.cat([batch["image_grid_thw"][i] for i in with_images])
+            if "num_tiles" in batch:
+                out["num_tiles"] = [batch["num_tiles"][i] for i in rows]
             out["num_images"] = counts
     return out

@@ -210,6 +210,15 @@ class ZPPOConfig(GRPOConfig):
             "a candidate without a closed, non-empty box is dropped (zppo/bcq_content_unboxed). Only BCQ reads it."
         },
     )
+    student_family: str | None = field(
+        default=None,
+        metadata={
+            "help": "The student's backbone as the paper's backbone appendix names it (e.g. 'InternVL3.5-2B'), for "
+            "a student outside Qwen3.5; appended to the row's name: 'ZPPO (InternVL3.5-2B)'. By default the recipe "
+            "sets it from the student's id and the trainer from its config (zppo_trl.backbones); Qwen students "
+            "have none. Names only: it changes no setting."
+        },
+    )
     num_partitions: int = field(
         default=4,
         metadata={
@@ -774,7 +783,8 @@ class ZPPOConfig(GRPOConfig):
         the headline ZPPO) and ``(ρ_replay=0.75)`` for another fraction of GRPO† or ZPPO (e.g.
         ``ZPPO (ρ_replay=0.50)``); the BCQ candidate content (``GRPO†+BCQ (boxed-answer-masked)``); and G_S
         with the corpus passes when G_S is above 8 or the passes not 1 (``GRPO† (G_S=16, 2 passes)``).
-        Qualifiers share one pair of brackets: ``ZPPO (GSPO, G_S=16, 1 pass)``.
+        Qualifiers share one pair of brackets: ``ZPPO (GSPO, G_S=16, 1 pass)``. A student outside Qwen3.5
+        adds its backbone (``student_family``) last: ``ZPPO (InternVL3.5-2B)``, ``GRPO† (Ovis2.5-2B)``.
 
         A zero-variance signal (the paper's zero-variance table) names GRPO† after its method, ``RL-ZVP†`` and
         ``LENS†`` (``RL-ZVP`` without the buffer); on any other row it is a qualifier, ``ZPPO (LENS)``.
@@ -819,6 +829,8 @@ class ZPPOConfig(GRPOConfig):
         if self.num_generations > PAPER_GROUP_SIZE or self.corpus_passes != 1:
             passes = self.corpus_passes
             qualifiers.append(f"G_S={self.num_generations}, {passes} pass{'' if passes == 1 else 'es'}")
+        if self.student_family:
+            qualifiers.append(self.student_family)
         if not qualifiers:
             return name
         if name.endswith(")"):  # one pair of brackets: "ZPPO (GSPO, G_S=16, 1 pass)"

@@ -28,6 +28,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import ModelConfig
 
 from .augmentations import candidate_content
+from .backbones import known_model_type, unsupported_reason
 from .config import ZPPOConfig
 from .data import is_hub_id, load_questions
 from .memory_plan import architecture, format_plan, known_student_config, optimizer_state, plan_memory, update_shape
@@ -173,17 +174,23 @@ def print_checks(
     if local_only:
         out(hub.line)
     # model: config only
+    model_type = known_model_type(model_args.model_name_or_path)  # the paper's backbones, known offline
     try:
         config = student_config(model_args, local_files_only=local_only)
+        model_type = config.model_type
         kind = "vision-language" if is_vision_language(config) else "text"
-        out(f"  ok    student {model_args.model_name_or_path}: {config.model_type} ({kind})")
+        if unsupported_reason(model_type) is None:
+            out(f"  ok    student {model_args.model_name_or_path}: {config.model_type} ({kind})")
     except Exception as err:  # noqa: BLE001 - reported, not raised: a dry run lists every problem
         if not is_hub_id(model_args.model_name_or_path):
             problems.append(f"student {model_args.model_name_or_path}: {err}")
             out(f"  FAIL  student {model_args.model_name_or_path}: {err}")
-        else:
+        elif unsupported_reason(model_type) is None:
             reason = f"{type(err).__name__}: {str(err).splitlines()[0][:100]}"
             out(f"  skip  student {model_args.model_name_or_path}: config not reachable here ({reason})")
+    if unsupported_reason(model_type) is not None:  # a family this project cannot train (zppo_trl.backbones)
+        problems.append(f"student {model_args.model_name_or_path}: {unsupported_reason(model_type)}")
+        out(f"  FAIL  student {model_args.model_name_or_path} ({model_type}): {unsupported_reason(model_type)}")
     if args.distillation:  # the teacher loaded next to the student: its config only
         try:
             offline = {"local_files_only": True} if local_only else {}

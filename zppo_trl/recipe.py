@@ -29,6 +29,7 @@ import transformers
 import yaml
 from trl import GRPOConfig, ModelConfig, TrlParser
 
+from .backbones import backbone_family, unsupported_reason
 from .config import ZPPOConfig
 from .processing import load_processor
 from .rewards import boxed_accuracy_reward, judged_accuracy_reward
@@ -245,6 +246,8 @@ def parse_recipe_args(argv: list[str]) -> tuple[ScriptArguments, ZPPOConfig, Mod
         raise RecipeError(_first_line(err)) from err
     if not model_args.model_name_or_path:
         raise RecipeError("model_name_or_path is required (the student, e.g. Qwen/Qwen3.5-0.8B)")
+    if args.student_family is None:  # the paper's backbone students, named without reading their config
+        args.student_family = backbone_family(model_args.model_name_or_path)
     return script_args, args, model_args
 
 
@@ -274,6 +277,9 @@ def is_vision_language(config) -> bool:
 def load_student(model_args: ModelConfig):
     """The student model (VLM or causal LM, from its config) and its processor."""
     config = student_config(model_args)
+    reason = unsupported_reason(config.model_type)
+    if reason is not None:
+        raise RecipeError(f"student {model_args.model_name_or_path} ({config.model_type}): {reason}")
     if is_vision_language(config):
         model_class = transformers.AutoModelForImageTextToText
     else:

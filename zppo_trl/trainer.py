@@ -52,6 +52,7 @@ from trl.trainer.utils import is_async_callable, nanmax, nanmin
 
 from . import data
 from .augmentations import Augmentation, BuiltGroup, BuiltGroups, Evidence, make_augmentation, teacher_results
+from .backbones import backbone_family
 from .batches import concat_batches
 from .callbacks import QuietProgressCallback, RolloutSummaryCallback
 from .config import ZPPOConfig
@@ -169,6 +170,8 @@ class ZPPOTrainer(GRPOTrainer):
             )
 
         args.composition(self.accelerator.num_processes)  # raises unless every rank holds whole groups
+        if args.student_family is None:  # a non-Qwen student names its row: "ZPPO (InternVL3.5-2B)"
+            args.student_family = backbone_family(self.model.config.name_or_path, self.model.config.model_type)
         if not args.fused_lm_head:  # the reference path (zppo_trl.lm_head): TRL fuses the head unconditionally
             use_full_logits(self.model.get_base_model() if is_peft_model(self.model) else self.model, self.temperature)
         self.ranks = Ranks(self.accelerator)
