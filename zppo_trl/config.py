@@ -789,6 +789,19 @@ class ZPPOConfig(GRPOConfig):
         A zero-variance signal (the paper's zero-variance table) names GRPO† after its method, ``RL-ZVP†`` and
         ``LENS†`` (``RL-ZVP`` without the buffer); on any other row it is a qualifier, ``ZPPO (LENS)``.
         """
+        name, qualifiers = self._row_name()
+        if self._replay_matched:
+            name = f"Replay-matched {name}"
+        qualifiers += self._control_qualifiers()
+        if not qualifiers:
+            return name
+        if name.endswith(")"):  # one pair of brackets: "ZPPO (GSPO, G_S=16, 1 pass)"
+            return f"{name[:-1]}, {', '.join(qualifiers)})"
+        return f"{name} ({', '.join(qualifiers)})"
+
+    def _row_name(self) -> tuple[str, list[str]]:
+        """The row's name from its augmentations, buffer, distillation, objective and zero-variance signal, and
+        the qualifier the signal adds where it does not rename the row."""
         kinds = set(self.augmentations)
         replay = self.replay_fraction > 0
         if self.distillation is not None:
@@ -808,21 +821,26 @@ class ZPPOConfig(GRPOConfig):
             objective = policy_objectives()[self.policy_objective].printed
             name = {"GRPO\u2020": f"{objective}\u2020", "GRPO": objective}.get(name, f"{name} ({objective})")
         zero_variance = ZERO_VARIANCE_SIGNALS.get(self.zero_variance_signal)
+        if zero_variance is None:
+            return name, []
+        # the zero-variance rows: "RL-ZVP†" for GRPO† with the named term, a qualifier elsewhere
+        renamed = {"GRPO\u2020": f"{zero_variance.printed}\u2020", "GRPO": zero_variance.printed}.get(name)
+        return (renamed, []) if renamed else (name, [zero_variance.printed])
+
+    @property
+    def _replay_matched(self) -> bool:
+        """GRPO† with its replay raised until its per-step cap is the headline ZPPO's (the replay control)."""
+        plain = not self.augmentations and self.distillation is None and self.zero_variance_signal == "none"
+        return plain and math.isclose(self.replay_fraction, MATCHED_REPLAY_FRACTION)
+
+    def _control_qualifiers(self) -> list[str]:
+        """What the appendix's controls vary, where it is not the paper's default: the replay fraction (GRPO†
+        and ZPPO), the BCQ candidate content, G_S with the corpus passes, and a backbone outside Qwen3.5."""
+        kinds = set(self.augmentations)
         qualifiers = []
-        if zero_variance is not None:  # the zero-variance rows: "RL-ZVP†" for GRPO† with the named term
-            renamed = {"GRPO\u2020": f"{zero_variance.printed}\u2020", "GRPO": zero_variance.printed}.get(name)
-            if renamed:
-                name = renamed
-            else:
-                qualifiers.append(zero_variance.printed)
-        # the replay control's rows: GRPO† and ZPPO (the other rows keep their names whatever their fraction)
-        if replay and self.distillation is None and kinds in (set(), set(KINDS)):
-            if not math.isclose(self.replay_fraction, PAPER_REPLAY_FRACTION):
-                matched = math.isclose(self.replay_fraction, MATCHED_REPLAY_FRACTION)
-                if not kinds and matched and zero_variance is None:
-                    name = f"Replay-matched {name}"
-                else:
-                    qualifiers.append(f"\u03c1_replay={self.replay_fraction:.2f}")
+        replay_row = self.replay_fraction > 0 and self.distillation is None and kinds in (set(), set(KINDS))
+        if replay_row and not self._replay_matched and not math.isclose(self.replay_fraction, PAPER_REPLAY_FRACTION):
+            qualifiers.append(f"\u03c1_replay={self.replay_fraction:.2f}")
         printed = candidate_content(self.bcq_candidate_content).printed
         if printed and "bcq" in kinds:
             qualifiers.append(printed)
@@ -831,11 +849,7 @@ class ZPPOConfig(GRPOConfig):
             qualifiers.append(f"G_S={self.num_generations}, {passes} pass{'' if passes == 1 else 'es'}")
         if self.student_family:
             qualifiers.append(self.student_family)
-        if not qualifiers:
-            return name
-        if name.endswith(")"):  # one pair of brackets: "ZPPO (GSPO, G_S=16, 1 pass)"
-            return f"{name[:-1]}, {', '.join(qualifiers)})"
-        return f"{name} ({', '.join(qualifiers)})"
+        return qualifiers
 
     @property
     def dispo_bounds(self) -> DispoBounds:
