@@ -52,7 +52,7 @@ def test_the_audit_asks_every_judge_about_every_pair_and_resumes(teacher_server,
     sizes = {n: (out / "judges" / n / "records.jsonl").stat().st_size for n in "abc"}
     assert main(argv) == 0  # resumed: nothing asked again
     assert sizes == {n: (out / "judges" / n / "records.jsonl").stat().st_size for n in "abc"}
-    assert main(["audit-traces", str(run), *judges[:5]]) == 2  # another judge set on the same directory
+    assert main(["audit-traces", str(run), *judges[:6]]) == 2  # another judge set (one judge) on the same directory
 
 
 def _reward(completions, trainer_state, completion_ids=None, **kwargs):
