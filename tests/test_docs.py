@@ -51,6 +51,8 @@ SCRIPTS = {
     "zppo-eval run": [sys.executable, "-m", "zppo_trl.evaluation.cli", "run", "--help"],
     "zppo-eval compare": [sys.executable, "-m", "zppo_trl.evaluation.cli", "compare", "--help"],
     "zppo-eval rejudge": [sys.executable, "-m", "zppo_trl.evaluation.cli", "rejudge", "--help"],
+    "zppo-eval audit-traces": [sys.executable, "-m", "zppo_trl.evaluation.cli", "audit-traces", "--help"],
+    "zppo-eval teacher-capability": [sys.executable, "-m", "zppo_trl.evaluation.cli", "teacher-capability", "--help"],
 }
 
 

@@ -412,6 +412,14 @@ class ZPPOConfig(GRPOConfig):
             "compress faithfully (the CPU demo's 135M teacher drops the boxed answer and mostly the answer itself)."
         },
     )
+    audit_traces: bool = field(
+        default=False,
+        metadata={
+            "help": "Store what the paper's trace-overlap audit reads (`zppo-eval audit-traces`) in "
+            "<output_dir>/audit_traces.jsonl: per question of the 0% admission bin, the first teacher candidate a "
+            "BCQ prompt showed for it (the fixed reference) and the plain rollouts of the group it graduated with."
+        },
+    )
     compression_max_tokens: int = field(
         default=512,
         metadata={"help": "Token cap of each compressed BCQ/NCQ candidate."},
@@ -568,7 +576,7 @@ class ZPPOConfig(GRPOConfig):
                 f"max_steps to {passes} x one pass's optimizer updates (the paper's pass: 800), got "
                 f"max_steps={self.max_steps!r}"
             )
-        for name in ("compress_candidates", "padding_free"):
+        for name in ("compress_candidates", "padding_free", "audit_traces"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in (

@@ -1,7 +1,7 @@
 """Every prompt template of the ZPPO paper, verbatim, and the functions that render them.
 
 The constants are the code-side text of the paper's prompt figures (the RL closer, the BCQ and
-NCQ blocks, the compression prompt, the shared judge, and the baselines' hint, correction and
+NCQ blocks, the compression prompt, the shared judge, the trace-overlap judge, and the baselines' hint, correction and
 reflection prompts). Fields written ``{{ name }}`` are
 filled at call time by :func:`fill`, in one pass, so text inside a field (a model
 response quoting ``{{ question }}``, say) is never substituted again.
@@ -22,6 +22,7 @@ __all__ = [
     "HINT_TEMPLATE",
     "INCORRECT_TAG",
     "JUDGE_TEMPLATE",
+    "MEMORIZATION_JUDGE_TEMPLATE",
     "NCQ_INSTRUCTION",
     "REFLECTION_TEMPLATE",
     "RL_CLOSER",
@@ -35,6 +36,7 @@ __all__ = [
     "render_correction",
     "render_hint",
     "render_judge",
+    "render_memorization_judge",
     "render_reflection",
 ]
 
@@ -100,6 +102,49 @@ You are a COMPARATOR, not a solver. Your ONLY job is to decide how well the mode
 
 Output ONLY a valid JSON object with exactly this format (no prose, no code fences, no trailing commentary): {"verdict": "correct" or "wrong"}"""
 )
+
+# The paper's trace-overlap judge figure (the memorization diagnostic): one student rollout against the fixed
+# teacher reference of its question; the three judges answer {"verdict": "transfer" | "memorization"}.
+MEMORIZATION_JUDGE_TEMPLATE = """You are an expert LLM-as-a-judge deciding whether a student solved a hard question by transfer (it reconstructed the reasoning itself) or by memorization (it reproduced the teacher correct response it saw during training).
+
+## Your Role (READ FIRST)
+You are a COMPARATOR, not a solver. Your ONLY job is to decide, from the teacher correct response and the student response, which of the two the student did.
+- Do NOT attempt to solve the problem yourself.
+- Do NOT judge whether the final answer is correct.
+- A matching final answer is NOT evidence of memorization; ignore the answer and judge ONLY the reasoning trace.
+
+## How to decide
+Base your call on the INCIDENTAL, non-forced parts of the reasoning -- the choices the teacher did not have to make: arbitrary variable names or notation, the order of independent steps, a particular intermediate quantity that was not required, idiosyncratic phrasing or asides. These rarely coincide unless copied.
+
+Signs of MEMORIZATION:
+- The student reproduces the teacher's incidental choices: same arbitrary notation, same non-required intermediate steps, same ordering, same phrasing.
+- The trace reads as a clean, linear restatement of the teacher's, in the same order, with no false starts.
+- It uses a teacher-specific detail it could not obtain from the question alone.
+
+Signs of TRANSFER:
+- The student shows self-directed reasoning: it reconsiders, self-checks, backtracks, or tries and discards steps ("wait, let me re-check ...").
+- It reaches the answer by a different route, decomposition, notation, or order.
+- It re-derives steps in its own framing rather than restating the teacher.
+
+When signs conflict, incidental overlap decides: a token "let me check" does not make it transfer if the student still reproduces the teacher's incidental choices.
+
+Do NOT count as memorization:
+- A matching final answer.
+- Overlap forced by the problem: if the question admits essentially one canonical method, similar steps are expected -- judge the incidental choices, not the forced ones.
+- Shared standard terminology or formulas.
+
+If, after applying the above, you are still genuinely uncertain, output "memorization" (the conservative call).
+
+## Question
+{{ question }}
+
+## Teacher Correct Response
+{{ teacher_correct_response }}
+
+## Student Response
+{{ student_response }}
+
+Output ONLY a valid JSON object with exactly this format (no prose, no code fences, no trailing commentary): {"verdict": "transfer" or "memorization"}"""
 
 # The paper's hint prompt figure (Hint baseline): the generator reads only the solved teacher response.
 HINT_TEMPLATE = """Read the solved response below and write a concise hint that helps solve the original question. Do NOT reveal the final answer, do NOT include any \\boxed{} expression, and do NOT copy the full solution. Keep only high-level guidance or the key intermediate idea.
@@ -248,6 +293,16 @@ def render_judge(
     if options:
         fields["options"] = options
     return fill(template, **fields)
+
+
+def render_memorization_judge(question: str, teacher_correct_response: str, student_response: str) -> str:
+    """The trace-overlap judge prompt for one student rollout against its question's fixed teacher reference."""
+    return fill(
+        MEMORIZATION_JUDGE_TEMPLATE,
+        question=question.strip(),
+        teacher_correct_response=teacher_correct_response.strip(),
+        student_response=student_response.strip(),
+    )
 
 
 def render_hint(response: str) -> str:

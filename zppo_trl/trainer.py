@@ -83,6 +83,7 @@ from .rollout import (
 )
 from .step_metrics import accumulate_totals, admission_bins, advantage_stats, bin_label, kind_metrics, timing_metrics
 from .teacher import TeacherClient
+from .trace_log import TRACE_LOG_NAME, TraceLog
 from .zero_variance import MARK_FIELD, response_log_confidence, signal_for, token_advantages
 
 __all__ = ["ZPPO_STATE_NAME", "ZPPOTrainer"]
@@ -180,6 +181,8 @@ class ZPPOTrainer(GRPOTrainer):
         self._rng = random.Random(args.seed)  # identical on every rank: every decision is replicated
         self._admitted_at: dict[Any, float] = {}  # resident -> plain accuracy at admission (for the bin metrics)
         self.counters: dict[str, float] = defaultdict(float)
+        # audit_traces: what the trace-overlap audit reads (zppo_trl.trace_log); written by the main process
+        self.trace_log = TraceLog(os.path.join(args.output_dir, TRACE_LOG_NAME)) if args.audit_traces else None
         self.dataset_name = dataset_name
         self.model_license = model_license
         self.teacher = teacher
@@ -698,6 +701,8 @@ class ZPPOTrainer(GRPOTrainer):
             micro_batches = self._distillation_batches(teacher_future, draw, plain_round, metrics)
         else:
             micro_batches = self._augmented_batches(teacher_future, draw, plain_round, accuracy, metrics)
+        if self.trace_log is not None:  # before step 7, while the graduates' admission bins are known
+            self._log_graduations(draw, plain_round, accuracy)
         # 7. Buffer refresh from the plain groups only.
         metrics.update(self._refresh_buffer(accuracy))
 
@@ -718,6 +723,8 @@ class ZPPOTrainer(GRPOTrainer):
         # 5. Augmented instances planned (post-cap) and built.
         plan = self.augmentation.plan(evidence, limit, self._rng, metrics) if augmenting else []
         built, most_built = self._build_augmented(plan, metrics)
+        if self.trace_log is not None:
+            self._log_references(built, accuracy)
         if augmenting and self.augmentation.supervised:
             # 5-6, supervised controls: the verified targets, fitted in the partitions of their questions.
             targets = self._target_round(built, draw.plain[0].row, metrics)
@@ -1027,6 +1034,41 @@ class ZPPOTrainer(GRPOTrainer):
             self._admitted_at.pop(key, None)
         metrics["buffer_size"] = len(self.replay_buffer)
         return metrics
+
+    # the trace-overlap audit's file (audit_traces)
+
+    def _in_zero_bin(self, key: Any, accuracy: Mapping) -> bool:
+        """Admitted at plain accuracy 0 (a resident), or about to be (a non-resident at 0 this step)."""
+        return self._admitted_at.get(key, accuracy.get(key)) == 0.0
+
+    def _log_references(self, built: BuiltGroups, accuracy: Mapping) -> None:
+        """The teacher candidate each of this step's BCQ prompts showed, for questions of the 0% bin, over
+        all ranks; the file keeps a question's first (its fixed reference)."""
+        local = [
+            (inst.key, self._row(inst.key)[data.QUESTION], shown[inst.teacher_position])
+            for inst, shown in zip(built.instances, built.shown)
+            if inst.kind == "bcq" and self._in_zero_bin(inst.key, accuracy)
+        ]
+        items = [item for rank_items in self.ranks.gather(local) for item in rank_items]
+        if self.is_world_process_zero():
+            self.trace_log.references(self.state.global_step, items)
+
+    def _log_graduations(self, draw: Draw, plain_round: Round, accuracy: Mapping) -> None:
+        """The plain rollouts and rewards of the questions graduating from the 0% bin this step (residents
+        admitted at 0 whose plain group reaches the threshold), over all ranks."""
+        G = self.num_generations
+        rewards = plain_round.rewards.view(self.ranks.world, -1)[self.ranks.rank].tolist()
+        local = [
+            (key, g.row[data.QUESTION], plain_round.texts[i * G : (i + 1) * G], rewards[i * G : (i + 1) * G])
+            for i, g in enumerate(draw.plain)
+            if g.kind != FILLER
+            and (key := g.row[data.ID]) in self.replay_buffer
+            and self._admitted_at.get(key) == 0.0
+            and accuracy[key] >= self.replay_buffer.threshold
+        ]
+        items = {item[0]: item for rank_items in self.ranks.gather(local) for item in rank_items}
+        if self.is_world_process_zero():
+            self.trace_log.graduations(self.state.global_step, items.values())
 
     # metrics
 

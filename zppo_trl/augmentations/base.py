@@ -81,11 +81,14 @@ class BuiltGroup(NamedTuple):
 @dataclass
 class BuiltGroups:
     """One rank's built instances: a :class:`BuiltGroup` per group to sample, the instances
-    behind them (same order), and how many teacher calls of the build failed."""
+    behind them (same order), and how many teacher calls of the build failed. ``shown``, where the
+    family fills it (BCQ/NCQ), holds each instance's candidate texts as its prompt shows them (same
+    order; the trace-overlap audit's teacher reference is a BCQ instance's ``teacher_position``)."""
 
     groups: list[BuiltGroup] = field(default_factory=list)
     instances: list[Any] = field(default_factory=list)
     failures: int = 0
+    shown: list[tuple[str, ...]] = field(default_factory=list)
 
 
 class Augmentation(ABC):

@@ -100,6 +100,7 @@ class CandidateReformulation(Augmentation):
             block = bcq_block(texts) if inst.kind == "bcq" else ncq_block(inst.wrong_answers, texts)
             built.groups.append(BuiltGroup(inst.kind, inst.key, block))
             built.instances.append(inst)
+            built.shown.append(tuple(texts))
         return built
 
     def _shown(self, texts: Sequence[str], metrics: dict) -> tuple[str, ...] | None:

@@ -5,6 +5,9 @@
     zppo-eval compare evals/grpo-0.8b evals/zppo-0.8b --bootstrap --plot families.png
     zppo-eval rejudge evals/grpo-0.8b evals/zppo-0.8b --judge-base-url https://api.example.com/v1 \\
         --judge-model other-judge --output-dir evals/judge-sweep
+    zppo-eval audit-traces outputs/zppo-2b --judge-base-url URL1 --judge-model judge-a \
+        --judge-base-url URL2 --judge-model judge-b --judge-base-url URL3 --judge-model judge-c
+    zppo-eval teacher-capability outputs/zppo-0.8b outputs/zppo-2b
 
 ``run`` is resumable: the same command on the same ``--output-dir`` continues an interrupted run.
 Errors in the arguments or the data print one ``error: ...`` line and exit 2; an endpoint that
@@ -244,14 +247,17 @@ def _print_summary(results: dict, run_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``zppo-eval {run,compare,rejudge} ...``."""
+    """``zppo-eval {run,compare,rejudge,audit-traces,teacher-capability} ...``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"run": run_main, "compare": _compare_main, "rejudge": _rejudge_main}
+    commands = {"run": run_main, "compare": _compare_main, "rejudge": _rejudge_main,
+                "audit-traces": _audit_traces_main, "teacher-capability": _teacher_capability_main}  # fmt: skip
     if not argv or argv[0] not in commands:
-        print("usage: zppo-eval {run,compare,rejudge} [--help]\n"
-              "  run      evaluate a served checkpoint on the suite (resumable)\n"
-              "  compare  the paper's tables (and bootstrap, plot) for several runs\n"
-              "  rejudge  the judge sweep: runs' stored responses re-scored by another judge",
+        print("usage: zppo-eval {run,compare,rejudge,audit-traces,teacher-capability} [--help]\n"
+              "  run                 evaluate a served checkpoint on the suite (resumable)\n"
+              "  compare             the paper's tables (and bootstrap, plot) for several runs\n"
+              "  rejudge             the judge sweep: runs' stored responses re-scored by another judge\n"
+              "  audit-traces        a training run's trace-overlap audit (two of three judges)\n"
+              "  teacher-capability  how often the teacher solves the student's hard questions",
               file=sys.stderr)  # fmt: skip
         return 0 if argv[:1] in (["-h"], ["--help"]) else 2
     return commands[argv[0]](argv[1:])
@@ -267,6 +273,18 @@ def _rejudge_main(argv: list[str]) -> int:
     from .rejudge import rejudge_main
 
     return rejudge_main(argv)
+
+
+def _audit_traces_main(argv: list[str]) -> int:
+    from .trace_audit import audit_traces_main
+
+    return audit_traces_main(argv)
+
+
+def _teacher_capability_main(argv: list[str]) -> int:
+    from .teacher_capability import teacher_capability_main
+
+    return teacher_capability_main(argv)
 
 
 if __name__ == "__main__":
