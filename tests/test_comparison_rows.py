@@ -896,3 +896,70 @@ def test_a_distill_teacher_with_another_tokenizer_is_refused(boxed_text_student_
     AutoModelForCausalLM.from_pretrained(boxed_text_student_dir).save_pretrained(teacher_dir)
     with pytest.raises(ValueError, match="another tokenizer than the student"):
         _distill_run(boxed_text_student_dir, teacher_dir, boxed_teacher_server, tmp_path, "on")
+
+
+def test_relift_trains_one_graded_correct_teacher_solution_per_all_wrong_question(
+    boxed_text_student_dir, boxed_teacher_server, tmp_path
+):
+    """ReLIFT† (zero_variance_signal: relift) on the GRPO† pipeline: a target exactly for the plain questions the
+    student got all wrong and the teacher solved (one of its graded-correct rollouts), none for a question the
+    teacher cannot solve nor for any question the student solved once; the targets train (cross-entropy logged)."""
+    from zppo_trl.zero_variance import TARGET_FIELD
+
+    rows = toy_rows("text")
+    rows = _unsolvable(rows, (rows[0]["id"],))
+    by_id = {row["id"]: row for row in rows}
+    teacher = _recording_teacher(boxed_teacher_server)
+    trainer = _trainer(
+        boxed_text_student_dir,
+        boxed_teacher_server,
+        tmp_path,
+        [],
+        Spy(),
+        teacher=teacher,
+        rows=rows,
+        zero_variance_signal="relift",
+    )
+    assert trainer.args.variant.startswith("ReLIFT\u2020")  # the fixture replays at 0.5
+    calls = []
+    original = trainer._zero_variance_targets
+
+    def recorded(teacher_future, draw, plain_round, metrics):
+        out = original(teacher_future, draw, plain_round, metrics)
+        calls.append((plain_round, out))
+        return out
+
+    trainer._zero_variance_targets = recorded
+    record = _train_recorded(trainer)
+    tokenizer, G = trainer.processing_class, trainer.num_generations
+    built_targets = []
+    for plain, targets in calls:
+        all_wrong = {
+            key
+            for g, (kind, key) in enumerate(plain.groups_per_rank[0])
+            if kind != "filler" and all(r <= 0.5 for r in plain.rewards[g * G : (g + 1) * G].tolist())
+        }
+        solved = {key for key in all_wrong if _teacher_correct(dict(sampled=teacher.exchanges), by_id[key])}
+        keys = (
+            [key for kind, key in targets.groups_per_rank[0] if kind != "filler"] if targets.batch is not None else []
+        )
+        assert sorted(keys) == sorted(solved), (keys, all_wrong)  # one target per solved all-wrong question
+        assert rows[0]["id"] not in keys
+        for i, key in enumerate(targets.groups_per_rank[0]):
+            if key[0] == "filler":
+                continue
+            ids = targets.batch["completion_ids"][i][targets.batch["completion_mask"][i].bool()]
+            text = tokenizer.decode(ids, skip_special_tokens=True).strip()
+            correct = [t.strip() for t in _teacher_correct(dict(sampled=teacher.exchanges), by_id[key[1]])]
+            assert text in correct
+            built_targets.append(text)
+    assert built_targets, "no all-wrong question with a teacher solution in the run"
+    trained = [
+        tokenizer.decode(m["completion_ids"][i][m["completion_mask"][i].bool()], skip_special_tokens=True).strip()
+        for m in record["micro"]
+        if TARGET_FIELD in m
+        for i in range(m["completion_ids"].size(0))
+        if m[TARGET_FIELD][i] > 0 and m["completion_mask"][i].any()
+    ]
+    assert sorted(trained) == sorted(built_targets)  # every target trains once, as a target row
+    assert any(h.get("relift/nll", 0) > 0 for h in trainer.state.log_history)

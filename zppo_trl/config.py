@@ -320,17 +320,19 @@ class ZPPOConfig(GRPOConfig):
         default="none",
         metadata={
             "help": "A signal for the all-wrong groups, which the two-step advantage leaves at zero: 'none' (the "
-            "paper's ZPPO and GRPO), 'rl_zvp' (RL-ZVP: -alpha (max entropy - token entropy) per token) or 'lens' "
+            "paper's ZPPO and GRPO), 'rl_zvp' (RL-ZVP: -alpha (max entropy - token entropy) per token), 'lens' "
             "(LENS: a penalty that grows with the sampling policy's length-normalised likelihood of each wrong "
-            "answer, de-meaned in its group; needs num_partitions >= 2). The group is then not skipped as "
-            "empty-signal. See docs/comparison_rows.md."
+            "answer, de-meaned in its group; needs num_partitions >= 2), or a teacher target on those questions: "
+            "'relift' (ReLIFT: cross-entropy on one graded-correct teacher rollout per all-wrong question) or "
+            "'rstg' (RSTG: the distillation rows' JSD to the teacher server's top-k on the all-wrong rollouts "
+            "only). The group is then not skipped as empty-signal. See docs/comparison_rows.md."
         },
     )
     zero_variance_alpha: float | None = field(
         default=None,
         metadata={
-            "help": "The signal's coefficient alpha; None: its paper's (RL-ZVP 0.1, LENS 0.25). Only "
-            "zero_variance_signal reads it."
+            "help": "The signal's coefficient alpha; None: its paper's (RL-ZVP 0.1, LENS 0.25; the weight of "
+            "ReLIFT's and RSTG's term 1.0). Only zero_variance_signal reads it."
         },
     )
 
@@ -653,6 +655,11 @@ class ZPPOConfig(GRPOConfig):
                 "zero_variance_signal='rl_zvp' gives each token its own advantage; policy_objective='gspo' trains one "
                 "ratio per response: use a token-level objective (grpo, cispo, dispo)"
             )
+        if ZERO_VARIANCE_SIGNALS[signal].needs_teacher and not (self.teacher_base_url and self.teacher_model):
+            raise ValueError(
+                f"zero_variance_signal={signal!r} puts the teacher's targets in the loss: set teacher_base_url and "
+                "teacher_model (its vLLM server samples ReLIFT's solutions and scores RSTG's top-k)"
+            )
         if signal == "lens" and self.num_partitions < 2:
             raise ValueError(
                 "zero_variance_signal='lens' reads the sampling policy's log-probs, which TRL computes only when a "
@@ -690,21 +697,31 @@ class ZPPOConfig(GRPOConfig):
     def _warn_unused_settings(self) -> None:
         """Warn about a row-specific field set on a row that never reads it (a likely mistake, e.g.
         ``prefix_fraction`` without ``augmentations: [prefix]``), naming the field and what reads it."""
+        rstg = self.zero_variance_signal == "rstg"
         readers = {
             "prefix_fraction": ("prefix" in self.augmentations, "augmentations: [prefix]"),
             "bcq_candidate_content": ("bcq" in self.augmentations, "augmentations with bcq"),
-            "distill_teacher": (self.distillation is not None, "distillation: off|on"),
-            "distill_beta": (self.distillation is not None, "distillation: off|on"),
+            "distill_teacher": (
+                self.distillation is not None or rstg,
+                "distillation: off|on or zero_variance_signal: rstg",
+            ),
+            "distill_beta": (
+                self.distillation is not None or rstg,
+                "distillation: off|on or zero_variance_signal: rstg",
+            ),
             "distill_top_k": (
-                self.distillation is not None and not self.distill_teacher,
+                (self.distillation is not None and not self.distill_teacher) or rstg,
                 "distillation from the server",
             ),
-            "distill_chunk_size": (self.distillation is not None, "distillation: off|on"),
+            "distill_chunk_size": (
+                self.distillation is not None or rstg,
+                "distillation: off|on or zero_variance_signal: rstg",
+            ),
             **dict.fromkeys(DISPO_FIELDS, (self.policy_objective == "dispo", "policy_objective: dispo")),
             "gspo_settings": (self.policy_objective == "gspo", "policy_objective: gspo"),
             "cispo_weight_bound": (self.policy_objective == "cispo", "policy_objective: cispo"),
             "dispo_out_of_bounds": (self.policy_objective == "dispo", "policy_objective: dispo"),
-            "zero_variance_alpha": (self.zero_variance_signal != "none", "zero_variance_signal: rl_zvp|lens"),
+            "zero_variance_alpha": (self.zero_variance_signal != "none", "zero_variance_signal"),
         }
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for name, (used, reader) in readers.items():

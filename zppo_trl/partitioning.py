@@ -8,8 +8,10 @@ One partitioner serves every row of the paper:
 * Target rows (Correction-/Error-reflection-SFT, Off-/On-Distill): the step's questions are dealt
   into the partitions (new and replayed evenly) and each target trains in its question's partition.
 
-Under a zero-variance signal (:mod:`zppo_trl.zero_variance`, the RL-ZVP and LENS rows) the rows of all-wrong
-groups are marked and carry the signal, so a partition holding one has something to learn from.
+Under a zero-variance signal (:mod:`zppo_trl.zero_variance`, the RL-ZVP, LENS and RSTG rows) the rows of all-wrong
+groups are marked and carry the signal, so a partition holding one has something to learn from. ReLIFT's teacher
+targets join the RL rows instead: each target row goes into the partition of its question's plain group, with
+zero advantage and its own mark, and makes that partition one with something to learn from.
 
 Either way a partition in which no rank has anything to learn from makes no optimizer update at all:
 its micro-batches are :data:`SKIP` markers, which the trainer turns into steps without a forward or a
@@ -30,7 +32,7 @@ import torch
 from .advantages import nontrivial_groups, partition_groups, two_step_advantages
 from .batches import select_rows
 from .rollout import FILLER
-from .zero_variance import MARK_FIELD, partition_signal
+from .zero_variance import MARK_FIELD, TARGET_FIELD, partition_signal
 
 __all__ = ["SKIP", "PolicyPartitions", "deal_targets", "is_skipped", "pack_partition", "policy_partitions", "skipped"]
 
@@ -57,6 +59,7 @@ def pack_partition(
     num_partitions: int,
     device: Any,
     marks: Sequence[bool] | None = None,
+    targets: Sequence[bool] | None = None,
 ) -> list[dict]:
     """One optimizer update's ``grad_accum`` micro-batches of this rank's rows ``local``.
 
@@ -65,7 +68,8 @@ def pack_partition(
     over all ranks: TRL's DAPO loss divides by ``num_items_in_batch / processes * grad_accum /
     steps_per_generation``, so carrying ``tokens * num_partitions`` there makes the divisor the partition's
     own token count, a token mean per optimizer update. ``marks`` (one per row of ``local``) flags the rows of
-    all-wrong groups for a loss-time zero-variance signal (``zero_variance_rows``; padding rows unmarked).
+    all-wrong groups for a loss-time zero-variance signal (``zero_variance_rows``; padding rows unmarked), and
+    ``targets`` ReLIFT's teacher-target rows (``teacher_target_rows``).
     ``sequences`` (the partition's responses with a loss
     token, over all ranks) travels the same way as ``num_sequences_in_batch``: the divisor of the losses that
     average per response (GSPO as its paper aggregates).
@@ -74,7 +78,11 @@ def pack_partition(
     size = max(grad_accum, math.ceil(largest / grad_accum) * grad_accum)
     index = local + [local[0] if local else 0] * (size - len(local))
     advantages = list(advantages) + [0.0] * (size - len(local))
-    flags = [float(m) for m in marks] + [0.0] * (size - len(local)) if marks is not None else None
+    flags = {
+        field: [float(m) for m in values] + [0.0] * (size - len(local))
+        for field, values in ((MARK_FIELD, marks), (TARGET_FIELD, targets))
+        if values is not None
+    }
     items = torch.tensor(tokens * num_partitions, device=device)
     responses = torch.tensor(sequences * num_partitions, device=device)
     per_micro = size // grad_accum
@@ -83,8 +91,8 @@ def pack_partition(
         lo, hi = m * per_micro, (m + 1) * per_micro
         micro = select_rows(batch, index[lo:hi])
         micro["advantages"] = torch.tensor(advantages[lo:hi], device=micro["advantages"].device)
-        if flags is not None:
-            micro[MARK_FIELD] = torch.tensor(flags[lo:hi], device=micro["advantages"].device)
+        for field, values in flags.items():
+            micro[field] = torch.tensor(values[lo:hi], device=micro["advantages"].device)
         padding = [j - lo for j in range(max(lo, len(local)), hi)]
         if padding:  # zero-weight padding rows: no loss tokens
             micro["completion_mask"][padding] = 0
@@ -117,12 +125,14 @@ def policy_partitions(
     ranks: Any,
     seed: int,
     confidences_per_rank: Sequence[Sequence[float]] | None = None,
+    targets_per_rank: Sequence[Sequence[tuple[int, tuple[int, int]]]] | None = None,
 ) -> PolicyPartitions:
     """Deal every rank's groups (``kinds_per_rank[r]``: the kind of each group of rank ``r``, in row order;
     ``rewards_per_rank[r]``: its rows' rewards) into ``args.num_partitions`` partitions, compute two-step
     advantages per partition, add the zero-variance signal of ``args.zero_variance_signal`` (LENS reads
     ``confidences_per_rank[r]``, each row's mean sampling log-prob), and pack this rank's share. Fillers are
-    never trained."""
+    never trained. ``targets_per_rank[r]`` lists rank ``r``'s teacher-target rows (ReLIFT) as ``(row, (rank,
+    group))``: the row joins the partition of that plain group, with zero advantage."""
     partitions, grad_accum = args.num_partitions, args.gradient_accumulation_steps
     # rows[r][p]: rank r's row indices in partition p; rewards and group ids keyed by (rank, row)
     rows: list[list[list[int]]] = []
@@ -139,6 +149,15 @@ def policy_partitions(
                     strata.append(kind)
         split = partition_groups(ids, partitions, rng=random.Random(seed + r), strata=strata)
         rows.append([[real[j] for j in part] for part in split])
+    target_rows: list[list[set[int]]] = [[set() for _ in range(partitions)] for _ in kinds_per_rank]
+    if targets_per_rank:
+        partition_of = {
+            group_of[(r, i)]: p for r, parts in enumerate(rows) for p, part in enumerate(parts) for i in part
+        }
+        for r, targets in enumerate(targets_per_rank):
+            for row, anchor in targets:
+                rows[r][partition_of[anchor]].append(row)
+                target_rows[r][partition_of[anchor]].add(row)
 
     loss_mask = _loss_mask(batch)
     device = ranks.accelerator.device
@@ -150,26 +169,32 @@ def policy_partitions(
     skipped_count = 0
     trained: dict[tuple[int, int], float] = {}
     for p in range(partitions):
-        members = [(r, i) for r in range(ranks.world) for i in rows[r][p]]
+        members = [(r, i) for r in range(ranks.world) for i in rows[r][p] if i not in target_rows[r][p]]
+        has_targets = any(target_rows[r][p] for r in range(ranks.world))
         rewards = [reward_of[m] for m in members]
         group_ids = [group_of[m] for m in members]
         confidences = [confidences_per_rank[r][i] for r, i in members] if confidences_per_rank else None
         marked, extra = partition_signal(args, rewards, group_ids, confidences)
-        if not (members and (nontrivial_groups(rewards, group_ids) or marked.any())):
+        if not (has_targets or (members and (nontrivial_groups(rewards, group_ids) or marked.any()))):
             skipped_count += 1
             micro_batches += skipped(grad_accum)
             continue
-        adv = two_step_advantages(rewards, group_ids, args.advantage_normalization, args.advantage_epsilon)
+        adv = (
+            two_step_advantages(rewards, group_ids, args.advantage_normalization, args.advantage_epsilon)
+            if members
+            else torch.zeros(0)
+        )
         adv = (adv.double() + extra).float()  # the signal lands on the all-wrong rows, whose two-step value is 0
         advantage_of = dict(zip(members, adv.tolist()))
         mark_of = dict(zip(members, marked.tolist()))
         trained.update(advantage_of)
         local = rows[ranks.rank][p]
         largest = max(len(rows[r][p]) for r in range(ranks.world))
-        advantages = [advantage_of[(ranks.rank, i)] for i in local]
-        marks = [mark_of[(ranks.rank, i)] for i in local] if marked.any() else None
+        advantages = [advantage_of.get((ranks.rank, i), 0.0) for i in local]  # a target row: zero
+        marks = [mark_of.get((ranks.rank, i), False) for i in local] if marked.any() else None
+        targets = [i in target_rows[ranks.rank][p] for i in local] if has_targets else None
         micro_batches += pack_partition(
-            batch, local, largest, advantages, tokens[p], sequences[p], grad_accum, partitions, device, marks
+            batch, local, largest, advantages, tokens[p], sequences[p], grad_accum, partitions, device, marks, targets
         )
     return PolicyPartitions(micro_batches, skipped_count, trained)
 

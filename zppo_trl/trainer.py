@@ -84,7 +84,15 @@ from .rollout import (
 from .step_metrics import accumulate_totals, admission_bins, advantage_stats, bin_label, kind_metrics, timing_metrics
 from .teacher import TeacherClient
 from .trace_log import TRACE_LOG_NAME, TraceLog
-from .zero_variance import MARK_FIELD, response_log_confidence, signal_for, token_advantages
+from .zero_variance import (
+    MARK_FIELD,
+    all_wrong_keys,
+    relift_targets,
+    response_log_confidence,
+    signal_for,
+    teacher_target_term,
+    token_advantages,
+)
 
 __all__ = ["ZPPO_STATE_NAME", "ZPPOTrainer"]
 
@@ -188,9 +196,13 @@ class ZPPOTrainer(GRPOTrainer):
         self.teacher = teacher
         # The distillation rows' teacher: its server's top-k log-probs by default; loaded next to the student
         # (for its full distributions) only when one is given.
-        local = args.distillation is not None and (distill_teacher_model is not None or bool(args.distill_teacher))
+        zero_variance = signal_for(args)  # ReLIFT and RSTG ask the teacher server too; RSTG distils as On-Distill
+        distills = args.distillation is not None or (zero_variance is not None and zero_variance.distills)
+        local = distills and (distill_teacher_model is not None or bool(args.distill_teacher))
         server_distill = args.distillation == "off" or (args.distillation == "on" and not local)
-        if self.teacher is None and (args.augmentations or server_distill):
+        if self.teacher is None and (
+            args.augmentations or server_distill or (zero_variance and zero_variance.needs_teacher)
+        ):
             self.teacher = TeacherClient.from_config(args)
         self.distill_teacher = self._prepare_distill_teacher(distill_teacher_model) if local else None
         # Step 5's augmentation: ZPPO's BCQ/NCQ prompts, or a comparison row's; None for GRPO†.
@@ -554,6 +566,16 @@ class ZPPOTrainer(GRPOTrainer):
                 self.args, loss_inputs.advantages, loss_inputs.entropies, mask, inputs.get(MARK_FIELD)
             )
         out = self.objective_loss.fn(loss_inputs, self.args)
+        term = teacher_target_term(  # ReLIFT's / RSTG's teacher-target term on the all-wrong questions
+            self.args,
+            inputs,
+            loss_inputs.logps,
+            mask,
+            loss_inputs.normalizer,
+            lambda: self._distill_inputs(model, inputs),
+        )
+        if term is not None:
+            out.loss, out.means = out.loss + term[0], {**out.means, **term[1]}
         loss = out.loss
         if self.aux_loss_enabled and aux_loss is not None:  # as TRL: scaled for gradient accumulation
             loss = loss + self.router_aux_loss_coef * aux_loss / (
@@ -686,7 +708,12 @@ class ZPPOTrainer(GRPOTrainer):
         # 1. X_new from the dataloader (each row repeated G times), X_replay from the buffer.
         draw = self._draw_questions(inputs)
         # 2. Teacher sampling for every question of X starts now, overlapping the student's rollouts.
-        sampling = (self._augmenting and self.augmentation.needs_teacher_rollouts) or args.distillation == "off"
+        zero_variance = signal_for(args)
+        sampling = (
+            (self._augmenting and self.augmentation.needs_teacher_rollouts)
+            or args.distillation == "off"
+            or (zero_variance is not None and zero_variance.teacher_targets)
+        )
         teacher_future = self._start_teacher_sampling(draw.plain) if sampling else None
         # 3. Plain rollouts, scored; plain accuracy r_x per question over all ranks.
         plain_round = self._generate_round(draw.plain, "plain", metrics)
@@ -732,10 +759,31 @@ class ZPPOTrainer(GRPOTrainer):
             return self._target_batches(targets, draw, metrics)
         # 5. The student's group on each built instance; 6. partitions, two-step advantages, padded micro-batches.
         augmented_round = self._augmented_round(built, most_built, draw.plain[0].row, metrics)
-        micro_batches = self._policy_batches(plain_round, augmented_round, metrics)
+        targets = self._zero_variance_targets(teacher_future, draw, plain_round, metrics)
+        micro_batches = self._policy_batches(plain_round, augmented_round, metrics, targets)
+        signal = signal_for(self.args)
+        if (
+            signal is not None and signal.distills and self.distill_teacher is None
+        ):  # RSTG: top-k of the all-wrong rows
+            self._attach_teacher_topk(micro_batches, metrics, only=MARK_FIELD)
         if augmenting:
             metrics.update(self._augmentation_metrics(plan, built, augmented_round))
         return micro_batches
+
+    def _zero_variance_targets(
+        self, teacher_future: Any, draw: Draw, plain_round: Round, metrics: dict
+    ) -> Round | None:
+        """ReLIFT's target rows: one graded-correct teacher rollout per all-wrong plain question, teacher-forced
+        (:func:`zppo_trl.zero_variance.relift_targets`); None on every other row."""
+        signal = signal_for(self.args)
+        if signal is None or not signal.teacher_targets:
+            return None
+        keys = all_wrong_keys(plain_round.groups_per_rank, plain_round.rewards, self.num_generations)
+        evidence = self._gather_evidence(teacher_future, draw, plain_round, keys, metrics)
+        planned = relift_targets(keys, evidence.teacher_correct, self._rng)
+        built = BuiltGroups([BuiltGroup("relift", key, target=text) for key, text in self.ranks.share(planned)])
+        metrics["relift_all_wrong"], metrics["relift_targets"] = len(keys), len(planned)
+        return self._target_round(built, draw.plain[0].row, metrics)
 
     def _distillation_batches(self, teacher_future: Any, draw: Draw, plain_round: Round, metrics: dict) -> list[dict]:
         """Steps 4-6 of Off-/On-Distill: the sequences to imitate, each in its question's partition.
@@ -760,31 +808,43 @@ class ZPPOTrainer(GRPOTrainer):
             self._attach_teacher_topk(micro_batches, metrics)
         return micro_batches
 
-    def _attach_teacher_topk(self, micro_batches: list[dict], metrics: dict) -> None:
+    def _attach_teacher_topk(self, micro_batches: list[dict], metrics: dict, only: str | None = None) -> None:
         """Ask the teacher server for its top-k log-probs at every completion position of every sequence
         this rank trains in the step (one concurrent batch), and put them on each micro-batch
         (``teacher_topk_ids``/``teacher_topk_logps``, (B, C, k)). A sequence whose request failed is left out
-        of the loss (``distill_teacher_failed``); a step where every request failed is an error."""
+        of the loss (``distill_teacher_failed``); a step where every request failed is an error. With ``only``
+        (RSTG: ``zero_variance_rows``), only the rows that field marks are sent, and only their micro-batches get
+        the fields."""
         k = self.args.distill_top_k
         rows = []  # (micro-batch, row, sequence, prompt length)
-        for micro in micro_batches:
-            if is_skipped(micro):
+        wanted = [
+            []
+            if is_skipped(micro) or (only is not None and only not in micro)
+            else [r for r in range(micro["completion_ids"].size(0)) if only is None or micro[only][r] > 0]
+            for micro in micro_batches
+        ]
+        for micro, micro_rows in zip(micro_batches, wanted):
+            if not micro_rows:
                 continue
             if micro.get("pixel_values") is not None:
                 raise ValueError(
                     "the distillation rows' teacher server scores token ids, which cannot carry a question's images: "
                     "for image questions set distill_teacher to load the teacher next to the student"
                 )
-            for r in range(micro["completion_ids"].size(0)):
+            for r in micro_rows:
                 completion = micro["completion_ids"][r][micro["completion_mask"][r].bool()]
                 if completion.numel():
                     prompt = micro["prompt_ids"][r][micro["prompt_mask"][r].bool()]
                     rows.append((micro, r, prompt.tolist() + completion.tolist(), prompt.numel()))
-        results = self.teacher.sequence_logprobs_async(
-            [seq for _, _, seq, _ in rows], [n for _, _, _, n in rows], k
-        ).result()
-        for micro in micro_batches:
-            if not is_skipped(micro):
+        results = (
+            self.teacher.sequence_logprobs_async(
+                [seq for _, _, seq, _ in rows], [n for _, _, _, n in rows], k
+            ).result()
+            if rows
+            else []
+        )
+        for micro, micro_rows in zip(micro_batches, wanted):
+            if micro_rows:
                 shape = (*micro["completion_ids"].shape, k)
                 micro["teacher_topk_ids"] = torch.zeros(shape, dtype=torch.long, device=micro["completion_ids"].device)
                 micro["teacher_topk_logps"] = torch.zeros(shape, device=micro["completion_ids"].device)
@@ -962,20 +1022,44 @@ class ZPPOTrainer(GRPOTrainer):
 
     # 6.
 
-    def _policy_batches(self, plain_round: Round, augmented_round: Round, metrics: dict) -> list[dict]:
+    def _policy_batches(
+        self, plain_round: Round, augmented_round: Round, metrics: dict, targets: Round | None = None
+    ) -> list[dict]:
         """Step 6 for the RL rows: every rank's plain and augmented groups dealt into partitions, two-step
-        advantages per partition, this rank's micro-batches."""
+        advantages per partition, this rank's micro-batches; ReLIFT's ``targets`` rows, after them, each in its
+        question's partition."""
         world, G = self.ranks.world, self.num_generations
         rounds = [r for r in (plain_round, augmented_round) if r.batch is not None]
-        batch = concat_batches([r.batch for r in rounds], self._tokenizer.pad_token_id)
+        extra = [targets.batch] if targets is not None and targets.batch is not None else []
+        batch = concat_batches([r.batch for r in rounds] + extra, self._tokenizer.pad_token_id)
         kinds_per_rank = [[kind for r in rounds for kind, _key in r.groups_per_rank[rank]] for rank in range(world)]
         rewards_per_rank = [
             [x for r in rounds for x in r.rewards.view(world, -1)[rank].tolist()] for rank in range(world)
         ]
         signal = signal_for(self.args)  # LENS reads each rollout's sampling log-prob, gathered like the rewards
         confidences = self.ranks.gather(response_log_confidence(batch)) if signal and signal.needs_confidence else None
+        targets_per_rank = None
+        if extra:  # each target row anchored to its question's plain group (rank, group)
+            anchor = {
+                key: (r, g)
+                for r, groups in enumerate(plain_round.groups_per_rank)
+                for g, (kind, key) in enumerate(groups)
+                if kind != FILLER
+            }
+            targets_per_rank = [
+                [(len(kinds) * G + i, anchor[key]) for i, (kind, key) in enumerate(rows) if kind != FILLER]
+                for kinds, rows in zip(kinds_per_rank, targets.groups_per_rank)
+            ]
         result = policy_partitions(
-            batch, kinds_per_rank, rewards_per_rank, G, self.args, self.ranks, self._rng.getrandbits(32), confidences
+            batch,
+            kinds_per_rank,
+            rewards_per_rank,
+            G,
+            self.args,
+            self.ranks,
+            self._rng.getrandbits(32),
+            confidences,
+            targets_per_rank,
         )
         metrics["skipped_partitions"] = result.skipped
         metrics.update(advantage_stats(list(result.trained.values())))

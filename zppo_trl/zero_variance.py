@@ -21,43 +21,64 @@ the all-wrong group only).
             de-meaned only (no std) and weighted by alpha 0.25 (its one hyperparameter):
             ``A_i = alpha (r~_i - mean_j r~_j)``. Response-level, so it is computed where groups are whole, in
             the partition (:func:`lens_advantages`).
+``relift``  Ma et al. 2025, "Learning What Reinforcement Learning Can't: Interleaved Online Fine-Tuning for
+            Hardest Questions" (arXiv 2506.07527): supervised fine-tuning on a teacher solution of every
+            question the student got all wrong. Each all-wrong question gets one graded-correct teacher
+            rollout (of the G_T the teacher server sampled for it), drawn uniformly, as a target row
+            (:func:`relift_targets`); the row trains with cross-entropy in its question's partition, next to
+            the RL rows, weighted by alpha 1.0 (:func:`teacher_target_term`).
+``rstg``    Han et al. 2026 (the ZPPO paper's ``han2026distill``): selective on-policy distillation. The
+            student's own rollouts of the all-wrong groups, and only those, are distilled towards the frozen
+            teacher's per-token distributions (its server's top-k), under the distillation rows' generalized
+            JSD (``distill_beta``), weighted by alpha 1.0 (:func:`teacher_target_term`).
 ==========  ==================================================================================================
+
+The last two are the teacher-target rows ("ReLIFT and RSTG add teacher-authored targets on those questions"):
+their all-wrong groups keep zero advantage (their RL term is zero) and the term is added to the loss.
 
 This module is pure: torch only, no TRL, no trainer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from .rollout import CORRECT
+from .distill import DistillInputs, chunked_jsd
+from .rollout import CORRECT, FILLER
 
 __all__ = [
     "MARK_FIELD",
+    "TARGET_FIELD",
     "ZERO_VARIANCE_SIGNALS",
     "ZeroVarianceSignal",
+    "all_wrong_keys",
     "all_wrong_rows",
     "lens_advantages",
     "partition_signal",
+    "relift_targets",
     "response_log_confidence",
     "rl_zvp_token_advantages",
     "signal_for",
+    "teacher_target_term",
     "token_advantages",
 ]
 
 # The micro-batch field that marks the rows of all-wrong groups (1.0) for a loss-time signal.
 MARK_FIELD = "zero_variance_rows"
+# The micro-batch field that marks ReLIFT's teacher-target rows (1.0): trained with cross-entropy, never with RL.
+TARGET_FIELD = "teacher_target_rows"
 
 
 @dataclass(frozen=True)
 class ZeroVarianceSignal:
     """A registered named term: the ``zero_variance_signal`` value, how the paper's table prints the row
     (``<printed>†``), its paper's coefficient, and where it is computed: ``"loss"`` (per token, from the
-    forward's entropies) or ``"partition"`` (per response, from the sampling policy's log-probs, which the
-    trainer gathers for it: ``needs_confidence``)."""
+    forward's entropies), ``"partition"`` (per response, from the sampling policy's log-probs, which the
+    trainer gathers for it: ``needs_confidence``), ``"target"`` (teacher solutions as extra target rows:
+    ``teacher_targets``) or ``"distill"`` (the teacher's distributions on the all-wrong rollouts: ``distills``)."""
 
     name: str
     printed: str
@@ -68,10 +89,25 @@ class ZeroVarianceSignal:
     def needs_confidence(self) -> bool:
         return self.at == "partition"
 
+    @property
+    def teacher_targets(self) -> bool:
+        return self.at == "target"
+
+    @property
+    def distills(self) -> bool:
+        return self.at == "distill"
+
+    @property
+    def needs_teacher(self) -> bool:
+        """Whether the row asks the teacher server (a teacher-target row)."""
+        return self.at in ("target", "distill")
+
 
 ZERO_VARIANCE_SIGNALS: dict[str, ZeroVarianceSignal] = {
     "rl_zvp": ZeroVarianceSignal("rl_zvp", "RL-ZVP", 0.1, "loss"),
     "lens": ZeroVarianceSignal("lens", "LENS", 0.25, "partition"),
+    "relift": ZeroVarianceSignal("relift", "ReLIFT", 1.0, "target"),
+    "rstg": ZeroVarianceSignal("rstg", "RSTG", 1.0, "distill"),
 }
 
 
@@ -137,7 +173,7 @@ def partition_signal(
     signal: nothing marked, zeros). A partition with a marked row has a learning signal."""
     n = len(group_ids)
     signal = signal_for(args)
-    if signal is None:
+    if signal is None or signal.teacher_targets:  # ReLIFT's signal is its target rows, not the wrong rollouts
         return torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.float64)
     marked = all_wrong_rows(rewards, group_ids)
     if not signal.needs_confidence:
@@ -187,3 +223,60 @@ def token_advantages(
     if entropies is None:
         raise ValueError(f"zero_variance_signal={signal.name!r} needs the per-token entropies of the loss forward")
     return rl_zvp_token_advantages(advantages, entropies, mask, marked, _alpha(args, signal))
+
+
+def all_wrong_keys(
+    groups_per_rank: Sequence[Sequence[tuple[str, Hashable]]], rewards: Sequence[float] | torch.Tensor, group_size: int
+) -> list[Hashable]:
+    """The keys of the plain groups (every rank's ``(kind, key)``, rank-major, ``group_size`` rewards each)
+    whose every reward is at or below :data:`CORRECT`, in order, once each; fillers are never keys."""
+    r = torch.as_tensor(rewards, dtype=torch.float64).flatten().tolist()
+    wrong: dict[Hashable, bool] = {}
+    offset = 0
+    for groups in groups_per_rank:
+        for kind, key in groups:
+            if kind != FILLER:
+                wrong[key] = wrong.get(key, True) and all(x <= CORRECT for x in r[offset : offset + group_size])
+            offset += group_size
+    return [key for key, ok in wrong.items() if ok]
+
+
+def relift_targets(
+    keys: Sequence[Hashable], teacher_correct: Mapping[Hashable, Sequence[str]], rng
+) -> list[tuple[Hashable, str]]:
+    """ReLIFT's targets: for each all-wrong question in ``keys``, one of its graded-correct teacher rollouts,
+    drawn uniformly with ``rng`` (shared by every rank); a question without one gets no target."""
+    return [(key, rng.choice(list(teacher_correct[key]))) for key in keys if teacher_correct.get(key)]
+
+
+def teacher_target_term(
+    args,
+    inputs: Mapping,
+    logps: torch.Tensor | None,
+    mask: torch.Tensor,
+    normalizer: torch.Tensor | float,
+    distill_inputs: Callable[[], DistillInputs],
+) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]] | None:
+    """The teacher-target term a micro-batch adds to its RL loss, with what to log; None when the row has none
+    or the micro-batch holds none of its rows.
+
+    ReLIFT: ``alpha * sum over the target rows' tokens of -log pi / normalizer`` (the partition's token count, so
+    a token mean over the RL and target tokens of the update). RSTG: ``alpha * sum over the all-wrong rows'
+    tokens of JSD_beta(teacher, student) / normalizer``; ``distill_inputs()`` runs the student forward that
+    gives its distributions (called only when the micro-batch holds an all-wrong row).
+    """
+    signal = signal_for(args)
+    if signal is None or not signal.needs_teacher:
+        return None
+    rows = inputs.get(TARGET_FIELD if signal.teacher_targets else MARK_FIELD)
+    if rows is None or not bool(rows.any()):
+        return None
+    where = mask * rows.to(mask.dtype).unsqueeze(1)
+    count = where.sum().double()
+    if signal.teacher_targets:
+        total = -(logps * where).sum()
+        name = "relift/nll"
+    else:
+        total = chunked_jsd(distill_inputs(), where, args.distill_beta, args.distill_chunk_size)
+        name = "rstg/jsd"
+    return _alpha(args, signal) * total / normalizer, {name: (total.detach().double(), count)}
