@@ -38,6 +38,7 @@ PURE = (
     "packing",
     "memory_plan",
     "optim",
+    "host_memory",
 )
 
 
