@@ -1,15 +1,25 @@
-"""Memory at the paper's scale, measured on this machine: (a) the fused LM head against the full logits, one
-optimizer update at growing completion lengths with Qwen3.5's vocabulary, next to the dry run's memory plan.
+"""Memory, measured on this machine: (a) the fused LM head against the full logits, one optimizer update at
+growing completion lengths with Qwen3.5's vocabulary, next to the dry run's memory plan; (b) the CPU demo's
+trainer, its resident memory at every rollout step of a run of the demo's settings.
 
-    python benchmarks/bench_memory.py [--part lmhead] [--lengths 1024 4096 8192] [--workdir /tmp/zppo-bench-memory]
+    python benchmarks/bench_memory.py [--part lmhead|rss|all] [--lengths 1024 4096 8192] [--steps 10]
+        [--teacher vllm|transformers] [--model DIR] [--num-generations G] [--workdir /tmp/zppo-bench-memory]
 
-Each update runs in a fresh process (so that its peak resident memory, ``ru_maxrss``, is its own) and is
+(a) Each update runs in a fresh process (so that its peak resident memory, ``ru_maxrss``, is its own) and is
 reported above that process's memory before the model was built. An update whose planned memory exceeds what
 this machine has free is not run; its line says so and gives the plan's figure. The plan
 (:mod:`zppo_trl.memory_plan`, ``layout="single"``: one float32 process) is also checked on a model whose
 activations, not its LM head, dominate, with and without gradient checkpointing.
 
-Last line: ``fused LM-head: peak <X> GB at <N> tokens (unfused <Y> GB)``.
+(b) Starts the demo's teacher server (vLLM's CPU engine as ``make demo`` serves it, or ``transformers serve``),
+trains with ``recipes/demo.yaml`` and its model (``make demo-env`` materializes it in .cache/demo) for
+``--steps`` rollout steps in a process of its own (``recipes/zppo.py``'s own training function), stops the
+server, and prints that process's resident memory (RSS) after loading and at the end of every rollout step,
+with the peak within each step (the kernel's high-water mark, reset at every step).
+
+Last lines: ``fused LM-head: peak <X> GB at <N> tokens (unfused <Y> GB)`` (a), then
+``trainer RSS: peak <P> GB, growth from step 2 to the last <G>%`` (b): the highest peak of the run, and how
+much the RSS at the end of the last step exceeds the RSS at the end of step 2.
 """
 
 from __future__ import annotations
@@ -203,17 +213,162 @@ def lm_head_part(lengths: list[int], workdir: Path) -> str:
     return f"fused LM-head: peak {fused_text} at {last} tokens (unfused {unfused_text})"
 
 
+# ---------------------------------------------------------------- (b) the demo trainer's RSS per rollout step
+
+DEMO_RECIPE = ROOT / "recipes" / "demo.yaml"
+DEMO_MODEL = ROOT / ".cache" / "demo" / "SmolLM2-135M-Instruct"
+
+
+def _status_gb(field: str) -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field + ":")) * 1024 / GB
+
+
+def _reset_peak() -> bool:
+    """Restart this process's high-water mark (VmHWM) from its current RSS (Linux 4.0+); False when refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def demo_trainer(spec: dict) -> None:
+    """The child process of part (b): the demo recipe trained by ``recipes/zppo.py``'s ``train``, with a
+    callback that appends ``{"step", "rss", "peak", "s"}`` to ``spec["out"]`` after loading (step 0) and at
+    the end of every rollout step (its last optimizer update)."""
+    import logging
+    import time
+    import warnings
+
+    from transformers import TrainerCallback
+
+    sys.path.insert(0, str(ROOT / "recipes"))
+    import zppo
+
+    from zppo_trl.recipe import parse_recipe_args
+
+    class RolloutStepMemory(TrainerCallback):
+        def __init__(self):
+            self.resets = _reset_peak()
+            self.start = time.perf_counter()
+
+        def _write(self, step: int) -> None:
+            row = {"step": step, "rss": _status_gb("VmRSS"), "peak": _status_gb("VmHWM")}
+            row["s"], row["peak_is_lifetime"] = time.perf_counter() - self.start, not self.resets
+            with open(spec["out"], "a") as out:
+                out.write(json.dumps(row) + "\n")
+            self.resets, self.start = _reset_peak(), time.perf_counter()
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self._write(0)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % args.num_partitions == 0:
+                self._write(state.global_step // args.num_partitions)
+
+    warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.* is deprecated", category=FutureWarning)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    for noisy in ("httpx", "httpx2", "openai"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    script_args, args, model_args = parse_recipe_args(spec["argv"])
+    zppo.train(script_args, args, model_args, callbacks=[RolloutStepMemory()])
+
+
+def rss_part(steps: int, teacher: str, model: Path, workdir: Path, num_generations: int | None = None) -> str:
+    """Part (b): the demo trainer's RSS per rollout step over ``steps`` rollout steps, printed as a table.
+    Returns the part's last line."""
+    import shutil
+    import time
+
+    from conftest import SERVERS, VLLM_PYTHON, VLLMServer, vllm_unavailable
+
+    from zppo_trl.recipe import parse_recipe_args
+
+    if not (model / "config.json").exists():
+        raise SystemExit(f"no demo model at {model}: run `make demo-env` (or pass --model DIR)")
+    if teacher == "vllm" and vllm_unavailable():
+        raise SystemExit(f"{vllm_unavailable()}; run `make vllm-env` or pass --teacher transformers")
+    run_dir = workdir / "demo-run"
+    shutil.rmtree(run_dir, ignore_errors=True)  # the recipe would resume from a checkpoint left there
+    run_dir.mkdir(parents=True)
+    overrides = ["--model_name_or_path", str(model), "--teacher_model", str(model), "--output_dir", str(run_dir)]
+    overrides += ["--num_generations", str(num_generations)] if num_generations else []
+    _, config, _ = parse_recipe_args(["--config", str(DEMO_RECIPE), *overrides])
+
+    class DemoVLLM(VLLMServer):
+        """The teacher as recipes/demo/run_demo.sh serves it: bfloat16, eager, the recipe's context."""
+
+        def command(self) -> list[str]:
+            return [
+                str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
+                "--host", "127.0.0.1", "--port", str(self.port), "--seed", "0",
+                "--max-model-len", str(config.context_lengths().teacher), "--dtype", "bfloat16", "--enforce-eager",
+            ]  # fmt: skip
+
+    server_class = DemoVLLM if teacher == "vllm" else SERVERS["transformers"]
+    server = server_class(model, log_dir=workdir).start()
+    out = run_dir / "rss.jsonl"
+    argv = ["--config", str(DEMO_RECIPE), *overrides, "--teacher_base_url", server.base_url]
+    argv += ["--max_steps", str(steps * config.num_partitions)]
+    spec = {"argv": argv, "out": str(out)}
+    start = time.perf_counter()
+    try:
+        with open(run_dir / "trainer.log", "w") as log:
+            child = subprocess.run(
+                [sys.executable, __file__, "--demo-trainer", json.dumps(spec)], stdout=log, stderr=subprocess.STDOUT
+            )
+    finally:
+        server.stop()
+    wall = time.perf_counter() - start
+    rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    if child.returncode or len(rows) < 3:
+        tail = (run_dir / "trainer.log").read_text(errors="replace")[-3000:]
+        raise SystemExit(f"the demo trainer failed (exit {child.returncode}); the end of its log:\n{tail}")
+
+    generations = num_generations or config.num_generations
+    print(
+        f"(b) the CPU demo's trainer ({DEMO_RECIPE.relative_to(ROOT)}, {model.name}, G={generations}, teacher: "
+        f"{server.name}), {len(rows) - 1} rollout steps in {wall / 60:.0f} min; the trainer process's resident memory:"
+    )
+    print(f"  {'step':>6}  {'RSS at its end':>14}  {'peak in the step':>16}  {'time':>6}")
+    for row in rows:
+        label = "loaded" if row["step"] == 0 else str(row["step"])
+        lifetime = " (lifetime)" if row.get("peak_is_lifetime") else ""
+        print(f"  {label:>6}  {row['rss']:11.2f} GB  {row['peak']:13.2f} GB{lifetime}  {row['s']:5.0f} s")
+    second, last = rows[2]["rss"], rows[-1]["rss"]
+    peak = max(row["peak"] for row in rows)
+    return f"trainer RSS: peak {peak:.2f} GB, growth from step 2 to the last {100 * (last - second) / second:.1f}%"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=["lmhead"], default="lmhead")
-    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 8192])
+    parser.add_argument("--part", choices=["lmhead", "rss", "all"], default="all")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 8192], help="(a) completion lengths")
+    parser.add_argument("--steps", type=int, default=10, help="(b) rollout steps of the demo run (at least 3)")
+    parser.add_argument("--teacher", choices=("vllm", "transformers"), default="vllm", help="(b) the teacher server")
+    parser.add_argument("--model", type=Path, default=DEMO_MODEL, help="(b) the demo's student and teacher")
+    parser.add_argument("--num-generations", type=int, help="(b) G instead of the demo recipe's")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/zppo-bench-memory"))
     parser.add_argument("--one-update", help=argparse.SUPPRESS)
+    parser.add_argument("--demo-trainer", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one_update:
         print(json.dumps(one_update(json.loads(args.one_update))))
         return
-    print(lm_head_part(args.lengths, args.workdir))
+    if args.demo_trainer:
+        demo_trainer(json.loads(args.demo_trainer))
+        return
+    if args.steps < 3:
+        parser.error("--steps must be at least 3 (growth is measured from step 2)")
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    lines = []
+    if args.part in ("lmhead", "all"):
+        lines.append(lm_head_part(args.lengths, args.workdir))
+    if args.part in ("rss", "all"):
+        lines.append(rss_part(args.steps, args.teacher, args.model.resolve(), args.workdir, args.num_generations))
+    print("\n".join(lines))  # each part's summary line, (b)'s last
 
 
 if __name__ == "__main__":

@@ -43,7 +43,10 @@ from zppo_trl.recipe import (
 logger = logging.getLogger("zppo")
 
 
-def train(script_args: ScriptArguments, args: ZPPOConfig, model_args: ModelConfig) -> None:
+def train(
+    script_args: ScriptArguments, args: ZPPOConfig, model_args: ModelConfig, callbacks: list | None = None
+) -> None:
+    """Train as the recipe says; ``callbacks`` join the metrics file (benchmarks/bench_memory.py adds a probe)."""
     if script_args.num_training_ranks and script_args.num_training_ranks != args.world_size:
         logger.warning(
             "this recipe is sized for %d training ranks but %d were launched: the step holds %s",
@@ -70,7 +73,7 @@ def train(script_args: ScriptArguments, args: ZPPOConfig, model_args: ModelConfi
         peft_config=get_peft_config(model_args),
         dataset_name=script_args.dataset_name,
         model_license=script_args.model_license,
-        callbacks=[JsonlMetricsCallback()],
+        callbacks=[JsonlMetricsCallback(), *(callbacks or [])],
     )
     checkpoint = args.resume_from_checkpoint
     if checkpoint is None and os.path.isdir(args.output_dir):

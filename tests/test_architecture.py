@@ -40,6 +40,7 @@ PURE = (
     "memory_plan",
     "optim",
     "zero_variance",
+    "host_memory",
 )
 
 

@@ -150,3 +150,48 @@ def test_generation_is_untouched_by_the_reference_path(pair):
     ids = torch.tensor([[len(SPECIAL_TOKENS) + 5, len(SPECIAL_TOKENS) + 9]])
     with torch.no_grad():
         torch.testing.assert_close(fused.model(input_ids=ids).logits, full.model(input_ids=ids).logits)
+
+
+def test_the_fused_head_scores_the_loss_positions_only_with_the_same_outputs(monkeypatch):
+    # TRL's PyTorch tiles score every position handed to them; score_loss_positions hands them the positions
+    # from the first loss position on, and gives back the same per-token outputs and gradients.
+    import trl.trainer.utils as trl_utils
+
+    from zppo_trl.lm_head import score_loss_positions
+
+    g = torch.Generator().manual_seed(0)
+    vocab = len(tiny_tokenizer())
+    ids = torch.randint(len(SPECIAL_TOKENS), vocab, (ROWS, PROMPT + COMPLETION), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # a left-padded prompt
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :PROMPT] = -100
+    labels[2, PROMPT + 5 :] = -100  # a short completion
+    scored_rows = []
+    tiles = trl_utils._ChunkedLogProbFunction
+
+    class Spy(tiles):
+        @staticmethod
+        def forward(ctx, hidden, *args):
+            scored_rows.append(hidden.size(0))
+            return tiles.forward(ctx, hidden, *args)
+
+    monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", Spy)
+    outputs = {}
+    for trimmed in (False, True):
+        model = tiny_text_model(seed=0).train()
+        trl_utils.add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
+        if trimmed:
+            score_loss_positions(model)
+        out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+        (out.log_probs.sum() + out.entropy.sum()).backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        outputs[trimmed] = out, grads
+    assert scored_rows == [ROWS * (PROMPT + COMPLETION - 1), ROWS * COMPLETION]  # the prompts' positions dropped
+    (full, full_grads), (trimmed, trimmed_grads) = outputs[False], outputs[True]
+    for name in ("log_probs", "entropy", "label_mask"):
+        assert getattr(trimmed, name).shape == getattr(full, name).shape
+        torch.testing.assert_close(getattr(trimmed, name), getattr(full, name), rtol=RTOL, atol=ATOL, msg=name)
+    assert full_grads.keys() == trimmed_grads.keys() and full_grads
+    for name in full_grads:
+        torch.testing.assert_close(trimmed_grads[name], full_grads[name], rtol=RTOL, atol=ATOL, msg=name)

@@ -9,6 +9,7 @@ resumed run continues the same run. BCQ/NCQ against a real teacher server are in
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from collections import defaultdict
 
@@ -292,6 +293,9 @@ def test_the_console_shows_a_line_per_rollout_step_not_trls_metrics_dict(tiny_te
     assert all(
         "plain acc" in line and "buffer" in line and "BCQ" not in line for line in lines
     )  # GRPO†: no augmentation
+    assert all(re.search(r"\| RSS \d+\.\d GB \(peak \d+\.\d GB\)$", line) for line in lines)  # host memory last
+    memory = [h for h in trainer.state.log_history if "zppo/rss_gb" in h]
+    assert len(memory) == 2 and all(0.1 < h["zppo/rss_gb"] <= h["zppo/rss_peak_gb"] for h in memory)
     assert "training done: 4 optimizer updates" in console
     assert "'learning_rate'" not in console and "zppo/buffer_size" not in console  # TRL's dict stays off the console
     assert "4/4" in console  # the progress bar

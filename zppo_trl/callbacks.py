@@ -8,7 +8,8 @@ dropped so the file describes one continuous run.
 `RolloutSummaryCallback` and `QuietProgressCallback`: TRL prints its whole metrics dict (about
 80 keys) on every logging step. ZPPOTrainer keeps the progress bar, takes that dict off the
 console (``full_console_logs`` brings it back) and prints one line per rollout step with the
-numbers a researcher watches. Loggers (TensorBoard, W&B, ``metrics.jsonl``) get everything.
+numbers a researcher watches, the process's resident memory among them. Loggers (TensorBoard, W&B,
+``metrics.jsonl``) get everything.
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ def rollout_summary(
         parts.append(f"{int(logs['zppo/skipped_partitions'])}{of} updates skipped (no signal)")
     wait, took = logs.get("zppo/time/teacher_wait_s", 0.0), logs.get("zppo/time/rollout_step_s", 0.0)
     parts.append(f"teacher wait {wait:.1f} s of {took:.1f} s" if wait else f"{took:.1f} s")
+    if "zppo/rss_gb" in logs:  # the trainer process's host memory (the largest rank's)
+        parts.append(f"RSS {logs['zppo/rss_gb']:.1f} GB (peak {logs.get('zppo/rss_peak_gb', 0.0):.1f} GB)")
     return " | ".join(parts)
 
 

@@ -10,6 +10,13 @@ with ``trl.trainer.utils.add_fused_lm_head`` (Triton tiles on CUDA, PyTorch tile
 surrogate with the dual clip, GSPO, CISPO, DISPO and the supervised cross-entropy); the distillation rows'
 JSD is chunked the same way by :func:`zppo_trl.distill.chunked_jsd`.
 
+TRL's PyTorch tiles (every device without Triton: CPUs) score every position of the micro-batch, the
+prompt's included, where its Triton kernel scores only the loss positions; each float32 temporary of a
+tile is then as long as the micro-batch's rows x their whole length. :func:`score_loss_positions` keeps
+the hidden states the head sees to the positions from the first scored label on, as TRL's own logits
+path and :func:`use_full_logits` do: on the CPU demo's micro-batch (10 rows of 241 prompt and 48
+completion tokens) one forward and backward peaked 2.6 GB lower (docs/benchmarks.md).
+
 ``fused_lm_head: false`` swaps in :func:`use_full_logits`, the textbook computation (all logits, then a
 log-softmax): the reference the fused path is tested against, and the baseline of
 ``benchmarks/bench_memory.py``. Its memory grows with tokens x vocabulary: about 8 GB of float32 logits
@@ -25,7 +32,7 @@ from typing import Any
 import torch
 from trl.trainer.utils import FusedCausalLMOutput
 
-__all__ = ["use_full_logits"]
+__all__ = ["score_loss_positions", "use_full_logits"]
 
 
 def use_full_logits(model: Any, temperature: float = 1.0) -> None:
@@ -67,5 +74,45 @@ def use_full_logits(model: Any, temperature: float = 1.0) -> None:
             label_mask=torch.nn.functional.pad(mask, (pad, 0)),
             aux_loss=aux_loss,
         )
+
+    model.forward = types.MethodType(forward, model)
+
+
+_PER_TOKEN = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1", "label_mask")
+
+
+def score_loss_positions(model: Any) -> None:
+    """Make TRL's fused head (``model(..., labels=..., fused_lm_head=True)``) score only the positions from the
+    first scored label on: the same per-token outputs, of the same shape, with zeros before that position.
+
+    ``model`` must already carry TRL's fused head. TRL's head runs ``model.base_model`` and scores its last
+    hidden state at position ``i`` against label ``i + 1``; a forward hook on ``base_model`` hands it the
+    states from the first loss position's predecessor on, with the labels cut to match, and the outputs are
+    padded back on the left. Pre-shifted ``shift_labels`` (context parallelism) pass through unchanged.
+    """
+    fused_forward = model.forward
+
+    def forward(self, *args, fused_lm_head: bool = False, labels=None, **kwargs):
+        if not fused_lm_head or labels is None or kwargs.get("shift_labels") is not None:
+            return fused_forward(*args, fused_lm_head=fused_lm_head, labels=labels, **kwargs)
+        scored = (labels[:, 1:] != -100).any(0).nonzero()
+        first = int(scored[0]) if len(scored) else labels.size(1) - 2  # the hidden state predicting that label
+        if first <= 0:
+            return fused_forward(*args, fused_lm_head=True, labels=labels, **kwargs)
+
+        def from_first(module, inputs, output):
+            output.last_hidden_state = output.last_hidden_state[:, first:]
+            return output
+
+        hook = self.base_model.register_forward_hook(from_first)  # looked up per call: PEFT and FSDP replace it
+        try:
+            out = fused_forward(*args, fused_lm_head=True, labels=labels[:, first:], **kwargs)
+        finally:
+            hook.remove()
+        for name in _PER_TOKEN:
+            value = getattr(out, name, None)
+            if value is not None:
+                setattr(out, name, torch.nn.functional.pad(value, (first, 0)))
+        return out
 
     model.forward = types.MethodType(forward, model)

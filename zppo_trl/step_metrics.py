@@ -21,6 +21,7 @@ __all__ = [
     "advantage_stats",
     "bin_label",
     "kind_metrics",
+    "memory_metrics",
     "timing_metrics",
 ]
 
@@ -95,6 +96,12 @@ def timing_metrics(per_rank: torch.Tensor, uses_teacher: bool) -> dict[str, floa
         out["teacher/requests"], out["teacher/failures"] = int(per_rank[:, 2].sum()), int(per_rank[:, 3].sum())
         out["teacher/latency_s"] = float(per_rank[:, 4].max())
     return out
+
+
+def memory_metrics(per_rank: torch.Tensor) -> dict[str, float]:
+    """The host memory of the largest rank from every rank's ``[rss_gb, peak_rss_gb]`` row: its resident
+    memory at the end of the step's generation (``rss_gb``) and the most it has held so far (``rss_peak_gb``)."""
+    return {"rss_gb": float(per_rank[:, 0].max()), "rss_peak_gb": float(per_rank[:, 1].max())}
 
 
 def accumulate_totals(

@@ -50,7 +50,7 @@ from trl import GRPOTrainer
 from trl.models import prepare_deepspeed, prepare_fsdp
 from trl.trainer.utils import is_async_callable, nanmax, nanmin
 
-from . import data
+from . import data, host_memory
 from .augmentations import Augmentation, BuiltGroup, BuiltGroups, Evidence, make_augmentation, teacher_results
 from .backbones import backbone_family
 from .batches import concat_batches
@@ -58,7 +58,7 @@ from .callbacks import QuietProgressCallback, RolloutSummaryCallback
 from .config import ZPPOConfig
 from .distill import DistillInputs, TeacherTopK, completion_states, frozen_distill_teacher
 from .evaluation.condition import CONDITION_KEY, record_condition
-from .lm_head import use_full_logits
+from .lm_head import score_loss_positions, use_full_logits
 from .losses import LossInputs, LossOutput, loss_for
 from .model_card import PAPER_CITATION, PAPER_TITLE, CardFacts, render_model_card
 from .optim import ANYPRECISION_OPTIM, AnyPrecisionAdamW, anyprecision_kwargs
@@ -81,7 +81,15 @@ from .rollout import (
     merge_lists,
     plain_accuracy,
 )
-from .step_metrics import accumulate_totals, admission_bins, advantage_stats, bin_label, kind_metrics, timing_metrics
+from .step_metrics import (
+    accumulate_totals,
+    admission_bins,
+    advantage_stats,
+    bin_label,
+    kind_metrics,
+    memory_metrics,
+    timing_metrics,
+)
 from .teacher import TeacherClient
 from .trace_log import TRACE_LOG_NAME, TraceLog
 from .zero_variance import (
@@ -163,6 +171,8 @@ class ZPPOTrainer(GRPOTrainer):
             raise TypeError(f"args must be a ZPPOConfig, got {type(args).__name__}")
         if args.fp16:
             raise ValueError("fp16 is not supported: its GradScaler cannot skip an empty-signal partition; use bf16")
+        # Large CPU tensors in pages of their own: freed activations leave the process (zppo_trl.host_memory)
+        host_memory.keep_heap_small()
         reward_funcs = boxed_accuracy_reward if reward_funcs is None else reward_funcs
         for func in reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]:
             if not callable(func) or isinstance(func, (str, torch.nn.Module)):
@@ -181,8 +191,11 @@ class ZPPOTrainer(GRPOTrainer):
         args.composition(self.accelerator.num_processes)  # raises unless every rank holds whole groups
         if args.student_family is None:  # a non-Qwen student names its row: "ZPPO (InternVL3.5-2B)"
             args.student_family = backbone_family(self.model.config.name_or_path, self.model.config.model_type)
+        student = self.model.get_base_model() if is_peft_model(self.model) else self.model
         if not args.fused_lm_head:  # the reference path (zppo_trl.lm_head): TRL fuses the head unconditionally
-            use_full_logits(self.model.get_base_model() if is_peft_model(self.model) else self.model, self.temperature)
+            use_full_logits(student, self.temperature)
+        else:  # TRL's PyTorch tiles would score the prompts' positions too (zppo_trl.lm_head)
+            score_loss_positions(student)
         self.ranks = Ranks(self.accelerator)
         self._row_of = row_of  # id -> dataset row, for replayed questions and augmented prompts
         self.replay_buffer = PromptReplayBuffer(capacity=args.replay_capacity, threshold=args.hard_threshold)
@@ -428,9 +441,13 @@ class ZPPOTrainer(GRPOTrainer):
             return [list(ids) for ids in request.given_responses], None
         # Prefix and continuation share max_completion_length (the paper's Prefix): a continuation is cut at
         # what its prefix leaves, which samples exactly as a shorter generation limit would.
-        completion_ids, logprobs = super()._generate_single_turn(
-            prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-        )
+        # Decoding alone allocates from glibc's heap: its many small tensors per token are cheapest there, and
+        # the heap is handed back when it ends. The forward passes that score the rollouts keep large tensors
+        # in pages of their own (zppo_trl.host_memory).
+        with host_memory.generation_heap():
+            completion_ids, logprobs = super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
         if request is not None and request.has_prefixes:
             budget = [self.max_completion_length - len(prefix or ()) for prefix in request.response_prefixes]
             completion_ids = [list(ids)[:n] for ids, n in zip(completion_ids, budget, strict=True)]
@@ -1187,14 +1204,17 @@ class ZPPOTrainer(GRPOTrainer):
         uses_teacher = self.teacher is not None
         stats = self.teacher.stats(reset=True) if uses_teacher else {"requests": 0, "failed": 0, "latency_mean_s": 0.0}
         local = torch.tensor(
-            [step_time, teacher_wait, stats["requests"], stats["failed"], stats["latency_mean_s"]], dtype=torch.float64
+            [step_time, teacher_wait, stats["requests"], stats["failed"], stats["latency_mean_s"]]
+            + list(host_memory.process_memory_gb()),
+            dtype=torch.float64,
         )
         per_rank = (
             torch.stack([torch.as_tensor(x) for x in self.ranks.gather(local)])
             if self.ranks.world > 1
             else local[None]
         )
-        metrics.update(timing_metrics(per_rank, uses_teacher))
+        metrics.update(timing_metrics(per_rank[:, :5], uses_teacher))
+        metrics.update(memory_metrics(per_rank[:, 5:]))
         if uses_teacher and metrics["teacher/failures"]:
             logger.warning(
                 "teacher: %d of %d requests failed this step; the step continues with what came back",
