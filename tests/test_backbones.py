@@ -236,7 +236,7 @@ def test_a_zppo_step_reformulates_hard_image_questions_with_the_teacher(family, 
         train_dataset=Dataset.from_list(toy_rows("vlm")),
         processing_class=tiny_family_processor(family),
     )
-    assert trainer.args.variant.startswith("ZPPO (")
+    assert trainer.args.variant.startswith("GRPO+Both (")  # BCQ and NCQ without the buffer, and the family
     trainer.train()
     logs = [h for h in trainer.state.log_history if "zppo/hard" in h]
     assert logs and logs[0]["zppo/hard"] > 0, logs

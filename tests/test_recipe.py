@@ -118,6 +118,8 @@ ROWS = {
     "dispo_dagger": ("DISPO\u2020", dict(policy_objective="dispo", augmentations=[])),
     "rl_zvp_dagger": ("RL-ZVP\u2020", dict(augmentations=[], zero_variance_signal="rl_zvp")),
     "lens_dagger": ("LENS\u2020", dict(augmentations=[], zero_variance_signal="lens")),
+    "relift_dagger": ("ReLIFT\u2020", dict(augmentations=[], zero_variance_signal="relift")),
+    "rstg_dagger": ("RSTG\u2020", dict(augmentations=[], zero_variance_signal="rstg")),
     "correction_sft_dagger": ("Correction-SFT\u2020", dict(augmentations=["correction"])),
     "reflection_sft_dagger": ("Error-reflection-SFT\u2020", dict(augmentations=["reflection"])),
     "off_distill": (
