@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import sys
 from pathlib import Path
 
 from ..teacher import TeacherClient
+from .arguments import json_object, positive_int
 from .condition import resolve_condition
 from .runner import EvalOptions, EvaluationError, run_suite
 from .tasks import PAPER_DECODING, select
@@ -32,23 +32,6 @@ from .tasks import PAPER_DECODING, select
 __all__ = ["data_locations", "main", "run_main"]
 
 logger = logging.getLogger(__name__)
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise argparse.ArgumentTypeError(f"not JSON ({err})") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object")
-    return value
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -69,10 +52,10 @@ def _run_parser() -> argparse.ArgumentParser:
     endpoint.add_argument("--sampling-fields", choices=("all", "openai"), default="all",
                           help="all: every paper decoding field (vLLM); openai: only OpenAI's, for servers that "
                                "reject the rest (transformers serve); not the paper's decoding")  # fmt: skip
-    endpoint.add_argument("--extra-body", type=_json_object, help="JSON merged into every student request")
+    endpoint.add_argument("--extra-body", type=json_object, help="JSON merged into every student request")
     endpoint.add_argument(
         "--judge-extra-body",
-        type=_json_object,
+        type=json_object,
         help="JSON merged into every judge request; a Qwen3.5 judge on vLLM: "
         '\'{"chat_template_kwargs": {"enable_thinking": false}}\' so its 512 tokens are the verdict',
     )
@@ -90,21 +73,21 @@ def _run_parser() -> argparse.ArgumentParser:
     run.add_argument("--data-dir", type=Path,
                      help="local copies: <data-dir>/<setting>/ in the Hub layout (videos/ and subtitles/ beside); "
                           "settings without one load from the Hub")  # fmt: skip
-    run.add_argument("--max-samples", type=_positive, help="rows per setting (DynaMath: seeds); default all")
+    run.add_argument("--max-samples", type=positive_int, help="rows per setting (DynaMath: seeds); default all")
     run.add_argument(
         "--passes",
-        type=_positive,
+        type=positive_int,
         default=PAPER_DECODING.passes,
         help=f"passes averaged (paper: {PAPER_DECODING.passes})",
     )
     run.add_argument(
         "--concurrency",
-        type=_positive,
+        type=positive_int,
         default=32,
         help="items in flight (default 32); each sends its student request, then its judge request",
     )
     run.add_argument("--seed", type=int, default=0, help="seeds the per-pass option shuffles (GPQA-D)")
-    run.add_argument("--max-frames", type=_positive, default=32, help="frames sampled per video (default 32)")
+    run.add_argument("--max-frames", type=positive_int, default=32, help="frames sampled per video (default 32)")
     run.add_argument(
         "--condition",
         default=None,
@@ -128,7 +111,7 @@ def _run_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--max-new-tokens",
-        type=_positive,
+        type=positive_int,
         default=PAPER_DECODING.max_new_tokens,
         help=f"the student's token budget (paper: {PAPER_DECODING.max_new_tokens}; lower only for smoke tests)",
     )

@@ -40,7 +40,6 @@ import concurrent.futures
 import json
 import logging
 import math
-import re
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -53,6 +52,7 @@ from tqdm.auto import tqdm
 
 from ..teacher import TeacherClient
 from .aggregation import setting_score
+from .arguments import json_object, label_slug, positive_int
 from .runner import (
     RESULTS_FILE,
     RUN_FILE,
@@ -62,6 +62,7 @@ from .runner import (
     fingerprint,
     judge_score,
     scored_by_pass,
+    write_json,
 )
 from .stats import family_macro_averages, mean_and_stderr
 from .tasks import FAMILIES, FAMILY_NAMES, SUITE, TaskSpec
@@ -239,22 +240,9 @@ def setting_result(
 # ------------------------------------------------------------------ asking one judge
 
 
-def _slug(text: str) -> str:
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")
-    return slug or "judge"
-
-
-def _write_json(path: Path, payload: Any) -> None:
-    """Through a temporary file and a rename: a killed call never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
-    tmp.replace(path)
-
-
 def _check_runs(out_dir: Path, runs: Sequence[StoredRun]) -> None:
     names = [run.name for run in runs]
-    if len(set(names)) != len(names) or len({_slug(name) for name in names}) != len(names):
+    if len(set(names)) != len(names) or len({label_slug(name) for name in names}) != len(names):
         raise ValueError(f"two runs share a name ({', '.join(names)}); give each run its own run_name")
     path = out_dir / SWEEP_FILE
     covered = [{"name": run.name, "path": str(run.path.resolve())} for run in runs]
@@ -265,12 +253,12 @@ def _check_runs(out_dir: Path, runs: Sequence[StoredRun]) -> None:
                 f"{out_dir} is the sweep of the runs {', '.join(entry['name'] for entry in previous)}, not "
                 f"{', '.join(names)}; give the same runs in the same order, or use a new --output-dir"
             )
-    _write_json(path, {"runs": covered})
+    write_json(path, {"runs": covered})
 
 
 def _judge_dir(out_dir: Path, name: str, judge: TeacherClient) -> Path:
     """The judge's directory, after checking that it holds this judge (label, model and request fields)."""
-    directory = out_dir / "judges" / _slug(name)
+    directory = out_dir / "judges" / label_slug(name)
     record = {"name": name, "model": judge.model, "base_url": judge.base_url, "extra_body": judge.extra_body}
     path = directory / "judge.json"
     if path.exists():
@@ -281,7 +269,7 @@ def _judge_dir(out_dir: Path, name: str, judge: TeacherClient) -> Path:
                     f"{directory} holds the judge with {key}={previous.get(key)!r}, not {record[key]!r}; "
                     "give this judge another --judge-name"
                 )
-    _write_json(path, record)
+    write_json(path, record)
     return directory
 
 
@@ -359,7 +347,7 @@ def judge_sweep(
         for setting in run.settings:
             spec = SUITE[setting]
             items = rejudge_items(spec, run.details(setting, _ASK_COLUMNS, zero_credit_only=True))
-            store = RecordStore(directory / _slug(run.name) / "records" / f"{setting}.jsonl")
+            store = RecordStore(directory / label_slug(run.name) / "records" / f"{setting}.jsonl")
             store.path.parent.mkdir(parents=True, exist_ok=True)
             sweep = _SettingSweep(judge, store, concurrency)
             sweep.run(spec, items, f"{run.name}/{setting}")
@@ -375,7 +363,7 @@ def judge_sweep(
 
 def _verdicts(directory: Path, run: StoredRun, setting: str) -> tuple[dict[str, float], dict[str, int]]:
     """(key -> score, counts) of a judge's recorded verdicts on one run's setting."""
-    path = directory / _slug(run.name) / "records" / f"{setting}.jsonl"
+    path = directory / label_slug(run.name) / "records" / f"{setting}.jsonl"
     if not path.exists():
         return {}, {"judge_unparsed": 0, "judge_refused": 0}
     store = RecordStore(path)
@@ -501,33 +489,16 @@ def write_table(out_dir: str | Path, runs: Sequence[StoredRun]) -> str:
                     notes.append(f"{judge['name']}: {entry['judge_unparsed']} verdict(s) on {run.name}/{setting} "
                                  "did not parse and score 0" + (f" ({entry['judge_refused']} refused prompts)"
                                                                 if entry["judge_refused"] else "") + ".")  # fmt: skip
-        _write_json(path.parent / RESULTS_FILE, {**judge, **results})
+        write_json(path.parent / RESULTS_FILE, {**judge, **results})
         rows.append((judge["name"], {name: entry["families"] for name, entry in results["runs"].items()}))
     table = sweep_table(runs, rows)
     text = _markdown(table, [""] + notes if notes else [])
-    _write_json(out_dir / TABLE_JSON, table)
+    write_json(out_dir / TABLE_JSON, table)
     (out_dir / TABLE_FILE).write_text(text)
     return text
 
 
 # ------------------------------------------------------------------ the command line
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise argparse.ArgumentTypeError(f"not JSON ({err})") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object")
-    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -544,11 +515,11 @@ def _parser() -> argparse.ArgumentParser:
     judge.add_argument("--judge-base-url", help="its OpenAI-compatible endpoint, e.g. http://127.0.0.1:8001/v1")
     judge.add_argument("--judge-model", help="its served model name")
     judge.add_argument("--judge-name", help="its row label in the table (default: --judge-model)")
-    judge.add_argument("--judge-extra-body", type=_json_object, help="JSON merged into every judge request")
+    judge.add_argument("--judge-extra-body", type=json_object, help="JSON merged into every judge request")
     judge.add_argument("--api-key-env", help="environment variable holding the endpoint's API key")
     judge.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take (default 600)")
     judge.add_argument("--max-retries", type=int, default=3, help="retries of a failed request (default 3)")
-    judge.add_argument("--concurrency", type=_positive, default=32, help="requests in flight (default 32)")
+    judge.add_argument("--concurrency", type=positive_int, default=32, help="requests in flight (default 32)")
     return parser
 
 

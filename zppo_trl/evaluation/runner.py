@@ -65,6 +65,7 @@ __all__ = [
     "sampling_extra_body",
     "scored_by_pass",
     "summarize_setting",
+    "write_json",
 ]
 
 RESULTS_FILE = "results.json"
@@ -720,7 +721,7 @@ def run_suite(
         )
     (run_dir / "records").mkdir(parents=True, exist_ok=True)
     (run_dir / "details").mkdir(exist_ok=True)
-    _write_json(run_dir / RUN_FILE, manifest)
+    write_json(run_dir / RUN_FILE, manifest)
 
     previous = _read_results(run_dir)
     results_settings: dict[str, Any] = dict(previous.get("settings", {}))
@@ -774,14 +775,15 @@ def _write_results(run_dir: Path, manifest: dict, settings: Mapping[str, Any], j
         "settings": ordered,
         "families": family_summary(ordered),
     }
-    _write_json(run_dir / RESULTS_FILE, results)
+    write_json(run_dir / RESULTS_FILE, results)
     return results
 
 
-def _write_json(path: Path, payload: dict) -> None:
-    """Write through a temporary file and rename: a killed run never leaves half a file."""
+def write_json(path: Path, payload: Any) -> None:
+    """Write through a temporary file and a rename: a killed run never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")
+    tmp.write_text(json.dumps(payload, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
     tmp.replace(path)
 
 

@@ -47,8 +47,8 @@ from tqdm.auto import tqdm
 from ..prompts import render_memorization_judge
 from ..teacher import TeacherClient
 from ..trace_log import TRACE_LOG_NAME, AuditQuestion, read_trace_log
-from .rejudge import _json_object, _positive, _slug, _write_json
-from .runner import EvaluationError, RecordStore, ask_judge, fingerprint
+from .arguments import json_object, label_slug, positive_int
+from .runner import EvaluationError, RecordStore, ask_judge, fingerprint, write_json
 
 __all__ = [
     "MEMORIZATION",
@@ -189,7 +189,7 @@ def _check_audit(out_dir: Path, trace_file: Path, references: Path | None, names
                     f"{out_dir} is the audit of {key}={previous.get(key)!r}, not {record[key]!r}; give the same "
                     "inputs and judges, or use a new --output-dir"
                 )
-    _write_json(path, record)
+    write_json(path, record)
 
 
 def audit_traces(
@@ -203,7 +203,7 @@ def audit_traces(
     (also written, with the per-question table). Resumes what ``out_dir`` holds. Raises `EvaluationError` where
     a judge does not answer or requests failed after retries (the verdicts received stay recorded)."""
     names = [name for name, _ in judges]
-    if len({_slug(name) for name in names}) != len(names):
+    if len({label_slug(name) for name in names}) != len(names):
         raise ValueError(f"two judges share a name ({', '.join(names)}); give each its own --judge-name")
     questions, missing = audit_questions(trace_file, references)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -213,7 +213,7 @@ def audit_traces(
     for name, judge in judges:
         if not judge.health(timeout=30):
             raise EvaluationError(f"the judge endpoint {judge.base_url} (model {judge.model!r}) does not answer")
-        store = RecordStore(out_dir / "judges" / _slug(name) / "records.jsonl")
+        store = RecordStore(out_dir / "judges" / label_slug(name) / "records.jsonl")
         store.path.parent.mkdir(parents=True, exist_ok=True)
         run = _JudgeRun(judge, store, concurrency)
         run.run(items, name)
@@ -282,7 +282,7 @@ def write_audit(
     rows, summary = audit_summary(questions, missing, labels)
     with (out_dir / "questions.jsonl").open("w", encoding="utf-8") as f:
         f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-    _write_json(out_dir / "summary.json", summary)
+    write_json(out_dir / "summary.json", summary)
     (out_dir / "table.md").write_text(_markdown(rows, summary))
     return summary
 
@@ -348,7 +348,7 @@ def _parser() -> argparse.ArgumentParser:
     judge.add_argument(
         "--judge-extra-body",
         action="append",
-        type=_json_object,
+        type=json_object,
         help="JSON merged into its requests (give once for all judges, or once per judge)",
     )
     judge.add_argument(
@@ -358,7 +358,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     judge.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take (default 600)")
     judge.add_argument("--max-retries", type=int, default=3, help="retries of a failed request (default 3)")
-    judge.add_argument("--concurrency", type=_positive, default=32, help="requests in flight per judge (default 32)")
+    judge.add_argument(
+        "--concurrency", type=positive_int, default=32, help="requests in flight per judge (default 32)"
+    )
     return parser
 
 
