@@ -195,3 +195,21 @@ def test_the_fused_head_scores_the_loss_positions_only_with_the_same_outputs(mon
     assert full_grads.keys() == trimmed_grads.keys() and full_grads
     for name in full_grads:
         torch.testing.assert_close(trimmed_grads[name], full_grads[name], rtol=RTOL, atol=ATOL, msg=name)
+
+
+def test_the_patched_heads_keep_the_models_signature_for_generate():
+    # generate() checks its keyword arguments (a VLM's pixel_values) against model.forward's parameters: a
+    # wrapper that showed only (*args, **kwargs) made every image rollout fail.
+    import inspect
+
+    import trl.trainer.utils as trl_utils
+
+    from zppo_trl.lm_head import score_loss_positions, use_full_logits
+
+    for patch in (score_loss_positions, lambda m: use_full_logits(m, 0.7)):
+        model = tiny_text_model(seed=0)
+        expected = list(inspect.signature(model.forward).parameters)
+        trl_utils.add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
+        patch(model)
+        assert list(inspect.signature(model.forward).parameters) == expected
+        assert "input_ids" in expected and "self" not in expected

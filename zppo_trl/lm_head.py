@@ -26,6 +26,7 @@ log-softmax and its backward make.
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any
 
@@ -47,6 +48,8 @@ def use_full_logits(model: Any, temperature: float = 1.0) -> None:
     """
     fused_forward = model.forward
 
+    # The model's own signature: generate() checks its keyword arguments (pixel_values, ...) against it
+    @functools.wraps(type(model).forward)
     def forward(self, *args, fused_lm_head: bool = False, labels=None, **kwargs):
         if not fused_lm_head:
             return fused_forward(*args, labels=labels, **kwargs)
@@ -92,6 +95,8 @@ def score_loss_positions(model: Any) -> None:
     """
     fused_forward = model.forward
 
+    # The model's own signature: generate() checks its keyword arguments (pixel_values, ...) against it
+    @functools.wraps(type(model).forward)
     def forward(self, *args, fused_lm_head: bool = False, labels=None, **kwargs):
         if not fused_lm_head or labels is None or kwargs.get("shift_labels") is not None:
             return fused_forward(*args, fused_lm_head=fused_lm_head, labels=labels, **kwargs)
