@@ -206,9 +206,11 @@ def test_grpo_dagger_trains_with_images_and_its_checkpoint_reloads(family, tmp_p
 
 @pytest.mark.integration
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_zppo_step_reformulates_hard_image_questions_with_the_teacher(family, boxed_vlm_teacher_server, tmp_path):
+def test_a_zppo_step_finds_hard_image_questions_and_asks_the_teacher(family, boxed_vlm_teacher_server, tmp_path):
     # The random student never boxes an answer: every question is hard, and the Qwen VLM teacher of the
-    # Qwen tests (the same teacher, as in the paper) answers it with the image.
+    # Qwen tests (the same teacher, as in the paper) is asked about it with the image. Where this stops: a
+    # BCQ/NCQ prompt needs a boxed wrong student answer, which a random student of these families never
+    # writes; the Qwen tests train a boxing student for that (boxed_vlm_student), these families have none yet.
     from zppo_trl.rewards import boxed_accuracy_reward
 
     calls = []
@@ -240,6 +242,7 @@ def test_a_zppo_step_reformulates_hard_image_questions_with_the_teacher(family, 
     trainer.train()
     logs = [h for h in trainer.state.log_history if "zppo/hard" in h]
     assert logs and logs[0]["zppo/hard"] > 0, logs
-    reformulated = [p for prompts in calls for p in prompts if "<candidate>" in str(p[-1]["content"])]
-    assert reformulated, logs  # BCQ/NCQ prompts were built and scored
-    assert all(any(part.get("type") == "image" for part in p[-1]["content"]) for p in reformulated)
+    asked = sum(v for h in logs for k, v in h.items() if k.endswith("teacher/requests"))
+    assert asked > 0, logs  # the teacher sampled the hard image questions
+    assert all(h["zppo/hard_bcq_possible"] + h["zppo/hard_ncq_only"] == 0 for h in logs)  # no boxed wrong answer
+    assert not [p for prompts in calls for p in prompts if "<candidate>" in str(p[-1]["content"])]
