@@ -52,7 +52,8 @@ if mode == "generation":
         kept.append(freed_activations())
         held["inside"] = rss_mib() - start
     held["after"] = rss_mib() - start
-    kept.append(freed_activations())  # the update threshold is back
+    kept.append(freed_activations())  # may reuse the heap's free chunks: glibc maps only what they cannot hold
+    assert host_memory.release_free_heap()  # as ZPPOTrainer does after every update's micro-batch
     held["next"] = rss_mib() - start - held["after"]
 else:
     kept.append(freed_activations())
@@ -80,7 +81,7 @@ def test_freed_activations_leave_the_process_once_the_heap_is_kept_small():
     generation = _held_mib("generation")
     assert generation["inside"] > 300  # generation_heap: the heap serves them, and keeps them ...
     assert generation["after"] < 40  # ... until the block ends
-    assert generation["next"] < 40  # and the update threshold holds again after it
+    assert generation["next"] < 40  # and what the next pass frees into the heap's holes is handed back too
 
 
 def test_process_memory_follows_what_the_process_holds():

@@ -14,18 +14,20 @@ were 1.5 GB.
 forward or backward pass (the updates', and the scoring passes' of a rollout step) gets pages of its own
 that go back to the system when it is freed. Decoding is the opposite case: each new token allocates and
 frees a few small tensors per layer (the growing KV cache), where fresh pages for each cost more than the
-token's arithmetic (a round of the demo's plain rollouts took 11.8 and 67 s with the 1 MiB threshold, 8.2
-and 8.9 s from the heap, alternating on a busy machine), so the trainer decodes inside
-:func:`generation_heap`, which serves it from the heap and afterwards hands the heap's free pages back
-(:func:`release_free_heap`, ``malloc_trim``). Holding the 32 MiB threshold for the whole rollout step
-instead (its scoring forwards too) raised the demo's first-step peak from 2.5 to 5.6 GB. All of it is a no-op off
-glibc, and a threshold set with ``MALLOC_MMAP_THRESHOLD_`` is left alone.
+token's arithmetic: the demo model decoding 48 tokens for 16 prompts of 250 tokens took 17.1 and 17.3 s at
+1 MiB, 13.2 and 12.9 s from the heap (alternating; peak 0.49 against 0.59 GB above the start). So the
+trainer decodes inside :func:`generation_heap`, which serves it from the heap and afterwards hands the
+heap's free pages back (:func:`release_free_heap`, ``malloc_trim``). The threshold decides only what the
+heap cannot serve: a large tensor fits in the free chunks decoding leaves, and freed there it stays resident,
+so the trainer also trims after each update's micro-batch. All of it is a no-op off glibc, and a threshold set
+with ``MALLOC_MMAP_THRESHOLD_`` is left alone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import platform
 import sys
@@ -58,6 +60,7 @@ _M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 _GIB = 1024**3
 
 
+@functools.cache  # platform.libc_ver() reads the interpreter's binary: once, not around every decoding call
 def _glibc() -> ctypes.CDLL | None:
     """The process's C library when it is glibc (whose ``mallopt`` and ``malloc_trim`` these calls use)."""
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":

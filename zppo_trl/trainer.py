@@ -273,7 +273,11 @@ class ZPPOTrainer(GRPOTrainer):
         batch = self._prepare_inputs(inputs)  # generates at the start of a rollout step
         self._current_train_step_time += time.perf_counter() - start  # TRL's step_time includes generation
         if not is_skipped(batch):
-            return super().training_step(model, batch, num_items_in_batch)
+            loss = super().training_step(model, batch, num_items_in_batch)
+            # glibc maps a large tensor only when its heap has no free chunk to hold it, and decoding leaves
+            # such chunks (zppo_trl.host_memory): what this micro-batch freed there goes back to the system
+            host_memory.release_free_heap()
+            return loss
         # A partition without a learning signal: no forward, no backward, so every gradient stays None
         # and the optimizer step that follows leaves parameters and optimizer state untouched.
         self._step += 1
