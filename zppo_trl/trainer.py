@@ -209,7 +209,9 @@ class ZPPOTrainer(GRPOTrainer):
         self.teacher = teacher
         # The distillation rows' teacher: its server's top-k log-probs by default; loaded next to the student
         # (for its full distributions) only when one is given.
-        zero_variance = signal_for(args)  # ReLIFT and RSTG ask the teacher server too; RSTG distils as On-Distill
+        # The zero-variance rows' named term (zppo_trl.zero_variance), None for every other row. ReLIFT and RSTG
+        # ask the teacher server too; RSTG distils as On-Distill.
+        self.zero_variance = zero_variance = signal_for(args)
         distills = args.distillation is not None or (zero_variance is not None and zero_variance.distills)
         local = distills and (distill_teacher_model is not None or bool(args.distill_teacher))
         server_distill = args.distillation == "off" or (args.distillation == "on" and not local)
@@ -729,11 +731,10 @@ class ZPPOTrainer(GRPOTrainer):
         # 1. X_new from the dataloader (each row repeated G times), X_replay from the buffer.
         draw = self._draw_questions(inputs)
         # 2. Teacher sampling for every question of X starts now, overlapping the student's rollouts.
-        zero_variance = signal_for(args)
         sampling = (
             (self._augmenting and self.augmentation.needs_teacher_rollouts)
             or args.distillation == "off"
-            or (zero_variance is not None and zero_variance.teacher_targets)
+            or (self.zero_variance is not None and self.zero_variance.teacher_targets)
         )
         teacher_future = self._start_teacher_sampling(draw.plain) if sampling else None
         # 3. Plain rollouts, scored; plain accuracy r_x per question over all ranks.
@@ -782,10 +783,8 @@ class ZPPOTrainer(GRPOTrainer):
         augmented_round = self._augmented_round(built, most_built, draw.plain[0].row, metrics)
         targets = self._zero_variance_targets(teacher_future, draw, plain_round, metrics)
         micro_batches = self._policy_batches(plain_round, augmented_round, metrics, targets)
-        signal = signal_for(self.args)
-        if (
-            signal is not None and signal.distills and self.distill_teacher is None
-        ):  # RSTG: top-k of the all-wrong rows
+        signal = self.zero_variance
+        if signal is not None and signal.distills and self.distill_teacher is None:  # RSTG: the all-wrong rows
             self._attach_teacher_topk(micro_batches, metrics, only=MARK_FIELD)
         if augmenting:
             metrics.update(self._augmentation_metrics(plan, built, augmented_round))
@@ -796,7 +795,7 @@ class ZPPOTrainer(GRPOTrainer):
     ) -> Round | None:
         """ReLIFT's target rows: one graded-correct teacher rollout per all-wrong plain question, teacher-forced
         (:func:`zppo_trl.zero_variance.relift_targets`); None on every other row."""
-        signal = signal_for(self.args)
+        signal = self.zero_variance
         if signal is None or not signal.teacher_targets:
             return None
         keys = all_wrong_keys(plain_round.groups_per_rank, plain_round.rewards, self.num_generations)
@@ -1057,7 +1056,7 @@ class ZPPOTrainer(GRPOTrainer):
         rewards_per_rank = [
             [x for r in rounds for x in r.rewards.view(world, -1)[rank].tolist()] for rank in range(world)
         ]
-        signal = signal_for(self.args)  # LENS reads each rollout's sampling log-prob, gathered like the rewards
+        signal = self.zero_variance  # LENS reads each rollout's sampling log-prob, gathered like the rewards
         confidences = self.ranks.gather(response_log_confidence(batch)) if signal and signal.needs_confidence else None
         targets_per_rank = None
         if extra:  # each target row anchored to its question's plain group (rank, group)
