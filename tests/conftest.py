@@ -226,6 +226,39 @@ class VLLMServer(Server):
         )
 
 
+class VLLMStudentServer(VLLMServer):
+    """vLLM's CPU server as the student's rollout server (TRL's server mode): dev mode and the
+    shared-memory reload extension (``zppo_trl.vllm_worker``), the flags TRL's client needs, and a
+    context of ``max_model_len`` tokens."""
+
+    name = "student vLLM server"
+
+    def __init__(self, model_dir: str | Path, port: int | None = None, log_dir: str | Path | None = None,
+                 max_model_len: int = 4096):  # fmt: skip
+        super().__init__(model_dir, port, log_dir)
+        self.max_model_len = max_model_len
+
+    @property
+    def root_url(self) -> str:
+        """What TRL's ``vllm_server_base_url`` takes (no ``/v1``)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        command = super().command()
+        command[command.index("--max-model-len") + 1] = str(self.max_model_len)
+        return command + [
+            "--worker-extension-cls", "zppo_trl.vllm_worker.SharedMemoryWeightReload",
+            "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1",
+        ]  # fmt: skip
+
+    def environment(self) -> dict[str, str]:
+        return dict(
+            super().environment(),
+            VLLM_SERVER_DEV_MODE="1",  # /collective_rpc and /server_info
+            PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        )
+
+
 def require_vllm() -> None:
     """Skip the calling test, naming why, when vLLM's CPU build is not installed."""
     reason = vllm_unavailable()
@@ -233,12 +266,12 @@ def require_vllm() -> None:
         pytest.skip(reason)
 
 
-SERVERS = {"transformers": Server, "vllm": VLLMServer}
+SERVERS = {"transformers": Server, "vllm": VLLMServer, "vllm-student": VLLMStudentServer}
 
 
 def _serve(model_dir: Path, backend: str = "transformers") -> Iterator[Server]:
     """A started server for a session fixture, stopped at teardown."""
-    if backend == "vllm":
+    if backend.startswith("vllm"):
         require_vllm()
     server = SERVERS[backend](model_dir).start()
     try:
@@ -333,6 +366,19 @@ def vllm_boxed_teacher_server(boxed_text_teacher_dir) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="session")
+def vllm_boxed_student_server(boxed_text_student_dir) -> Iterator[Server]:
+    """The boxed text student on vLLM's CPU server in TRL's server mode (shared-memory weight sync).
+    Every trainer pushes its weights before its first generation, so tests can share it."""
+    require_vllm()
+    # 5,120: ZPPOConfig.context_lengths().student at max_completion_length 32 (what serve_student.sh sizes)
+    server = VLLMStudentServer(boxed_text_student_dir, max_model_len=5120).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
 def boxed_vlm_teacher_server(boxed_vlm_teacher_dir) -> Iterator[Server]:
     """`transformers serve` with the boxed VLM teacher (images reach the model). Do not kill it."""
     yield from _serve(boxed_vlm_teacher_dir)
@@ -348,7 +394,7 @@ def make_server(tiny_text_model_dir, tmp_path) -> Iterator:
     servers: list[Server] = []
 
     def make(model_dir: str | Path | None = None, port: int | None = None, backend: str = "transformers") -> Server:
-        if backend == "vllm":
+        if backend.startswith("vllm"):
             require_vllm()
         server = SERVERS[backend](model_dir or tiny_text_model_dir, port=port, log_dir=tmp_path)
         servers.append(server)

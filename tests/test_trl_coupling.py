@@ -160,3 +160,26 @@ def test_trl_fuses_the_lm_head_with_the_tiles_the_memory_plan_assumes():
     assert chunked_logprob.TOKEN_CHUNK_SIZE == memory_plan.FUSED_TILE_TOKENS
     assert trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE == memory_plan.FUSED_TILE_VOCAB
     assert "entropy" in chunked_logprob.OPTIONAL_OUTPUTS
+
+
+def test_trl_builds_its_vllm_generation_and_client_where_the_shared_memory_sync_hooks_in():
+    """zppo_trl.student_server swaps the class GRPOTrainer builds by its module-level name, waives the
+    client's vLLM import check by its module-level name, and replaces only the weight transfer."""
+    import trl.generation.vllm_client as client_module
+    import trl.generation.vllm_generation as generation_module
+    import trl.trainer.grpo_trainer as grpo_module
+
+    assert grpo_module.VLLMGeneration is generation_module.VLLMGeneration
+    assert "VLLMGeneration(" in inspect.getsource(GRPOTrainer.__init__)
+    assert "is_vllm_available()" in inspect.getsource(client_module.VLLMClient.__init__)
+    assert callable(client_module.is_vllm_available)
+    # the server-mode setup we replace, and the sync we keep: one update_named_params call, then the reset
+    init = inspect.getsource(generation_module.VLLMGeneration._init_vllm)
+    assert "VLLMClient(" in init and "init_communicator(" in init and "wait_for_everyone()" in init
+    sync = inspect.getsource(generation_module.VLLMGeneration.sync_weights)
+    assert "vllm_client.update_named_params(self._weight_metadata" in sync and "reset_prefix_cache()" in sync
+    for name in ("server_base_url", "server_host", "server_port", "group_port", "server_timeout"):
+        assert name in inspect.signature(generation_module.VLLMGeneration.__init__).parameters
+    for name in ("_start_weight_update", "_finish_weight_update", "update_named_params", "get_server_info",
+                 "init_communicator", "reset_prefix_cache", "generate", "get_sequence_logprobs", "_post"):  # fmt: skip
+        assert callable(getattr(client_module.VLLMClient, name)), name

@@ -25,6 +25,7 @@ import os
 import warnings
 from dataclasses import dataclass, field
 
+import torch
 from trl import GRPOConfig
 
 from .advantages import NORMALIZATIONS
@@ -504,6 +505,19 @@ class ZPPOConfig(GRPOConfig):
             "help": "Off (TRL defaults it on): the PPO ratio against the sampling policy is the paper's only ratio."
         },
     )
+    vllm_weight_transfer: str | None = field(
+        default=None,
+        metadata={
+            "help": "How the student's vLLM server (vllm_mode: server) receives the weights after each update: "
+            "'nccl' (TRL's NCCL engine; CUDA) or 'shm' (a safetensors file in vllm_weight_transfer_dir that the "
+            "server reloads through its /collective_rpc; no CUDA, trainer and server on one host; "
+            "zppo_trl.student_server). Default: nccl where CUDA is available, shm elsewhere."
+        },
+    )
+    vllm_weight_transfer_dir: str = field(
+        default="/dev/shm",
+        metadata={"help": "With vllm_weight_transfer 'shm': where the weights file is written (memory-backed)."},
+    )
     lr_scheduler_type: str = field(
         default="constant", metadata={"help": "Paper: constant learning rate, no warmup, no decay."}
     )
@@ -542,6 +556,7 @@ class ZPPOConfig(GRPOConfig):
             )
         self.judge_base_url = self.judge_base_url or self.teacher_base_url
         self.judge_model = self.judge_model or self.teacher_model
+        self._resolve_weight_transfer()
         if self.use_vllm:
             needed = self.context_lengths().student
             if self.vllm_max_model_length is None:
@@ -554,6 +569,17 @@ class ZPPOConfig(GRPOConfig):
                     "zppo/prompts_over_context)",
                     stacklevel=2,
                 )
+
+    def _resolve_weight_transfer(self) -> None:
+        """vllm_weight_transfer's default (NCCL on CUDA, shared memory elsewhere) and its checks."""
+        if self.vllm_weight_transfer not in (None, "nccl", "shm"):
+            raise ValueError(f"vllm_weight_transfer must be 'nccl' or 'shm', got {self.vllm_weight_transfer!r}")
+        if not (self.use_vllm and self.vllm_mode == "server"):
+            if self.vllm_weight_transfer == "shm":
+                raise ValueError("vllm_weight_transfer 'shm' needs use_vllm: true and vllm_mode: server")
+            return
+        if self.vllm_weight_transfer is None:
+            self.vllm_weight_transfer = "nccl" if torch.cuda.is_available() else "shm"
 
     def _validate_zppo(self) -> None:
         for name in ("hard_threshold", "replay_fraction", "augment_fraction"):

@@ -90,6 +90,7 @@ from .step_metrics import (
     memory_metrics,
     timing_metrics,
 )
+from .student_server import student_generation
 from .teacher import TeacherClient
 from .trace_log import TRACE_LOG_NAME, TraceLog
 from .zero_variance import (
@@ -178,7 +179,8 @@ class ZPPOTrainer(GRPOTrainer):
             if not callable(func) or isinstance(func, (str, torch.nn.Module)):
                 raise ValueError(f"ZPPO needs verifiable rewards: reward_funcs must be plain callables, got {func!r}")
         row_of = data.row_index(train_dataset)
-        with _gspo_warning_expected(args):
+        # TRL's student vLLM generation, or its server mode with weights synced through shared memory
+        with _gspo_warning_expected(args), student_generation(args):
             super().__init__(
                 model=model,
                 reward_funcs=reward_funcs,

