@@ -370,8 +370,9 @@ def vllm_boxed_student_server(boxed_text_student_dir) -> Iterator[Server]:
     """The boxed text student on vLLM's CPU server in TRL's server mode (shared-memory weight sync).
     Every trainer pushes its weights before its first generation, so tests can share it."""
     require_vllm()
-    # 5,120: ZPPOConfig.context_lengths().student at max_completion_length 32 (what serve_student.sh sizes)
-    server = VLLMStudentServer(boxed_text_student_dir, max_model_len=5120).start()
+    # ZPPOConfig.context_lengths().student at max_prompt_length 1,024 and max_completion_length 32 is 1,769
+    # (what serve_student.sh would size); the tiny models have 4,096 positions
+    server = VLLMStudentServer(boxed_text_student_dir, max_model_len=2048).start()
     try:
         yield server
     finally:

@@ -4,7 +4,7 @@ Usage::
 
     accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no \\
         --dynamo_backend no --main_process_port PORT tests/distributed_worker.py OUTDIR MODEL_DIR \\
-        [--mode grpo|zppo] [--max-steps N] [--teacher-url URL --teacher-model NAME]
+        [--mode grpo|zppo] [--max-steps N] [--teacher-url URL --teacher-model NAME] [--student-url URL]
 
 (``--multi_gpu`` selects accelerate's torchrun launcher; the config sets ``use_cpu=True``, so
 the processes run on CPU with the gloo backend. ``--cpu`` would start one process only.)
@@ -12,6 +12,8 @@ the processes run on CPU with the gloo backend. ``--cpu`` would start one proces
 ``--mode grpo`` trains GRPO† (``augmentations=[]``) on synthetic questions with a
 deterministic pseudo-random reward; ``--mode zppo`` trains with BCQ/NCQ against a teacher
 server on the boxed toy questions of :mod:`boxed_models`, graded by the real boxed reward.
+``--student-url`` generates the rollouts on that student vLLM server (TRL's server mode, weights
+synced through shared memory) instead of in the trainer: both ranks share it.
 
 Each rank writes ``OUTDIR/rank{R}.json`` with what the test compares across ranks: the
 buffer residents, counters and ZPPO RNG state at the end, per rollout step the groups this
@@ -148,6 +150,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=9)
     parser.add_argument("--teacher-url")
     parser.add_argument("--teacher-model")
+    parser.add_argument("--student-url", help="a student vLLM server (serve_student.sh --cpu) for the rollouts")
     cli = parser.parse_args()
     outdir = Path(cli.outdir)
 
@@ -197,6 +200,11 @@ def main() -> None:
             settings.update(distillation="on", distill_teacher=cli.distill_teacher)
         rows, reward = toy_rows("text"), boxed_accuracy_reward
 
+    if cli.student_url:
+        settings.update(
+            use_vllm=True, vllm_mode="server", vllm_server_base_url=cli.student_url, vllm_server_timeout=60,
+            vllm_max_model_length=2048, max_prompt_length=1024,  # the test server's context
+        )  # fmt: skip
     args = ZPPOConfig(**settings)
     model = AutoModelForCausalLM.from_pretrained(cli.model_dir)
     tokenizer = AutoTokenizer.from_pretrained(cli.model_dir)
@@ -227,6 +235,8 @@ def main() -> None:
         initial_params=initial,
         params_after_step=checksums.after,
         final_params=param_checksum(trainer.model),
+        # the main process's client to the student server (None where rollouts come from the trainer)
+        student_client=type(getattr(getattr(trainer, "vllm_generation", None), "vllm_client", None)).__name__,
         log_history=[
             {
                 k: v

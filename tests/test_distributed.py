@@ -207,13 +207,18 @@ def test_parameters_identical_and_skips_change_nothing(grpo_run):
 # ---------------------------------------------------------------------- ZPPO (BCQ/NCQ, teacher server)
 
 
-@pytest.fixture(scope="module")
-def zppo_run(boxed_text_student_dir, boxed_teacher_server, tmp_path_factory) -> list[dict]:
-    outdir = tmp_path_factory.mktemp("distributed-zppo")
+@pytest.fixture(scope="module", params=["trainer", "student-server"])
+def zppo_run(request, boxed_text_student_dir, boxed_teacher_server, tmp_path_factory) -> list[dict]:
+    """ZPPO on 2 ranks, the rollouts generated in the trainer or on one student vLLM server both ranks share."""
+    outdir = tmp_path_factory.mktemp(f"distributed-zppo-{request.param}")
     args = [str(boxed_text_student_dir), "--mode", "zppo", "--max-steps", str(3 * STEPS_PER_ROLLOUT)]
-    return _launch(
-        outdir, [*args, "--teacher-url", boxed_teacher_server.base_url, "--teacher-model", boxed_teacher_server.model]
-    )
+    args += ["--teacher-url", boxed_teacher_server.base_url, "--teacher-model", boxed_teacher_server.model]
+    if request.param == "student-server":
+        args += ["--student-url", request.getfixturevalue("vllm_boxed_student_server").root_url]
+    records = _launch(outdir, args)
+    expected = "SharedMemoryVLLMClient" if request.param == "student-server" else "NoneType"
+    assert [r["student_client"] for r in records] == [expected, "NoneType"]  # only the main process connects
+    return records
 
 
 def test_zppo_decisions_identical_and_reformulations_dealt_over_ranks(zppo_run):

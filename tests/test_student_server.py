@@ -176,7 +176,7 @@ def test_zppo_rollouts_come_from_the_student_server_and_it_follows_every_update(
         num_partitions=2, gradient_accumulation_steps=1, max_steps=6,  # three rollout steps
         replay_fraction=0.5, augment_fraction=0.5,
         teacher_base_url=teacher.base_url, teacher_model=teacher.model, teacher_max_tokens=32,
-        compression_max_tokens=48,
+        compression_max_tokens=48, max_prompt_length=1024,
         use_vllm=True, vllm_mode="server", vllm_server_base_url=server.root_url, vllm_server_timeout=60,
         vllm_max_model_length=server.max_model_len,
     )  # fmt: skip
@@ -215,3 +215,82 @@ def test_zppo_rollouts_come_from_the_student_server_and_it_follows_every_update(
     assert len(client.sync_seconds) >= 3
     assert all(s["bytes"] > 0 and s["reload"] > 0 and not math.isnan(s["write"]) for s in client.sync_seconds)
     json.dumps(client.sync_seconds)  # plain numbers, ready for a log
+
+
+def _grpo_dagger(tmp_path, server, **overrides) -> ZPPOConfig:
+    settings = dict(
+        output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to=[], save_strategy="no", seed=0,
+        disable_tqdm=True, logging_steps=1, learning_rate=1e-4, augmentations=[],
+        per_device_train_batch_size=16, num_generations=4, max_completion_length=16, max_prompt_length=1024,
+        num_partitions=2, gradient_accumulation_steps=1, max_steps=2, replay_fraction=0.0,
+        use_vllm=True, vllm_mode="server", vllm_server_base_url=server.root_url, vllm_server_timeout=60,
+        vllm_max_model_length=server.max_model_len,
+    )  # fmt: skip
+    settings.update(overrides)
+    return ZPPOConfig(**settings)
+
+
+@pytest.mark.integration
+def test_a_prompt_beyond_the_servers_context_costs_its_group_not_the_step(boxed_text_student_dir, tmp_path, caplog):
+    from conftest import VLLMStudentServer, require_vllm
+
+    require_vllm()
+    server = VLLMStudentServer(boxed_text_student_dir, log_dir=tmp_path, max_model_len=192).start()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(boxed_text_student_dir)
+        rows = toy_rows("text")[:7]
+        long_row = {**rows[0], "id": "long", "question": "Think it over. " * 60 + rows[0]["question"]}
+        dataset = Dataset.from_list([*rows, long_row])  # 8 questions: one rollout step draws them all
+
+        # a server smaller than the config says is refused before any training
+        with pytest.raises(ValueError, match="--max-model-len 192, below vllm_max_model_length \\(512\\)"):
+            ZPPOTrainer(model=AutoModelForCausalLM.from_pretrained(boxed_text_student_dir),
+                        args=_grpo_dagger(tmp_path, server, vllm_max_model_length=512), train_dataset=dataset,
+                        processing_class=tokenizer)  # fmt: skip
+
+        trainer = ZPPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(boxed_text_student_dir),
+            args=_grpo_dagger(tmp_path, server),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+        )
+        with caplog.at_level("WARNING", logger="zppo_trl.trainer"):
+            trainer.train()
+        logs = [h for h in trainer.state.log_history if "zppo/prompts_beyond_context" in h]
+        assert [h["zppo/prompts_beyond_context"] for h in logs] == [1]
+        assert "fill the student server's whole context (vllm_max_model_length=192)" in caplog.text
+        assert "question ids ['long']" in caplog.text
+        assert trainer.state.global_step == 2  # the step trained on the other seven questions
+    finally:
+        server.stop()
+
+
+class KillServer(TrainerCallback):
+    def __init__(self, server):
+        self.server = server
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == args.num_partitions:  # the first rollout step is trained
+            self.server.kill()
+
+
+@pytest.mark.integration
+def test_a_student_server_lost_mid_run_stops_training_naming_it(boxed_text_student_dir, tmp_path):
+    from conftest import VLLMStudentServer, require_vllm
+
+    require_vllm()
+    server = VLLMStudentServer(boxed_text_student_dir, log_dir=tmp_path, max_model_len=1024).start()
+    try:
+        trainer = ZPPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(boxed_text_student_dir),
+            args=_grpo_dagger(tmp_path, server, max_steps=4, max_prompt_length=512),
+            train_dataset=Dataset.from_list(toy_rows("text")),
+            processing_class=AutoTokenizer.from_pretrained(boxed_text_student_dir),
+            callbacks=[KillServer(server)],
+        )
+        with pytest.raises(RuntimeError, match=f"student vLLM server at {server.root_url} stopped answering "
+                                               "\\(at rollout step 2\\)"):  # fmt: skip
+            trainer.train()
+        assert trainer.state.global_step == 2  # nothing trained after the loss, with or without rollouts
+    finally:
+        server.stop()

@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 
+import requests
 import torch
 import trl.generation.vllm_client as trl_vllm_client
 import trl.trainer.grpo_trainer as trl_grpo_trainer
@@ -37,7 +38,9 @@ __all__ = [
     "WORKER_EXTENSION",
     "SharedMemoryVLLMClient",
     "SharedMemoryVLLMGeneration",
+    "stand_in_for_overlong",
     "student_generation",
+    "student_server_errors",
     "write_safetensors",
 ]
 
@@ -96,6 +99,30 @@ def write_safetensors(
     return 8 + len(encoded) + offset
 
 
+def stand_in_for_overlong(
+    prompt_ids: Sequence[Sequence[int]], context: int, images: Sequence | None = None
+) -> tuple[list[list[int]], list[bool]]:
+    """The prompts to send to a student server whose context is ``context`` tokens, and which of them
+    stand in for a prompt that leaves no room to generate (``len >= context``).
+
+    vLLM fails a whole request when one prompt is that long, so such a prompt is replaced by its
+    last token (the request keeps its shape on every rank); the caller drops what it generates.
+    A prompt with images cannot be replaced (its image tokens would be lost): that raises.
+    """
+    sent, overlong = [], []
+    for index, ids in enumerate(prompt_ids):
+        over = len(ids) >= context
+        if over and images is not None and images[index]:
+            raise ValueError(
+                f"a prompt with images is {len(ids)} tokens, at or over the student server's context ({context}, "
+                "vllm_max_model_length): restart the server with a larger --max-model-len and set "
+                "vllm_max_model_length to it"
+            )
+        sent.append(list(ids[-1:]) if over else list(ids))
+        overlong.append(over)
+    return sent, overlong
+
+
 @contextlib.contextmanager
 def _vllm_import_check_waived() -> Iterator[None]:
     """TRL's client refuses to start unless ``vllm`` imports, which only its NCCL transfer needs; the
@@ -113,7 +140,7 @@ class SharedMemoryVLLMClient(VLLMClient):
 
     Generation, prefix-cache resets and the server checks are TRL's. :meth:`init_communicator`
     opens no NCCL group: it checks that the server can reload (dev mode, the worker extension)
-    and reads the dtype it serves in. ``sync_seconds`` records each update's write and reload times.
+    and reads the dtype it serves in and its context. ``sync_seconds`` records each update's write and reload times.
     """
 
     def __init__(self, *args, weight_dir: str = "/dev/shm", **kwargs):
@@ -121,6 +148,7 @@ class SharedMemoryVLLMClient(VLLMClient):
             super().__init__(*args, **kwargs)
         self.weight_dir = weight_dir
         self.weight_dtype: torch.dtype | None = None
+        self.max_model_len: int | None = None  # the server's context, read by init_communicator
         self.sync_seconds: list[dict[str, float]] = []
 
     def init_communicator(self, device: torch.device | str | int = 0) -> None:
@@ -136,6 +164,7 @@ class SharedMemoryVLLMClient(VLLMClient):
         if not os.path.isdir(self.weight_dir):
             raise RuntimeError(f"vllm_weight_transfer_dir {self.weight_dir!r} is not a directory")
         self.weight_dtype = getattr(torch, str(info["model_config"]["dtype"]).removeprefix("torch."))
+        self.max_model_len = int(info["model_config"]["max_model_len"])
 
     # One file is one whole update: the server's start/finish endpoints belong to its NCCL engine.
     def _start_weight_update(self) -> None:
@@ -186,6 +215,13 @@ class SharedMemoryVLLMGeneration(VLLMGeneration):
                 weight_dir=self.weight_dir,
             )
             self.vllm_client.init_communicator(self.accelerator.device)
+            served = self.vllm_client.max_model_len
+            if self.max_model_length is not None and served < self.max_model_length:
+                raise ValueError(
+                    f"the student server at {base_url} was started with --max-model-len {served}, below "
+                    f"vllm_max_model_length ({self.max_model_length}): its requests would fail; restart it with "
+                    f"--max-model-len {self.max_model_length} or set vllm_max_model_length to {served}"
+                )
         self.accelerator.wait_for_everyone()  # as TRL does: the main process connects, the others wait
 
 
@@ -204,3 +240,21 @@ def student_generation(args) -> Iterator[None]:
         yield
     finally:
         trl_grpo_trainer.VLLMGeneration = original
+
+
+@contextlib.contextmanager
+def student_server_errors(trainer) -> Iterator[None]:
+    """Name the student's server when it stops answering mid-run (after TRL's client has retried,
+    about a minute), instead of a bare connection error from deep inside a weight sync or a generation."""
+    try:
+        yield
+    except requests.exceptions.ConnectionError as exc:
+        if not (trainer.use_vllm and trainer.vllm_mode == "server"):
+            raise
+        client = getattr(trainer.vllm_generation, "vllm_client", None)
+        where = client.base_url if client is not None else "its address"
+        raise RuntimeError(
+            f"the student vLLM server at {where} stopped answering (at rollout step "
+            f"{trainer.state.global_step // trainer.args.num_partitions + 1}); no rollout can be generated without "
+            "it. Restart it (recipes/launch/serve_student.sh) and resume from the last checkpoint"
+        ) from exc

@@ -90,7 +90,7 @@ from .step_metrics import (
     memory_metrics,
     timing_metrics,
 )
-from .student_server import student_generation
+from .student_server import stand_in_for_overlong, student_generation, student_server_errors
 from .teacher import TeacherClient
 from .trace_log import TRACE_LOG_NAME, TraceLog
 from .zero_variance import (
@@ -452,10 +452,20 @@ class ZPPOTrainer(GRPOTrainer):
         # Decoding alone allocates from glibc's heap: its many small tensors per token are cheapest there, and
         # the heap is handed back when it ends. The forward passes that score the rollouts keep large tensors
         # in pages of their own (zppo_trl.host_memory).
-        with host_memory.generation_heap():
+        overlong = [False] * len(prompt_ids)
+        if self.use_vllm and self.vllm_mode == "server" and self.args.vllm_max_model_length:
+            # one prompt beyond the server's context would fail the whole request: its rollouts are a bare
+            # end of sequence each (a group without signal, like an all-wrong one), and _check_context names it
+            prompt_ids, overlong = stand_in_for_overlong(prompt_ids, self.args.vllm_max_model_length, images)
+        with host_memory.generation_heap(), student_server_errors(self):
             completion_ids, logprobs = super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
+        if any(overlong):
+            eos = [self.eos_token_ids[0]]
+            completion_ids = [eos if over else ids for ids, over in zip(completion_ids, overlong, strict=True)]
+            if logprobs is not None:
+                logprobs = [[0.0] if over else lp for lp, over in zip(logprobs, overlong, strict=True)]
         if request is not None and request.has_prefixes:
             budget = [self.max_completion_length - len(prefix or ()) for prefix in request.response_prefixes]
             completion_ids = [list(ids)[:n] for ids, n in zip(completion_ids, budget, strict=True)]
@@ -949,6 +959,18 @@ class ZPPOTrainer(GRPOTrainer):
         longest, over = self.ranks.largest(max(lengths, default=0)), self.ranks.total(over)
         metrics[f"{round_name}_prompt_tokens_max"] = longest
         metrics["prompts_over_context"] = metrics.get("prompts_over_context", 0) + over
+        if self.use_vllm and self.vllm_mode == "server" and context:  # see _generate_single_turn
+            sent = batch["prompt_mask"].sum(1)[::G].tolist()
+            mine = [g.row[data.ID] for n, g in zip(sent, groups) if g.kind != FILLER and n >= context]
+            unserved = [key for rank_keys in self.ranks.gather(mine) for key in rank_keys]
+            metrics["prompts_beyond_context"] = metrics.get("prompts_beyond_context", 0) + len(unserved)
+            if unserved:
+                logger.warning(
+                    "%d %s prompt(s) fill the student server's whole context (vllm_max_model_length=%d) and got no "
+                    "rollouts (their groups carry no signal): question ids %s. Start the student server with a "
+                    "larger --max-model-len and set vllm_max_model_length to it",
+                    len(unserved), round_name, context, unserved,
+                )  # fmt: skip
         if over:
             logger.warning(
                 "%d %s prompt(s) leave less than max_completion_length=%d tokens to generate in the student's context "

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The CPU demo, end to end: materialize SmolLM2-135M-Instruct, serve it as the teacher with
-# vLLM's CPU engine on 127.0.0.1 (as production serves the teacher, on GPUs), train with ZPPO
-# (recipes/demo.yaml), plot the run. The teacher server is stopped however the run ends.
-# `make demo` creates both environments and calls this; run it directly with
-# PYTHON=path/to/python (the trainer's) and VLLM_PYTHON=path/to/python (vLLM's, from
-# `make vllm-env`). TEACHER=transformers serves the teacher with `transformers serve` instead.
+# The CPU demo, end to end: materialize SmolLM2-135M-Instruct, serve it as the teacher and as
+# the student's rollout server with vLLM's CPU engine on 127.0.0.1 (production's topology: a
+# student server that takes the trainer's weights after every update, here through /dev/shm,
+# and a teacher server), train with ZPPO (recipes/demo.yaml), plot the run. The servers are
+# stopped however the run ends. `make demo` creates both environments and calls this; run it
+# directly with PYTHON=path/to/python (the trainer's) and VLLM_PYTHON=path/to/python (vLLM's,
+# from `make vllm-env`). TEACHER=transformers serves the teacher with `transformers serve`
+# instead; STUDENT=transformers generates the rollouts in the trainer instead.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=../launch/common.sh
@@ -13,7 +15,9 @@ source recipes/launch/common.sh
 PYTHON=${PYTHON:-.venv/bin/python}
 MODEL_DIR=${MODEL_DIR:-.cache/demo/SmolLM2-135M-Instruct}
 PORT=${PORT:-8765}
+STUDENT_PORT=${STUDENT_PORT:-8766}
 TEACHER=${TEACHER:-vllm}
+STUDENT=${STUDENT:-vllm}
 VLLM_PYTHON=${VLLM_PYTHON:-.venv-vllm/bin/python}
 RUNS=${RUNS:-outputs/demo}
 # Every demo is a fresh run in a folder of its own; earlier runs are kept (about 2 GB each,
@@ -29,6 +33,11 @@ case $TEACHER in
     transformers) ;;
     *) die "TEACHER must be vllm or transformers, got '$TEACHER'" 2 ;;
 esac
+case $STUDENT in
+    vllm) [[ -x "$VLLM_PYTHON" ]] || die "no vLLM at $VLLM_PYTHON: run \`make vllm-env\` (or STUDENT=transformers)" 2 ;;
+    transformers) ;;
+    *) die "STUDENT must be vllm or transformers, got '$STUDENT'" 2 ;;
+esac
 
 start=$(date +%s)
 "$PYTHON" recipes/demo/prepare_model.py "$MODEL_DIR"
@@ -36,27 +45,27 @@ start=$(date +%s)
 mkdir -p "$OUT"
 ln -sfn "$(basename "$OUT")" "$RUNS/latest" 2>/dev/null || true  # outputs/demo/latest: the newest run
 echo "this run: $OUT (earlier runs stay in $RUNS)"
-server=""
-stop_server() {  # SIGTERM (vLLM stops its engine processes), SIGKILL after 30 s
-    if [[ -z "$server" && -f "$OUT/teacher_server.log.pid" ]]; then server=$(cat "$OUT/teacher_server.log.pid"); fi
-    if [[ -n "$server" ]]; then
-        kill "$server" 2>/dev/null || true
-        for _ in $(seq 60); do kill -0 "$server" 2>/dev/null || break; sleep 0.5; done
-        kill -9 "$server" 2>/dev/null || true
-        echo "teacher server stopped"
-    fi
+stop_servers() {  # SIGTERM (vLLM stops its engine processes), SIGKILL after 30 s
+    local pid_file pid
+    for pid_file in "$OUT"/*_server.log.pid; do
+        [[ -f "$pid_file" ]] || continue
+        pid=$(cat "$pid_file")
+        kill "$pid" 2>/dev/null || true
+        for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+        kill -9 "$pid" 2>/dev/null || true
+        echo "$(basename "$pid_file" _server.log.pid) server stopped"
+    done
 }
+trap stop_servers EXIT
+# The servers' contexts fit the recipe's longest requests (recipes/zppo.py --print_server_lengths).
+# bfloat16 (about 1.6x float32's throughput on CPUs with AVX512-BF16) and eager mode (it starts
+# in about 16 s instead of about 55 s, for 7% less throughput).
+read -r student_len teacher_len <<<"$(PYTHON=$PYTHON server_lengths recipes/demo.yaml)"
 if [[ "$TEACHER" == vllm ]]; then
-    # The context fits the recipe's longest teacher request (recipes/zppo.py --print_server_lengths).
-    # bfloat16 (about 1.6x float32's throughput on CPUs with AVX512-BF16) and eager mode (it
-    # starts in about 16 s instead of about 55 s, for 7% less throughput).
-    read -r _ teacher_len <<<"$(PYTHON=$PYTHON server_lengths recipes/demo.yaml)"
     echo "teacher: vLLM (CPU) serving $MODEL_DIR on 127.0.0.1:$PORT (log: $OUT/teacher_server.log)"
-    trap stop_server EXIT
     VLLM_PYTHON=$VLLM_PYTHON bash recipes/launch/serve_teacher.sh --cpu --model "$MODEL_DIR" --host 127.0.0.1 --port "$PORT" \
         --max-model-len "$teacher_len" --kv-cache-gib 1 --timeout 300 --log "$OUT/teacher_server.log" \
         -- --dtype bfloat16 --enforce-eager
-    server=$(cat "$OUT/teacher_server.log.pid")
 else
     echo "teacher: transformers serve $MODEL_DIR on 127.0.0.1:$PORT (log: $OUT/teacher_server.log)"
     # One thread for the server: the trainer needs the other core, and a tiny model oversubscribes.
@@ -64,15 +73,25 @@ else
     # request, so the teacher's near-greedy samples and its compressions could not both be right.
     OMP_NUM_THREADS=1 "$BIN/transformers" serve "$MODEL_DIR" --host 127.0.0.1 --port "$PORT" --device cpu \
         >"$OUT/teacher_server.log" 2>&1 &
-    server=$!
-    trap stop_server EXIT
+    echo $! >"$OUT/teacher_server.log.pid"
+fi
+student=()
+if [[ "$STUDENT" == vllm ]]; then
+    echo "student rollouts: vLLM (CPU) serving $MODEL_DIR on 127.0.0.1:$STUDENT_PORT, weights synced through /dev/shm (log: $OUT/student_server.log)"
+    VLLM_PYTHON=$VLLM_PYTHON bash recipes/launch/serve_student.sh --cpu --model "$MODEL_DIR" --host 127.0.0.1 \
+        --port "$STUDENT_PORT" --max-model-len "$student_len" --kv-cache-gib 1 --timeout 300 \
+        --log "$OUT/student_server.log" -- --dtype bfloat16 --enforce-eager
+    student=(--use_vllm true --vllm_mode server --vllm_server_base_url "http://127.0.0.1:$STUDENT_PORT"
+             --vllm_max_model_length "$student_len")
+else
+    echo "student rollouts: generated in the trainer (transformers)"
 fi
 trap 'exit 130' INT TERM
 
 "$BIN/accelerate" launch --num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no \
     recipes/zppo.py --config recipes/demo.yaml \
     --teacher_base_url "http://127.0.0.1:$PORT/v1" --teacher_model "$MODEL_DIR" \
-    --model_name_or_path "$MODEL_DIR" --output_dir "$OUT"
+    --model_name_or_path "$MODEL_DIR" --output_dir "$OUT" "${student[@]+"${student[@]}"}"
 
 "$PYTHON" recipes/demo/plot_run.py "$OUT"  # the figure, and the run's totals
 echo "demo done in $(( $(date +%s) - start )) s: checkpoint, metrics.jsonl, TensorBoard events and the figure are in $OUT"
