@@ -8,12 +8,17 @@ vllm``, the production server; from ``make vllm-env``) or ``transformers serve``
 answers one request at a time (``--teacher transformers``). The first rollout step of each
 run is a warm-up and not counted.
 
-    python benchmarks/bench_trainer.py [--teacher vllm] [--steps 6] [--workdir /tmp/zppo-bench] [--pin]
+    python benchmarks/bench_trainer.py [--teacher vllm] [--student transformers|vllm] [--steps 6]
+        [--workdir /tmp/zppo-bench] [--pin]
+
+``--student vllm`` generates the student's rollouts on vLLM's CPU server in TRL's server mode
+(the production topology; weights synced through /dev/shm after every update, see
+docs/student_server.md) instead of in the trainer, and reports the weight sync's time.
 
 With ``--pin`` the teacher server runs on the first core and the trainer (one torch thread)
-on the last, for both runs: the paper's layout in miniature, where the teacher has devices of
-its own. Without it, both share every core, and the student's rollouts and updates slow down
-whenever the teacher works.
+on the last, for both runs, with the student's server if there is one: the paper's layout in
+miniature, where the teacher has devices of its own. Without it, all share every core, and the
+student's rollouts and updates slow down whenever the teacher works.
 
 Prints per-run mean step time (one rollout step and its optimizer updates) and where a ZPPO
 step's time goes, then on its last line the ZPPO/GRPO† step-time ratio and the teacher-wait
@@ -47,7 +52,7 @@ def _models(workdir: Path) -> tuple[Path, Path]:
     return student, teacher
 
 
-def _run(variant: str, student: Path, server, steps: int, workdir: Path) -> dict:
+def _run(variant: str, student: Path, server, steps: int, workdir: Path, student_server=None) -> dict:
     from boxed_models import toy_rows
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -80,6 +85,17 @@ def _run(variant: str, student: Path, server, steps: int, workdir: Path) -> dict
         seed=0,
         data_seed=0,
         disable_tqdm=True,
+        max_prompt_length=1024,  # sizes the student server's context only (the tiny model has 4,096 positions)
+        **(
+            dict(
+                use_vllm=True,
+                vllm_mode="server",
+                vllm_server_base_url=student_server.root_url,
+                vllm_max_model_length=student_server.max_model_len,
+            )  # fmt: skip
+            if student_server is not None
+            else {}
+        ),
     )
     trainer = ZPPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(student),
@@ -96,7 +112,10 @@ def _run(variant: str, student: Path, server, steps: int, workdir: Path) -> dict
     step_times = [h["step_time"] for h in trainer.state.log_history if "step_time" in h][args.num_partitions :]
     full_steps = [sum(step_times[i : i + args.num_partitions]) for i in range(0, len(step_times), args.num_partitions)]
     waits = [h["zppo/time/teacher_wait_s"] for h in logs]
+    syncs = trainer.vllm_generation.vllm_client.sync_seconds[1:] if student_server is not None else []
     return {
+        "weight_sync_s": statistics.mean(s["write"] + s["reload"] for s in syncs) if syncs else 0.0,
+        "weight_syncs": len(syncs),
         "variant": args.variant,
         "step_s": statistics.mean(full_steps),
         "rollout_step_s": statistics.mean(h["zppo/time/rollout_step_s"] for h in logs),
@@ -117,25 +136,35 @@ def main() -> None:
     parser.add_argument("--teacher", choices=("vllm", "transformers"), default="vllm", help="the teacher's server")
     parser.add_argument("--steps", type=int, default=6, help="rollout steps per run (the first is a warm-up)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/zppo-bench"))
+    parser.add_argument(
+        "--student", choices=("transformers", "vllm"), default="transformers",
+        help="where the student's rollouts are generated: in the trainer, or on a vLLM server",
+    )  # fmt: skip
     parser.add_argument("--pin", action="store_true", help="teacher server on the first core, trainer on the last")
     options = parser.parse_args()
     options.workdir.mkdir(parents=True, exist_ok=True)
 
     from conftest import SERVERS, vllm_unavailable
 
-    if options.teacher == "vllm" and vllm_unavailable():
-        parser.error(f"{vllm_unavailable()}; run `make vllm-env` or pass --teacher transformers")
+    if "vllm" in (options.teacher, options.student) and vllm_unavailable():
+        parser.error(f"{vllm_unavailable()}; run `make vllm-env` or pass --teacher/--student transformers")
     student, teacher = _models(options.workdir)
     server = SERVERS[options.teacher](teacher, log_dir=options.workdir).start()
-    layout = "teacher and trainer share every core"
+    student_server = None
+    if options.student == "vllm":  # 2,048 tokens: the context ZPPOConfig asks for at these lengths (1,769)
+        student_server = SERVERS["vllm-student"](student, log_dir=options.workdir, max_model_len=2048).start()
+    layout = "teacher, student server and trainer share every core"
     if options.pin:
-        layout = _pin(server)
+        layout = _pin(server, student_server)
     try:
         results = [
-            _run(variant, student, server, options.steps, options.workdir) for variant in ("GRPO\u2020", "ZPPO")
+            _run(variant, student, server, options.steps, options.workdir, student_server)
+            for variant in ("GRPO\u2020", "ZPPO")
         ]
     finally:
         server.stop()
+        if student_server is not None:
+            student_server.stop()
     grpo, zppo = results
     print(json.dumps(results))
     for r in results:
@@ -145,15 +174,18 @@ def main() -> None:
             f"(samples {r['teacher_sample_wait_s']:.3f} s, compression {r['compression_s']:.3f} s), "
             f"optimizer updates {r['step_s'] - r['rollout_step_s']:.2f} s; "
             f"BCQ {r['bcq_per_step']:.1f} / NCQ {r['ncq_per_step']:.1f} per step, run {r['wall_s']:.0f} s"
+            + (f", weight sync {r['weight_sync_s']:.3f} s x {r['weight_syncs']}" if r["weight_syncs"] else "")
         )
     print(
         f"ZPPO/GRPO\u2020 step time: {zppo['step_s'] / grpo['step_s']:.2f}x; teacher wait "
-        f"{100 * zppo['teacher_wait_fraction']:.1f}% of a ZPPO step (teacher: {server.name}; {layout})"
+        f"{100 * zppo['teacher_wait_fraction']:.1f}% of a ZPPO step (teacher: {server.name}; student rollouts: "
+        f"{options.student}; {layout})"
     )
 
 
-def _pin(server) -> str:
-    """Every thread of the server's processes on the first core, this process on the last."""
+def _pin(server, student_server=None) -> str:
+    """Every thread of the teacher server's processes on the first core; this process, and the
+    student's server if any, on the last."""
     import subprocess
 
     import torch
@@ -161,11 +193,16 @@ def _pin(server) -> str:
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         return "one core: nothing to pin"
-    for pid in subprocess.run(["pgrep", "-g", str(server.process.pid)], capture_output=True, text=True).stdout.split():
-        subprocess.run(["taskset", "-a", "-p", "-c", str(cores[0]), pid], capture_output=True, check=True)
+    for running, core in ((server, cores[0]), (student_server, cores[-1])):
+        if running is None:
+            continue
+        group = subprocess.run(["pgrep", "-g", str(running.process.pid)], capture_output=True, text=True).stdout
+        for pid in group.split():
+            subprocess.run(["taskset", "-a", "-p", "-c", str(core), pid], capture_output=True, check=True)
     os.sched_setaffinity(0, {cores[-1]})
     torch.set_num_threads(1)
-    return f"teacher server on core {cores[0]}, trainer on core {cores[-1]} with one thread"
+    beside = " beside the student server" if student_server is not None else ""
+    return f"teacher server on core {cores[0]}, trainer on core {cores[-1]} with one thread{beside}"
 
 
 if __name__ == "__main__":
