@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
 from zppo_trl.rewards import boxed_accuracy_reward
-from zppo_trl.student_server import SharedMemoryVLLMClient, write_safetensors
+from zppo_trl.student_server import SharedMemoryVLLMClient, stand_in_for_overlong, write_safetensors
 
 try:
     from boxed_models import toy_rows
@@ -65,6 +65,18 @@ def test_a_weight_stream_that_breaks_its_announcement_is_refused(tmp_path):
         write_safetensors(str(tmp_path / "w"), _metadata(named), iter([("a", torch.zeros(4)), named[1]]))
     with pytest.raises(ValueError):  # a tensor short
         write_safetensors(str(tmp_path / "w"), _metadata(named), iter(named[:1]))
+
+
+def test_a_prompt_that_fills_the_servers_context_is_sent_as_a_stand_in():
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [4, 5, 6, 7, 8], [9]]  # the long one twice: a group of G=2
+    sent, overlong = stand_in_for_overlong(prompts, context=5)
+    assert overlong == [False, True, True, False]
+    assert sent == [[1, 2, 3], [8], [8], [9]]  # one request of the same shape, every copy alike
+    assert stand_in_for_overlong(prompts, context=6) == (prompts, [False] * 4)
+    with pytest.raises(ValueError, match="a prompt with images is 5 tokens, at or over the student server's context"):
+        stand_in_for_overlong(prompts, context=5, images=[None, ["image"], ["image"], None])
+    # a long prompt without images next to image prompts is still replaced
+    assert stand_in_for_overlong(prompts, context=5, images=[["image"], None, None, None])[1][1]
 
 
 # ---------------------------------------------------------------- the config
