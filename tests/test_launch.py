@@ -130,6 +130,11 @@ def test_serve_student_cpu_mode_plans_the_shared_memory_server():
     assert command.endswith("--dtype float32") and "on the CPU" in dry.stdout and "trl vllm-serve" not in dry.stdout
     refused = _run(LAUNCH / "serve_student.sh", "--cpu", "--model", "m", "--data-parallel", "2", "--dry-run")
     assert refused.returncode == 2 and "do not apply with --cpu" in refused.stderr
+    for script in ("serve_student.sh", "serve_teacher.sh"):
+        bad = _run(LAUNCH / script, "--cpu", "--model", "m", "--cpu-cores", "one", "--dry-run")
+        assert bad.returncode == 2 and "--cpu-cores must be a core list like 1 or 0-3,6, got 'one'" in bad.stderr
+        gpu = _run(LAUNCH / script, "--model", "m", "--cpu-cores", "1", "--dry-run")
+        assert gpu.returncode == 2 and "--cpu-cores applies with --cpu only" in gpu.stderr
 
 
 def test_a_failed_vllm_install_names_its_step_and_the_tests_skip_quoting_it(tmp_path):
@@ -189,15 +194,18 @@ def test_serve_student_cpu_mode_takes_the_trainers_weights(tiny_text_model_dir, 
 
     require_vllm()
     port, log = free_port(), tmp_path / "student.log"
+    core = max(os.sched_getaffinity(0))  # the last core, as the demo gives its student server
     started = _run(
         LAUNCH / "serve_student.sh", "--cpu", "--model", tiny_text_model_dir, "--host", "127.0.0.1", "--port", port,
-        "--max-model-len", "2048", "--kv-cache-gib", "1", "--timeout", "300", "--log", log, "--",
+        "--max-model-len", "2048", "--kv-cache-gib", "1", "--cpu-cores", str(core), "--timeout", "300", "--log", log,
+        "--",
         "--enforce-eager", "--dtype", "float32",
         env={"VLLM_PYTHON": str(VLLM_PYTHON), "HF_HUB_CACHE": str(tmp_path / "hf")}, timeout=360,
     )  # fmt: skip
     pid = int((tmp_path / "student.log.pid").read_text())
     try:
         assert started.returncode == 0, started.stdout + started.stderr + log.read_text()[-3000:]
+        assert f"core ids=[{core}]" in log.read_text()  # vLLM bound its engine where it was told
         client = SharedMemoryVLLMClient(base_url=f"http://127.0.0.1:{port}", weight_dir=str(tmp_path))
         client.init_communicator("cpu")
         assert client.weight_dtype == torch.float32

@@ -61,10 +61,14 @@ trap stop_servers EXIT
 # bfloat16 (about 1.6x float32's throughput on CPUs with AVX512-BF16) and eager mode (it starts
 # in about 16 s instead of about 55 s, for 7% less throughput).
 read -r student_len teacher_len <<<"$(PYTHON=$PYTHON server_lengths recipes/demo.yaml)"
+# vLLM binds each server to the first core unless told otherwise: the teacher keeps it and the
+# student's server takes the last, which the trainer leaves idle while the student generates.
+teacher_cores=() student_cores=()
+if (( $(nproc) > 1 )); then teacher_cores=(--cpu-cores 0) student_cores=(--cpu-cores "$(( $(nproc) - 1 ))"); fi
 if [[ "$TEACHER" == vllm ]]; then
     echo "teacher: vLLM (CPU) serving $MODEL_DIR on 127.0.0.1:$PORT (log: $OUT/teacher_server.log)"
     VLLM_PYTHON=$VLLM_PYTHON bash recipes/launch/serve_teacher.sh --cpu --model "$MODEL_DIR" --host 127.0.0.1 --port "$PORT" \
-        --max-model-len "$teacher_len" --kv-cache-gib 1 --timeout 300 --log "$OUT/teacher_server.log" \
+        --max-model-len "$teacher_len" --kv-cache-gib 1 "${teacher_cores[@]+"${teacher_cores[@]}"}" --timeout 300 --log "$OUT/teacher_server.log" \
         -- --dtype bfloat16 --enforce-eager
 else
     echo "teacher: transformers serve $MODEL_DIR on 127.0.0.1:$PORT (log: $OUT/teacher_server.log)"
@@ -79,7 +83,7 @@ student=()
 if [[ "$STUDENT" == vllm ]]; then
     echo "student rollouts: vLLM (CPU) serving $MODEL_DIR on 127.0.0.1:$STUDENT_PORT, weights synced through /dev/shm (log: $OUT/student_server.log)"
     VLLM_PYTHON=$VLLM_PYTHON bash recipes/launch/serve_student.sh --cpu --model "$MODEL_DIR" --host 127.0.0.1 \
-        --port "$STUDENT_PORT" --max-model-len "$student_len" --kv-cache-gib 1 --timeout 300 \
+        --port "$STUDENT_PORT" --max-model-len "$student_len" --kv-cache-gib 1 "${student_cores[@]+"${student_cores[@]}"}" --timeout 300 \
         --log "$OUT/student_server.log" -- --dtype bfloat16 --enforce-eager
     student=(--use_vllm true --vllm_mode server --vllm_server_base_url "http://127.0.0.1:$STUDENT_PORT"
              --vllm_max_model_length "$student_len")
@@ -88,7 +92,10 @@ else
 fi
 trap 'exit 130' INT TERM
 
+# accelerate gives a CPU process one thread unless told (OMP_NUM_THREADS=1): the trainer takes every
+# core, since the servers idle while it updates.
 "$BIN/accelerate" launch --num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no \
+    --num_cpu_threads_per_process "$(nproc)" \
     recipes/zppo.py --config recipes/demo.yaml \
     --teacher_base_url "http://127.0.0.1:$PORT/v1" --teacher_model "$MODEL_DIR" \
     --model_name_or_path "$MODEL_DIR" --output_dir "$OUT" "${student[@]+"${student[@]}"}"

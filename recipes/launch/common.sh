@@ -78,8 +78,9 @@ parse_server_args() {
 }
 
 # use_vllm_cpu: prepare vLLM's CPU engine (the servers' --cpu). Sets `python` to $VLLM_PYTHON
-# (default .venv-vllm/bin/python, built by `make vllm-env`) and exports the engine's settings;
-# refuses --gpus and --data-parallel, which do not apply.
+# (default .venv-vllm/bin/python, built by `make vllm-env`) and exports the engine's settings
+# (its KV cache from $kv_cache_gib, its cores from $cpu_cores); refuses --gpus and
+# --data-parallel, which do not apply.
 # shellcheck disable=SC2034  # python is read by the sourcing script
 use_vllm_cpu() {
     python=${VLLM_PYTHON:-.venv-vllm/bin/python}
@@ -89,6 +90,9 @@ use_vllm_cpu() {
     # lookup; the server module is the same server. On CPUs vLLM otherwise reserves 92% of the NUMA
     # node's memory for its KV cache and refuses to start when other processes hold some of it.
     export VLLM_CPU_KVCACHE_SPACE=${kv_cache_gib:-2} VLLM_NO_USAGE_STATS=1 CUDA_VISIBLE_DEVICES=""
+    # vLLM binds its engine's threads to the first core by default: two servers on one machine
+    # would share it while the other cores idle.
+    if [[ -n "${cpu_cores:-}" ]]; then export VLLM_CPU_OMP_THREADS_BIND=$cpu_cores; fi
 }
 
 # start_server NAME HEALTH_URL LOG CMD...: run CMD in the background on $gpus (or the CPU

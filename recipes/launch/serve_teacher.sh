@@ -24,6 +24,8 @@ usage: serve_teacher.sh [options]
   --cpu                vLLM's CPU engine instead of GPUs: \$VLLM_PYTHON (default .venv-vllm/bin/python,
                        built by \`make vllm-env\`) runs the server; --gpus and --data-parallel do not apply
   --kv-cache-gib N     with --cpu: KV-cache memory in GiB (default: 2)
+  --cpu-cores LIST     with --cpu: the cores vLLM binds its engine to, e.g. 1 or 0-3 (default: vLLM's
+                       choice, the first core: give a second server on the machine other cores)
   --dry-run            print what would run, start nothing
   -h, --help           this help
   -- ARGS...           further arguments for the vLLM server itself (e.g. -- --dtype bfloat16)
@@ -34,17 +36,19 @@ USAGE
 }
 
 model=Qwen/Qwen3.5-27B-FP8 gpus="" dp=1 port=8000 host=0.0.0.0 max_len=19456 timeout=1800 log=teacher_vllm.log
-cpu=0 kv_cache_gib=2
+cpu=0 kv_cache_gib=2 cpu_cores=""
 shared=() extra=()
 while (($#)); do
     case $1 in
         --) shift; extra=("$@"); break ;;
         --cpu) cpu=1; shift ;;
         --kv-cache-gib) need_value "$1" "${2:-}"; need_int "$1" "$2"; kv_cache_gib=$2; shift 2 ;;
+        --cpu-cores) need_value "$1" "${2:-}"; [[ "$2" =~ ^[0-9]+([,-][0-9]+)*$ ]] || die "--cpu-cores must be a core list like 1 or 0-3,6, got '$2'" 2; cpu_cores=$2; shift 2 ;;
         *) shared+=("$1"); shift ;;
     esac
 done
 parse_server_args "${shared[@]+"${shared[@]}"}"
+[[ -z "$cpu_cores" ]] || ((cpu)) || die "--cpu-cores applies with --cpu only" 2
 
 # vLLM reads VLLM_API_KEY itself, so the key never appears in `ps`.
 if [[ -n "${TEACHER_API_KEY:-}" ]]; then export VLLM_API_KEY=$TEACHER_API_KEY; fi
