@@ -152,6 +152,17 @@ def test_a_failed_vllm_install_names_its_step_and_the_tests_skip_quoting_it(tmp_
     assert "make vllm-env" in vllm_unavailable(venv / "bin" / "python", tmp_path / "no.log")
 
 
+def _stop(pid: int) -> None:
+    """SIGTERM a server the scripts started, and wait up to 20 s for it to go."""
+    os.kill(pid, 15)
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        threading.Event().wait(0.2)
+
+
 @pytest.mark.integration
 def test_serve_teacher_cpu_mode_serves_chat_completions(tiny_text_model_dir, tmp_path):
     from conftest import VLLM_PYTHON, free_port, require_vllm
@@ -173,13 +184,7 @@ def test_serve_teacher_cpu_mode_serves_chat_completions(tiny_text_model_dir, tmp
             replies = client.sample(["What is 2 + 2?"], n=3, max_tokens=4)
             assert [len(r) for r in replies] == [3] and client.stats()["top_ups"] == 0
     finally:
-        os.kill(pid, 15)
-        for _ in range(100):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            threading.Event().wait(0.2)
+        _stop(pid)
 
 
 @pytest.mark.integration
@@ -225,13 +230,7 @@ def test_serve_student_cpu_mode_takes_the_trainers_weights(tiny_text_model_dir, 
         generated = client.generate([sequence[:4]], n=2, max_tokens=3, temperature=1.0)
         assert len(generated["completion_ids"]) == 2 and all(1 <= len(ids) <= 3 for ids in generated["completion_ids"])
     finally:
-        os.kill(pid, 15)
-        for _ in range(100):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            threading.Event().wait(0.2)
+        _stop(pid)
 
 
 def test_train_sh_plans_servers_then_training():

@@ -56,10 +56,12 @@ wait_for_http() {
 }
 
 # parse_server_args ARGS...: the options serve_student.sh and serve_teacher.sh share. Sets
-# model gpus dp port host max_len timeout log (defaults set by the caller beforehand);
-# calls the caller's `usage` for --help and on errors.
+# model gpus dp port host max_len timeout log (defaults set by the caller beforehand), cpu
+# kv_cache_gib cpu_cores (vLLM's CPU engine) and extra (everything after `--`, for the server
+# itself); calls the caller's `usage` for --help and on errors.
 # shellcheck disable=SC2034  # the globals it sets are read by the sourcing script
 parse_server_args() {
+    cpu=0 kv_cache_gib=2 cpu_cores="" extra=()
     while (($#)); do
         case $1 in
             --model) need_value "$1" "${2:-}"; model=$2; shift 2 ;;
@@ -70,11 +72,19 @@ parse_server_args() {
             --max-model-len) need_value "$1" "${2:-}"; need_int "$1" "$2"; max_len=$2; shift 2 ;;
             --timeout) need_value "$1" "${2:-}"; need_int "$1" "$2"; timeout=$2; shift 2 ;;
             --log) need_value "$1" "${2:-}"; log=$2; shift 2 ;;
+            --cpu) cpu=1; shift ;;
+            --kv-cache-gib) need_value "$1" "${2:-}"; need_int "$1" "$2"; kv_cache_gib=$2; shift 2 ;;
+            --cpu-cores)
+                need_value "$1" "${2:-}"
+                [[ "$2" =~ ^[0-9]+([,-][0-9]+)*$ ]] || die "--cpu-cores must be a core list like 1 or 0-3,6, got '$2'" 2
+                cpu_cores=$2; shift 2 ;;
             --dry-run) export DRY_RUN=1; shift ;;
             -h | --help) usage; exit 0 ;;
+            --) shift; extra=("$@"); break ;;
             *) usage >&2; die "unknown option '$1'" 2 ;;
         esac
     done
+    [[ -z "$cpu_cores" ]] || ((cpu)) || die "--cpu-cores applies with --cpu only" 2
 }
 
 # use_vllm_cpu: prepare vLLM's CPU engine (the servers' --cpu). Sets `python` to $VLLM_PYTHON

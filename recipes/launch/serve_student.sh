@@ -37,19 +37,7 @@ USAGE
 }
 
 model="" gpus="" dp=1 port=8001 host=0.0.0.0 max_len=21504 timeout=1800 log=student_vllm.log
-cpu=0 kv_cache_gib=2 cpu_cores=""
-shared=() extra=()
-while (($#)); do
-    case $1 in
-        --) shift; extra=("$@"); break ;;
-        --cpu) cpu=1; shift ;;
-        --kv-cache-gib) need_value "$1" "${2:-}"; need_int "$1" "$2"; kv_cache_gib=$2; shift 2 ;;
-        --cpu-cores) need_value "$1" "${2:-}"; [[ "$2" =~ ^[0-9]+([,-][0-9]+)*$ ]] || die "--cpu-cores must be a core list like 1 or 0-3,6, got '$2'" 2; cpu_cores=$2; shift 2 ;;
-        *) shared+=("$1"); shift ;;
-    esac
-done
-parse_server_args "${shared[@]+"${shared[@]}"}"
-[[ -z "$cpu_cores" ]] || ((cpu)) || die "--cpu-cores applies with --cpu only" 2
+parse_server_args "$@"
 [[ -n "$model" ]] || { usage >&2; die "--model is required" 2; }
 
 if ((cpu)); then
