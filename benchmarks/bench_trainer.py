@@ -125,8 +125,8 @@ def _run(variant: str, student: Path, server, steps: int, workdir: Path, student
         "compression_s": statistics.mean(h.get("zppo/time/compression_s", 0.0) for h in logs),
         "plain_generation_s": statistics.mean(h["zppo/time/plain_generation_s"] for h in logs),
         "reformulated_generation_s": statistics.mean(h.get("zppo/time/reformulated_generation_s", 0.0) for h in logs),
-        "bcq_per_step": statistics.mean(h["zppo/bcq"] for h in logs),
-        "ncq_per_step": statistics.mean(h["zppo/ncq"] for h in logs),
+        "bcq_per_step": statistics.mean(h.get("zppo/bcq", 0) for h in logs),
+        "ncq_per_step": statistics.mean(h.get("zppo/ncq", 0) for h in logs),
         "wall_s": wall,
     }
 
