@@ -249,7 +249,7 @@ def student_server_errors(trainer) -> Iterator[None]:
     try:
         yield
     except requests.exceptions.ConnectionError as exc:
-        if not (trainer.use_vllm and trainer.vllm_mode == "server"):
+        if not trainer.rollouts_on_server:
             raise
         client = getattr(trainer.vllm_generation, "vllm_client", None)
         where = client.base_url if client is not None else "its address"

@@ -262,6 +262,12 @@ class ZPPOTrainer(GRPOTrainer):
         self.add_callback(RolloutSummaryCallback)
 
     @property
+    def rollouts_on_server(self) -> bool:
+        """Whether the student's rollouts come from a vLLM server (TRL's server mode), whose context and
+        availability the rollout step must then respect (zppo_trl.student_server)."""
+        return bool(self.use_vllm and self.vllm_mode == "server")
+
+    @property
     def _augmenting(self) -> bool:
         return self.augmentation is not None and bool(self.augmentation.kinds)
 
@@ -453,7 +459,7 @@ class ZPPOTrainer(GRPOTrainer):
         # the heap is handed back when it ends. The forward passes that score the rollouts keep large tensors
         # in pages of their own (zppo_trl.host_memory).
         overlong = [False] * len(prompt_ids)
-        if self.use_vllm and self.vllm_mode == "server" and self.args.vllm_max_model_length:
+        if self.rollouts_on_server and self.args.vllm_max_model_length:
             # one prompt beyond the server's context would fail the whole request: its rollouts are a bare
             # end of sequence each (a group without signal, like an all-wrong one), and _check_context names it
             prompt_ids, overlong = stand_in_for_overlong(prompt_ids, self.args.vllm_max_model_length, images)
@@ -959,7 +965,7 @@ class ZPPOTrainer(GRPOTrainer):
         longest, over = self.ranks.largest(max(lengths, default=0)), self.ranks.total(over)
         metrics[f"{round_name}_prompt_tokens_max"] = longest
         metrics["prompts_over_context"] = metrics.get("prompts_over_context", 0) + over
-        if self.use_vllm and self.vllm_mode == "server" and context:  # see _generate_single_turn
+        if self.rollouts_on_server and context:  # see _generate_single_turn
             sent = batch["prompt_mask"].sum(1)[::G].tolist()
             mine = [g.row[data.ID] for n, g in zip(sent, groups) if g.kind != FILLER and n >= context]
             unserved = [key for rank_keys in self.ranks.gather(mine) for key in rank_keys]
