@@ -329,10 +329,42 @@ def test_padding_free_trains_the_same_weights(tiny_text_model_dir, tmp_path):
     assert packed.counters["padded_micro_batches_total"] == 0  # every pass was packed
     for mine, theirs in zip(packed._buffered_inputs, padded._buffered_inputs, strict=True):
         assert torch.equal(mine["completion_ids"], theirs["completion_ids"])
-        torch.testing.assert_close(mine["old_per_token_logps"], theirs["old_per_token_logps"], rtol=0, atol=1e-5)
+        assert ("old_per_token_logps" in mine) == ("old_per_token_logps" in theirs)
+        if "old_per_token_logps" in mine:  # the second partition's (defer_old_logps)
+            torch.testing.assert_close(mine["old_per_token_logps"], theirs["old_per_token_logps"], rtol=0, atol=1e-5)
     start = AutoModelForCausalLM.from_pretrained(tiny_text_model_dir)
     moved = 0.0
     for name, p in padded.model.named_parameters():
         torch.testing.assert_close(packed.model.get_parameter(name), p, rtol=0, atol=1e-6, msg=name)
+        moved = max(moved, float((p - start.get_parameter(name)).abs().max()))
+    assert moved > 1e-2  # the updates moved the weights far more than the two runs differ
+
+
+def test_deferred_old_logps_train_the_same_weights(tiny_text_model_dir, tmp_path):
+    # One rollout step, two partition updates, scored by TRL's schedule (old log-probs of every rollout at
+    # generation) and by the deferred one (only the second partition's, from its micro-batches, before the first
+    # update). The first partition's ratio is exactly 1 either way, so the same rollouts train the same weights,
+    # up to the float rounding in which the padded round and the trimmed micro-batch differ. Plain SGD, as above.
+    def run(defer):
+        args = _config(tmp_path / str(defer), max_steps=2, defer_old_logps=defer, optim="sgd", learning_rate=1.0)
+        trainer = _trainer(tiny_text_model_dir, args, _staircase_reward)
+        trainer.train()
+        return trainer, [h for h in trainer.state.log_history if "zppo/rollout_steps" in h]
+
+    (serial, serial_logs), (deferred, deferred_logs) = run(False), run(True)
+    first, second = deferred._buffered_inputs  # one micro-batch per partition
+    assert not first.get("zppo_skip") and not second.get("zppo_skip")
+    assert "old_per_token_logps" not in first  # never computed: its update ran on the sampling weights
+    assert all("old_per_token_logps" in micro for micro in serial._buffered_inputs)
+    assert torch.equal(second["completion_ids"], serial._buffered_inputs[1]["completion_ids"])
+    torch.testing.assert_close(
+        second["old_per_token_logps"], serial._buffered_inputs[1]["old_per_token_logps"], rtol=0, atol=1e-5
+    )
+    assert deferred_logs[0]["zppo/old_logps_rows"] == second["completion_ids"].size(0)
+    assert "zppo/old_logps_rows" not in serial_logs[0]
+    start = AutoModelForCausalLM.from_pretrained(tiny_text_model_dir)
+    moved = 0.0
+    for name, p in serial.model.named_parameters():
+        torch.testing.assert_close(deferred.model.get_parameter(name), p, rtol=0, atol=1e-6, msg=name)
         moved = max(moved, float((p - start.get_parameter(name)).abs().max()))
     assert moved > 1e-2  # the updates moved the weights far more than the two runs differ

@@ -183,3 +183,12 @@ def test_trl_builds_its_vllm_generation_and_client_where_the_shared_memory_sync_
     for name in ("_start_weight_update", "_finish_weight_update", "update_named_params", "get_server_info",
                  "init_communicator", "reset_prefix_cache", "generate", "get_sequence_logprobs", "_post"):  # fmt: skip
         assert callable(getattr(client_module.VLLMClient, name)), name
+
+
+def test_trl_leaves_out_the_old_logps_its_hook_does_not_compute():
+    # defer_old_logps: during a round, ZPPOTrainer's _get_per_token_logps_and_entropies returns None for TRL's
+    # old log-probs; TRL must then leave the field out of the scored batch (zppo_trl.losses then takes the
+    # detached log-probs of the loss's own forward) rather than compute with it.
+    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    assert "old_per_token_logps, _, _ = self._get_per_token_logps_and_entropies(" in source
+    assert re.search(r"if old_per_token_logps is not None:\s+output\[\"old_per_token_logps\"\]", source)

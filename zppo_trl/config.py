@@ -472,6 +472,19 @@ class ZPPOConfig(GRPOConfig):
         },
     )
 
+    # --- the rollout step's schedule
+    defer_old_logps: bool = field(
+        default=True,
+        metadata={
+            "help": "Compute the sampling policy's per-token log-probs (the PPO ratio's denominator) once the "
+            "rollout step's micro-batches exist, and only for those that read them: not for the step's first "
+            "partition, whose update runs on the weights that sampled it (its ratio is exactly 1), nor for "
+            "skipped partitions. False scores every rollout at generation, as TRL does: the same trained "
+            "numbers up to float rounding (tests/test_trainer.py compares the two), one more forward pass "
+            "over every rollout of the step."
+        },
+    )
+
     # --- the console
     full_console_logs: bool = field(
         default=False,
@@ -604,7 +617,7 @@ class ZPPOConfig(GRPOConfig):
                 f"max_steps to {passes} x one pass's optimizer updates (the paper's pass: 800), got "
                 f"max_steps={self.max_steps!r}"
             )
-        for name in ("compress_candidates", "padding_free", "audit_traces"):
+        for name in ("compress_candidates", "padding_free", "audit_traces", "defer_old_logps"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in (

@@ -210,6 +210,11 @@ class Loss:
     printed: str | None = None
     dual_clip: bool = False
 
+    @property
+    def reads_old_logps(self) -> bool:
+        """A policy objective weighs each token by its ratio to the sampling policy (``LossInputs.old_logps``)."""
+        return self.objective is not None
+
 
 LOSSES: dict[str, Loss] = {}
 

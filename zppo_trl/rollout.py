@@ -57,12 +57,15 @@ class RoundRequest:
 
     ``response_prefixes``: per rollout row, token ids that end its generation prompt (Prefix), or None.
     ``given_responses``: per row, the token ids to teacher-force instead of sampling (target rounds).
+    ``old_logps``: whether TRL's scoring computes the sampling policy's log-probs of every row (False: the
+    trainer computes them later, for the micro-batches that read them; ``ZPPOConfig.defer_old_logps``).
     ``rewards`` / ``texts``: filled by the scoring hook: every rank's weighted rewards (gathered,
     rank-major; NaN where no reward function scored a rollout) and this rank's completion texts.
     """
 
     response_prefixes: list[tuple[int, ...] | None] | None = None
     given_responses: list[list[int]] | None = None
+    old_logps: bool = True
     rewards: torch.Tensor | None = None
     texts: list[str] = field(default_factory=list)
 

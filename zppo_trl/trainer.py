@@ -48,6 +48,7 @@ from accelerate.utils import is_peft_model
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOTrainer
 from trl.models import prepare_deepspeed, prepare_fsdp
+from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import is_async_callable, nanmax, nanmin
 
 from . import data, host_memory
@@ -268,6 +269,13 @@ class ZPPOTrainer(GRPOTrainer):
         return bool(self.use_vllm and self.vllm_mode == "server")
 
     @property
+    def defers_old_logps(self) -> bool:
+        """Whether a rollout step's old log-probs wait for its micro-batches (``defer_old_logps``); LENS reads
+        every rollout's at scoring time, so it keeps TRL's schedule."""
+        signal = self.zero_variance
+        return self.args.defer_old_logps and not (signal is not None and signal.needs_confidence)
+
+    @property
     def _augmenting(self) -> bool:
         return self.augmentation is not None and bool(self.augmentation.kinds)
 
@@ -367,7 +375,10 @@ class ZPPOTrainer(GRPOTrainer):
             mm_token_type_ids=mm_token_type_ids,
             image_position_ids=image_position_ids,
         )
-        if self._active_round is not None and self._active_round.given_responses is not None:
+        request = self._active_round
+        if request is not None and not request.old_logps:  # TRL's old log-probs: see _attach_old_logps
+            return None, None, None
+        if request is not None and request.given_responses is not None:
             # Teacher-forced targets: TRL's old log-probs of them are never read (the SFT and JSD losses).
             empty = torch.zeros(input_ids.size(0), logits_to_keep, device=input_ids.device)
             return empty, (torch.zeros_like(empty) if compute_entropy else None), None
@@ -639,7 +650,7 @@ class ZPPOTrainer(GRPOTrainer):
                 teacher_states, teacher_head = completion_states(self.distill_teacher, inputs, vocab)
         return DistillInputs(states, head, vocab, teacher_states=teacher_states, teacher_head=teacher_head)
 
-    def _completion_logps(self, model, inputs):
+    def _completion_logps(self, model, inputs, with_entropies: bool = True):
         """Per-token log-probs, entropies and router aux loss of the completions, as TRL computes them."""
         input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
@@ -648,8 +659,8 @@ class ZPPOTrainer(GRPOTrainer):
             input_ids,
             attention_mask,
             inputs["completion_ids"].size(1),
-            compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled,
+            compute_entropy=with_entropies,
+            compute_aux_loss=with_entropies and self.aux_loss_enabled,
             **{key: inputs.get(key) for key in _MULTIMODAL_FIELDS},
         )
 
@@ -768,6 +779,8 @@ class ZPPOTrainer(GRPOTrainer):
             micro_batches = self._distillation_batches(teacher_future, draw, plain_round, metrics)
         else:
             micro_batches = self._augmented_batches(teacher_future, draw, plain_round, accuracy, metrics)
+        if self.defers_old_logps:
+            self._attach_old_logps(micro_batches, metrics)
         if self.trace_log is not None:  # before step 7, while the graduates' admission bins are known
             self._log_graduations(draw, plain_round, accuracy)
         # 7. Buffer refresh from the plain groups only.
@@ -934,7 +947,10 @@ class ZPPOTrainer(GRPOTrainer):
         t0 = time.perf_counter()
         rows = [self._with_prompt(g.row, g.block) for g in groups for _ in range(G)]
         with self._round_in_flight(
-            RoundRequest(response_prefixes=[g.response_prefix for g in groups for _ in range(G)])
+            RoundRequest(
+                response_prefixes=[g.response_prefix for g in groups for _ in range(G)],
+                old_logps=not self.defers_old_logps,
+            )
         ) as request:
             batch = super()._generate_and_score_completions(rows)
         for (
@@ -1065,7 +1081,7 @@ class ZPPOTrainer(GRPOTrainer):
         responses += [[self.eos_token_ids[0]]] * fillers
         row_keys += [(FILLER, filler_row[data.ID])] * fillers
         t0 = time.perf_counter()
-        with self._round_in_flight(RoundRequest(given_responses=responses)):
+        with self._round_in_flight(RoundRequest(given_responses=responses, old_logps=not self.defers_old_logps)):
             batch = super()._generate_and_score_completions(rows)
         metrics["time/target_scoring_s"] = time.perf_counter() - t0
         return Round(concat_batches([batch], self._tokenizer.pad_token_id), None, [], self.ranks.gather(row_keys))
@@ -1126,6 +1142,24 @@ class ZPPOTrainer(GRPOTrainer):
         )
         metrics["skipped_partitions"], metrics["targets_trained"] = skipped_count, trained
         return micro_batches
+
+    def _attach_old_logps(self, micro_batches: list[dict], metrics: dict) -> None:
+        """The sampling policy's per-token log-probs (``old_per_token_logps``) of the micro-batches that read
+        them, computed before the step's first update (so on the weights that sampled the rollouts): every
+        trained partition but the first, which updates on those very weights (its ratio is exactly 1: the
+        loss takes the detached log-probs of its own forward), and only when the loss is a policy objective.
+        Every rank runs the same number of forward passes (partition sizes and skips agree over ranks), as
+        ZeRO-3's parameter gathering requires."""
+        if not self.objective_loss.reads_old_logps:
+            return
+        t0, rows = time.perf_counter(), 0
+        first_update = self.args.gradient_accumulation_steps
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            for micro in micro_batches[first_update:]:
+                if not is_skipped(micro):
+                    micro["old_per_token_logps"] = self._completion_logps(self.model, micro, with_entropies=False)[0]
+                    rows += micro["completion_ids"].size(0)
+        metrics["time/old_logps_s"], metrics["old_logps_rows"] = time.perf_counter() - t0, rows
 
     def _log_trained_advantages(self, trained: Mapping[tuple[int, int], float], rows_per_round: Sequence[int]) -> None:
         """Put the trained advantages in TRL's completions log in place of TRL's own.
