@@ -36,6 +36,7 @@ from zppo_trl.recipe import (
     ScriptArguments,
     load_student,
     parse_recipe_args,
+    release_distributed,
     reward_functions,
     wait_for_servers,
 )
@@ -85,11 +86,13 @@ def train(
     trainer.create_model_card()
     if args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
-    # PyTorch asks every script to destroy its process group at the end; a group left to interpreter
-    # teardown can abort a rank (SIGABRT) after a successful run (pytorch/pytorch#190489; the
-    # 2-process test saw such aborts even after it). Only on success: destroying the group while
-    # another rank is mid-collective would hang.
-    trainer.accelerator.end_training()
+    # PyTorch asks every script to destroy its process group at the end: a group left to interpreter
+    # teardown can abort a rank (SIGABRT) after a successful run (pytorch/pytorch#190489), and one freed
+    # with the trainer can hang it (release_distributed says why the trainer goes first). Only on success:
+    # destroying the group while another rank is mid-collective would hang.
+    accelerator = trainer.accelerator
+    del trainer
+    release_distributed(accelerator)
     logger.info("done: %s", args.output_dir)
 
 

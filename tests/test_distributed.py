@@ -291,3 +291,35 @@ def test_supervised_and_distillation_rows_step_alike_on_both_ranks(row_run):
     assert rank0["final_params"] == rank1["final_params"] != rank0["initial_params"]
     trained = [log["zppo/targets_trained"] for log in rank0["log_history"] if "zppo/targets_trained" in log]
     assert trained and sum(trained) > 0
+
+
+def test_a_two_process_recipe_run_saves_and_exits_cleanly(tiny_text_model_dir, tmp_path):
+    # recipes/zppo.py as a user launches it on 2 gloo processes (GRPO†: no teacher), three times: each run saves
+    # and every rank exits 0. Freeing the trainer after destroying the process group hung a rank after its last
+    # line in about one run in two (zppo_trl.recipe.release_distributed), so three runs catch a regression
+    # seven times in eight.
+    import yaml
+    from boxed_models import toy_rows
+
+    from zppo_trl.data import write_jsonl
+
+    data = tmp_path / "toy.jsonl"
+    write_jsonl(toy_rows("text"), data)
+    settings = {
+        "model_name_or_path": str(tiny_text_model_dir), "dataset_name": str(data), "augmentations": [],
+        "use_judge": False, "use_cpu": True, "bf16": False, "use_vllm": False, "gradient_checkpointing": False,
+        "report_to": [], "num_generations": 4, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1,
+        "num_partitions": 2, "max_completion_length": 8, "replay_fraction": 0.5, "max_steps": 2,
+        "save_strategy": "no", "logging_steps": 1, "seed": 0, "disable_tqdm": True,
+    }  # fmt: skip
+    for run in range(3):
+        out = tmp_path / f"run{run}"
+        config = tmp_path / f"run{run}.yaml"
+        config.write_text(yaml.safe_dump({**settings, "output_dir": str(out)}))
+        code, output = _accelerate(
+            REPO_ROOT / "recipes" / "zppo.py", ["--config", str(config)], _env(tmp_path / "hf-home"), 240
+        )
+        assert code is not None, f"run {run}: a rank did not exit:\n{output[-3000:]}"
+        assert code == 0, f"run {run} failed (exit {code}):\n{output[-3000:]}"
+        assert f"done: {out}" in output
+        assert (out / "model.safetensors").is_file() and (out / "README.md").is_file()

@@ -44,6 +44,7 @@ __all__ = [
     "load_recipe",
     "load_student",
     "parse_recipe_args",
+    "release_distributed",
     "resolve_base",
     "reward_functions",
     "student_config",
@@ -335,3 +336,18 @@ def wait_for_servers(script_args: ScriptArguments, args: ZPPOConfig) -> None:
         finally:
             client.close()
         logger.info("%s at %s is up (model %s)", role, url, model)
+
+
+def release_distributed(accelerator) -> None:
+    """End a run's distributed state so that every rank exits cleanly: drop the accelerator's references to the
+    wrapped model (DDP, DeepSpeed) and collect it, then destroy the process group (``Accelerator.end_training``).
+
+    The order matters on gloo. DDP's reducer holds the process group, and a group freed by the reducer joins its
+    worker threads with the GIL held (pybind frees the reducer without releasing it), while a worker finishing a
+    collective needs the GIL to free that collective's tensors: a rank then hangs after its last line (seen in
+    2-process CPU runs, about one run in two). Freed while the group's registry still holds it, the reducer
+    only drops a reference; ``destroy_process_group`` then frees the group itself, through torch's binding
+    that releases the GIL first. The caller must hold no reference to the trainer or the wrapped model.
+    """
+    accelerator.free_memory()  # the accelerator's own references; garbage-collects the trainer's cycles
+    accelerator.end_training()
