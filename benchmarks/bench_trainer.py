@@ -8,22 +8,30 @@ vllm``, the production server; from ``make vllm-env``) or ``transformers serve``
 answers one request at a time (``--teacher transformers``). The first rollout step of each
 run is a warm-up and not counted.
 
-    python benchmarks/bench_trainer.py [--teacher vllm] [--student transformers|vllm] [--steps 6]
-        [--workdir /tmp/zppo-bench] [--pin]
+    python benchmarks/bench_trainer.py [--teacher vllm] [--student transformers|vllm] [--shape toy|paper]
+        [--steps 6] [--workdir /tmp/zppo-bench] [--pin]
 
 ``--student vllm`` generates the student's rollouts on vLLM's CPU server in TRL's server mode
 (the production topology; weights synced through /dev/shm after every update, see
 docs/student_server.md) instead of in the trainer, and reports the weight sync's time.
+
+``--shape toy`` (the default) is a small step that the second generation round and the BCQ/NCQ prompts
+dominate: 32-token completions, I = 2 partitions, augment fraction 0.5. ``--shape paper`` is the recipe's
+step in miniature: its fractions (augment 0.25, replay 0.25), G_S = 8, I = 4, G_T = 4, and completions
+(student and teacher, 256 tokens, every one run to its length) over five times a compressed candidate
+(48 tokens), as the paper's 12,288-token responses are to its 512-token compressions.
 
 With ``--pin`` the teacher server runs on the first core and the trainer (one torch thread)
 on the last, for both runs, with the student's server if there is one: the paper's layout in
 miniature, where the teacher has devices of its own. Without it, all share every core, and the
 student's rollouts and updates slow down whenever the teacher works.
 
-Prints per-run mean step time (one rollout step and its optimizer updates) and where a ZPPO
-step's time goes, then on its last line the ZPPO/GRPO† step-time ratio and the teacher-wait
-share (time blocked on teacher sampling and compression / step).
-Targets: ZPPO/GRPO† <= 1.5x and waiting < 25% of a ZPPO step with the vLLM teacher.
+Prints per-run mean step time (one rollout step and its optimizer updates) and where each step's
+time goes (plain round, teacher wait, compression, second round, weight sync, old-policy log-probs,
+updates, everything else), then on its last line
+``ZPPO/GRPO† step time: <R>x, teacher wait: <W>%`` (waiting: time blocked on the teacher's samples
+and compressions, over the ZPPO step). Targets at the paper's shape: at most 1.5x, waiting under 10%
+and everything else under 3% of a ZPPO step.
 """
 
 from __future__ import annotations
@@ -52,7 +60,43 @@ def _models(workdir: Path) -> tuple[Path, Path]:
     return student, teacher
 
 
-def _run(variant: str, student: Path, server, steps: int, workdir: Path, student_server=None) -> dict:
+# The two step shapes (see the module's docstring); every other setting is shared.
+SHAPES = {
+    "toy": dict(
+        per_device_train_batch_size=32,  # 4 new questions per partition at G=8
+        num_partitions=2,
+        augment_fraction=0.5,
+        replay_fraction=0.25,
+        max_completion_length=32,
+        teacher_max_tokens=32,
+    ),
+    "paper": dict(
+        per_device_train_batch_size=16,  # 2 new questions per partition at G=8
+        num_partitions=4,
+        augment_fraction=0.25,
+        replay_fraction=0.25,
+        teacher_num_generations=4,
+        max_completion_length=256,
+        teacher_max_tokens=256,
+    ),
+}
+COMPRESSED_TOKENS = 48
+
+
+def _shape_settings(shape: str, student: str, teacher: str) -> dict:
+    """The shape's ZPPOConfig fields; at the paper's shape every response runs to its length (the tiny boxed
+    models answer in a few tokens), through each engine's own minimum-length option."""
+    settings = dict(SHAPES[shape], compression_max_tokens=COMPRESSED_TOKENS)
+    if shape == "paper":
+        length = settings["max_completion_length"]
+        settings["generation_kwargs"] = {"min_tokens": length} if student == "vllm" else {"min_new_tokens": length}
+        if teacher == "vllm":  # vLLM's OpenAI server takes min_tokens; transformers serve has no such field
+            settings["teacher_extra_body"] = {"min_tokens": settings["teacher_max_tokens"]}
+            settings["compression_extra_body"] = {"min_tokens": 0}  # merged over the above; compressions stay short
+    return settings
+
+
+def _run(variant: str, student: Path, server, steps: int, workdir: Path, shape: dict, student_server=None) -> dict:
     from boxed_models import toy_rows
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -67,19 +111,13 @@ def _run(variant: str, student: Path, server, steps: int, workdir: Path, student
         use_cpu=True,
         bf16=False,
         report_to=[],
-        per_device_train_batch_size=32,  # 4 new questions per partition at G=8
         num_generations=8,
-        max_completion_length=32,
-        num_partitions=2,
         gradient_accumulation_steps=1,
-        max_steps=2 * steps,
-        replay_fraction=0.25,
-        augment_fraction=0.5,
+        max_steps=shape["num_partitions"] * steps,
         augmentations=["bcq", "ncq"] if variant == "ZPPO" else [],
         teacher_base_url=server.base_url,
         teacher_model=server.model,
-        teacher_max_tokens=32,
-        compression_max_tokens=48,
+        **shape,
         logging_steps=1,
         save_strategy="no",
         seed=0,
@@ -112,23 +150,57 @@ def _run(variant: str, student: Path, server, steps: int, workdir: Path, student
     step_times = [h["step_time"] for h in trainer.state.log_history if "step_time" in h][args.num_partitions :]
     full_steps = [sum(step_times[i : i + args.num_partitions]) for i in range(0, len(step_times), args.num_partitions)]
     waits = [h["zppo/time/teacher_wait_s"] for h in logs]
+    # TRL syncs the server once per rollout step, when the plain round starts (the first: before training)
     syncs = trainer.vllm_generation.vllm_client.sync_seconds[1:] if student_server is not None else []
-    return {
-        "weight_sync_s": statistics.mean(s["write"] + s["reload"] for s in syncs) if syncs else 0.0,
-        "weight_syncs": len(syncs),
+
+    def mean(name: str) -> float:
+        return statistics.mean(h.get(f"zppo/{name}", 0.0) for h in logs)
+
+    result = {
         "variant": args.variant,
         "step_s": statistics.mean(full_steps),
-        "rollout_step_s": statistics.mean(h["zppo/time/rollout_step_s"] for h in logs),
+        "rollout_step_s": mean("time/rollout_step_s"),
         "teacher_wait_s": statistics.mean(waits),
         "teacher_wait_fraction": statistics.mean(w / s for w, s in zip(waits, full_steps)),
-        "teacher_sample_wait_s": statistics.mean(h.get("zppo/time/teacher_sample_wait_s", 0.0) for h in logs),
-        "compression_s": statistics.mean(h.get("zppo/time/compression_s", 0.0) for h in logs),
-        "plain_generation_s": statistics.mean(h["zppo/time/plain_generation_s"] for h in logs),
-        "reformulated_generation_s": statistics.mean(h.get("zppo/time/reformulated_generation_s", 0.0) for h in logs),
-        "bcq_per_step": statistics.mean(h.get("zppo/bcq", 0) for h in logs),
-        "ncq_per_step": statistics.mean(h.get("zppo/ncq", 0) for h in logs),
+        "teacher_sample_wait_s": mean("time/teacher_sample_wait_s"),
+        "compression_s": mean("time/compression_s"),
+        "weight_sync_s": statistics.mean(s["write"] + s["reload"] for s in syncs) if syncs else 0.0,
+        "weight_syncs": len(syncs),
+        "plain_generation_s": mean("time/plain_generation_s"),
+        "reformulated_generation_s": mean("time/reformulated_generation_s"),
+        "old_logps_s": mean("time/old_logps_s"),
+        "bcq_per_step": mean("bcq"),
+        "ncq_per_step": mean("ncq"),
         "wall_s": wall,
     }
+    # where the step went: the sync runs inside the plain round, the updates after the rollout step
+    result["plain_round_s"] = result["plain_generation_s"] - result["weight_sync_s"]
+    result["updates_s"] = result["step_s"] - result["rollout_step_s"]
+    result["else_s"] = result["rollout_step_s"] - sum(
+        result[name] for name in ("plain_generation_s", "teacher_wait_s", "reformulated_generation_s", "old_logps_s")
+    )
+    return result
+
+
+BREAKDOWN = (
+    ("plain round", "plain_round_s"),
+    ("waiting on teacher samples", "teacher_sample_wait_s"),
+    ("waiting on compressions", "compression_s"),
+    ("second round", "reformulated_generation_s"),
+    ("weight sync", "weight_sync_s"),
+    ("old-policy log-probs", "old_logps_s"),
+    ("updates", "updates_s"),
+    ("everything else", "else_s"),
+)
+
+
+def _breakdown(r: dict) -> str:
+    """One run's step, stage by stage, each with its share of the step."""
+    parts = ", ".join(f"{label} {r[name]:.2f} s ({100 * r[name] / r['step_s']:.1f}%)" for label, name in BREAKDOWN)
+    return (
+        f"{r['variant']}: step {r['step_s']:.2f} s = {parts}; BCQ {r['bcq_per_step']:.1f} / NCQ "
+        f"{r['ncq_per_step']:.1f} per step, run {r['wall_s']:.0f} s"
+    )
 
 
 def main() -> None:
@@ -140,6 +212,7 @@ def main() -> None:
         "--student", choices=("transformers", "vllm"), default="transformers",
         help="where the student's rollouts are generated: in the trainer, or on a vLLM server",
     )  # fmt: skip
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="toy", help="the step's shape (see above)")
     parser.add_argument("--pin", action="store_true", help="teacher server on the first core, trainer on the last")
     options = parser.parse_args()
     options.workdir.mkdir(parents=True, exist_ok=True)
@@ -156,9 +229,10 @@ def main() -> None:
     layout = "teacher, student server and trainer share every core"
     if options.pin:
         layout = _pin(server, student_server)
+    shape = _shape_settings(options.shape, options.student, options.teacher)
     try:
         results = [
-            _run(variant, student, server, options.steps, options.workdir, student_server)
+            _run(variant, student, server, options.steps, options.workdir, shape, student_server)
             for variant in ("GRPO\u2020", "ZPPO")
         ]
     finally:
@@ -168,18 +242,11 @@ def main() -> None:
     grpo, zppo = results
     print(json.dumps(results))
     for r in results:
-        print(
-            f"{r['variant']:6s} step {r['step_s']:.2f} s: plain rollouts {r['plain_generation_s']:.2f} s, "
-            f"BCQ/NCQ rollouts {r['reformulated_generation_s']:.2f} s, teacher wait {r['teacher_wait_s']:.3f} s "
-            f"(samples {r['teacher_sample_wait_s']:.3f} s, compression {r['compression_s']:.3f} s), "
-            f"optimizer updates {r['step_s'] - r['rollout_step_s']:.2f} s; "
-            f"BCQ {r['bcq_per_step']:.1f} / NCQ {r['ncq_per_step']:.1f} per step, run {r['wall_s']:.0f} s"
-            + (f", weight sync {r['weight_sync_s']:.3f} s x {r['weight_syncs']}" if r["weight_syncs"] else "")
-        )
+        print(_breakdown(r))
+    print(f"shape: {options.shape}; teacher: {server.name}; student rollouts: {options.student}; {layout}")
     print(
-        f"ZPPO/GRPO\u2020 step time: {zppo['step_s'] / grpo['step_s']:.2f}x; teacher wait "
-        f"{100 * zppo['teacher_wait_fraction']:.1f}% of a ZPPO step (teacher: {server.name}; student rollouts: "
-        f"{options.student}; {layout})"
+        f"ZPPO/GRPO\u2020 step time: {zppo['step_s'] / grpo['step_s']:.2f}x, "
+        f"teacher wait: {100 * zppo['teacher_wait_fraction']:.1f}%"
     )
 
 
