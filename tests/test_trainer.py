@@ -312,6 +312,17 @@ def test_the_console_shows_a_line_per_rollout_step_not_trls_metrics_dict(tiny_te
     assert "'zppo/buffer_size'" in out.out + out.err and "rollout 1/1 |" in out.out + out.err
 
 
+def _assert_same_trained_weights(model, reference, start_dir) -> None:
+    """``model``'s weights equal ``reference``'s within 1e-6, while training moved them by more than 1e-2 from
+    the checkpoint in ``start_dir``: far more than the two differ."""
+    start = AutoModelForCausalLM.from_pretrained(start_dir)
+    moved = 0.0
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(model.get_parameter(name), p, rtol=0, atol=1e-6, msg=name)
+        moved = max(moved, float((p.detach() - start.get_parameter(name)).abs().max()))
+    assert moved > 1e-2
+
+
 def test_padding_free_trains_the_same_weights(tiny_text_model_dir, tmp_path):
     # One rollout step (2 optimizer updates on the same rollouts), its old log-probs and both losses
     # packed, against the padded run: the same rollouts, the same old log-probs, the same weights (up to
@@ -332,12 +343,7 @@ def test_padding_free_trains_the_same_weights(tiny_text_model_dir, tmp_path):
         assert ("old_per_token_logps" in mine) == ("old_per_token_logps" in theirs)
         if "old_per_token_logps" in mine:  # the second partition's (defer_old_logps)
             torch.testing.assert_close(mine["old_per_token_logps"], theirs["old_per_token_logps"], rtol=0, atol=1e-5)
-    start = AutoModelForCausalLM.from_pretrained(tiny_text_model_dir)
-    moved = 0.0
-    for name, p in padded.model.named_parameters():
-        torch.testing.assert_close(packed.model.get_parameter(name), p, rtol=0, atol=1e-6, msg=name)
-        moved = max(moved, float((p - start.get_parameter(name)).abs().max()))
-    assert moved > 1e-2  # the updates moved the weights far more than the two runs differ
+    _assert_same_trained_weights(packed.model, padded.model, tiny_text_model_dir)
 
 
 def test_deferred_old_logps_train_the_same_weights(tiny_text_model_dir, tmp_path):
@@ -362,9 +368,4 @@ def test_deferred_old_logps_train_the_same_weights(tiny_text_model_dir, tmp_path
     )
     assert deferred_logs[0]["zppo/old_logps_rows"] == second["completion_ids"].size(0)
     assert "zppo/old_logps_rows" not in serial_logs[0]
-    start = AutoModelForCausalLM.from_pretrained(tiny_text_model_dir)
-    moved = 0.0
-    for name, p in serial.model.named_parameters():
-        torch.testing.assert_close(deferred.model.get_parameter(name), p, rtol=0, atol=1e-6, msg=name)
-        moved = max(moved, float((p - start.get_parameter(name)).abs().max()))
-    assert moved > 1e-2  # the updates moved the weights far more than the two runs differ
+    _assert_same_trained_weights(deferred.model, serial.model, tiny_text_model_dir)
