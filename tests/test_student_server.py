@@ -119,10 +119,12 @@ class ServerInSync(TrainerCallback):
         self.differences: list[float] = []
         self.skipped: list[bool] = []
         self.server_logps: list[torch.Tensor] = []
+        self.syncs: list[dict] = []  # this callback's own (timed by the client), apart from TRL's
 
     def compare(self) -> None:
         t = self.trainer
         t.vllm_generation.sync_weights()  # what the next generation does first; TRL's own cadence is left alone
+        self.syncs.append(t.vllm_generation.vllm_client.sync_seconds[-1])
         server = t.vllm_generation.vllm_client.get_sequence_logprobs([self.sequence], [self.prompt_length], 1)
         server = torch.tensor([lp[0] for lp in server["actual_logprobs"][0]], dtype=torch.float64)
         ids = torch.tensor([self.sequence])
@@ -225,6 +227,11 @@ def test_zppo_rollouts_come_from_the_student_server_and_it_follows_every_update(
     assert len(client.sync_seconds) == 1 + 6 + 3
     assert all(s["bytes"] > 0 and s["reload"] > 0 and not math.isnan(s["write"]) for s in client.sync_seconds)
     json.dumps(client.sync_seconds)  # plain numbers, ready for a log
+    # TRL's syncs (the first of each rollout step's, in its plain round) are the trainer's zppo/time/weight_sync_s
+    logged = [h["zppo/time/weight_sync_s"] for h in trainer.state.log_history if "zppo/time/rollout_step_s" in h]
+    trl_syncs = [s["write"] + s["reload"] for s in client.sync_seconds if not any(s is c for c in in_sync.syncs)]
+    assert len(logged) == len(trl_syncs) == 3
+    assert logged == pytest.approx(trl_syncs)
 
 
 def _grpo_dagger(tmp_path, server, **overrides) -> ZPPOConfig:

@@ -41,6 +41,7 @@ __all__ = [
     "stand_in_for_overlong",
     "student_generation",
     "student_server_errors",
+    "weight_syncs",
     "write_safetensors",
 ]
 
@@ -258,3 +259,10 @@ def student_server_errors(trainer) -> Iterator[None]:
             f"{trainer.state.global_step // trainer.args.num_partitions + 1}); no rollout can be generated without "
             "it. Restart it (recipes/launch/serve_student.sh) and resume from the last checkpoint"
         ) from exc
+
+
+def weight_syncs(trainer) -> list[dict[str, float]] | None:
+    """The timed weight syncs of this process's shared-memory client (:attr:`SharedMemoryVLLMClient.sync_seconds`),
+    or None where this process has none (NCCL transfer, rollouts in the trainer, a rank other than the first)."""
+    client = getattr(getattr(trainer, "vllm_generation", None), "vllm_client", None)
+    return client.sync_seconds if isinstance(client, SharedMemoryVLLMClient) else None

@@ -91,7 +91,7 @@ from .step_metrics import (
     memory_metrics,
     timing_metrics,
 )
-from .student_server import stand_in_for_overlong, student_generation, student_server_errors
+from .student_server import stand_in_for_overlong, student_generation, student_server_errors, weight_syncs
 from .teacher import TeacherClient
 from .trace_log import TRACE_LOG_NAME, TraceLog
 from .zero_variance import (
@@ -766,8 +766,13 @@ class ZPPOTrainer(GRPOTrainer):
             or (self.zero_variance is not None and self.zero_variance.teacher_targets)
         )
         teacher_future = self._start_teacher_sampling(draw.plain) if sampling else None
-        # 3. Plain rollouts, scored; plain accuracy r_x per question over all ranks.
+        # 3. Plain rollouts, scored; plain accuracy r_x per question over all ranks. TRL sends the student's
+        # server the weights as the round starts (timed where the shared-memory client sends them).
+        syncs = weight_syncs(self)
+        synced_before = len(syncs) if syncs is not None else 0
         plain_round = self._generate_round(draw.plain, "plain", metrics)
+        if syncs is not None:
+            metrics["time/weight_sync_s"] = sum(s["write"] + s["reload"] for s in syncs[synced_before:])
         accuracy = plain_accuracy(
             plain_round.groups_per_rank,
             plain_round.rewards,
