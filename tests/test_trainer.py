@@ -369,3 +369,30 @@ def test_deferred_old_logps_train_the_same_weights(tiny_text_model_dir, tmp_path
     assert deferred_logs[0]["zppo/old_logps_rows"] == second["completion_ids"].size(0)
     assert "zppo/old_logps_rows" not in serial_logs[0]
     _assert_same_trained_weights(deferred.model, serial.model, tiny_text_model_dir)
+
+
+def test_old_logps_skip_every_partition_before_the_first_update(tiny_text_model_dir, tmp_path):
+    # A skipped partition changes no weight, so the first partition that updates runs on the sampling weights
+    # too: with the first of three partitions skipped, only the third needs the sampling policy's log-probs.
+    trainer = _trainer(tiny_text_model_dir, _config(tmp_path, num_partitions=3), _staircase_reward)
+    tokenizer = trainer.processing_class
+    prompt = torch.tensor([tokenizer("What is 2 + 2?")["input_ids"]] * 2)
+    completions = [torch.tensor([tokenizer(" It is 4.")["input_ids"]] * 2), torch.tensor([[5, 6, 7], [8, 9, 10]])]
+    second, third = (
+        dict(
+            prompt_ids=prompt,
+            prompt_mask=torch.ones_like(prompt),
+            completion_ids=ids,
+            completion_mask=torch.ones_like(ids),
+        )
+        for ids in completions
+    )
+    metrics = {}
+    trainer._attach_old_logps([{"zppo_skip": True}, second, third], metrics)
+    assert "old_per_token_logps" not in second
+    ids = torch.cat([prompt, completions[1]], dim=1)
+    with torch.no_grad():
+        logits = trainer.model(input_ids=ids).logits[:, prompt.size(1) - 1 : -1].float()
+    expected = logits.log_softmax(-1).gather(-1, completions[1][..., None])[..., 0]
+    torch.testing.assert_close(third["old_per_token_logps"], expected, rtol=0, atol=1e-5)
+    assert metrics["old_logps_rows"] == 2

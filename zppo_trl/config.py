@@ -478,10 +478,10 @@ class ZPPOConfig(GRPOConfig):
         metadata={
             "help": "Compute the sampling policy's per-token log-probs (the PPO ratio's denominator) once the "
             "rollout step's micro-batches exist, and only for those that read them: not for the step's first "
-            "partition, whose update runs on the weights that sampled it (its ratio is exactly 1), nor for "
-            "skipped partitions. False scores every rollout at generation, as TRL does: the same trained "
-            "numbers up to float rounding (tests/test_trainer.py compares the two), one more forward pass "
-            "over every rollout of the step."
+            "partition that updates, which runs on the weights that sampled it (its ratio is exactly 1; a "
+            "skipped partition changes no weight), nor for skipped partitions. False scores every rollout at "
+            "generation, as TRL does: the same trained numbers up to float rounding (tests/test_trainer.py "
+            "compares the two), one more forward pass over every rollout of the step."
         },
     )
 

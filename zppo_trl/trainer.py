@@ -1151,16 +1151,17 @@ class ZPPOTrainer(GRPOTrainer):
     def _attach_old_logps(self, micro_batches: list[dict], metrics: dict) -> None:
         """The sampling policy's per-token log-probs (``old_per_token_logps``) of the micro-batches that read
         them, computed before the step's first update (so on the weights that sampled the rollouts): every
-        trained partition but the first, which updates on those very weights (its ratio is exactly 1: the
-        loss takes the detached log-probs of its own forward), and only when the loss is a policy objective.
-        Every rank runs the same number of forward passes (partition sizes and skips agree over ranks), as
-        ZeRO-3's parameter gathering requires."""
+        trained partition but the first one trained, which updates on those very weights (a skipped partition
+        changes none), so its ratio is exactly 1 and its loss takes the detached log-probs of its own forward;
+        and only when the loss is a policy objective. Every rank runs the same number of forward passes
+        (partition sizes and skips agree over ranks), as ZeRO-3's parameter gathering requires."""
         if not self.objective_loss.reads_old_logps:
             return
         t0, rows = time.perf_counter(), 0
-        first_update = self.args.gradient_accumulation_steps
+        ga = self.args.gradient_accumulation_steps  # a partition's micro-batches, all skipped or none
+        first_trained = next((i for i in range(0, len(micro_batches), ga) if not is_skipped(micro_batches[i])), 0)
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            for micro in micro_batches[first_update:]:
+            for micro in micro_batches[first_trained + ga :]:
                 if not is_skipped(micro):
                     micro["old_per_token_logps"] = self._completion_logps(self.model, micro, with_entropies=False)[0]
                     rows += micro["completion_ids"].size(0)
