@@ -7,6 +7,7 @@ apart from the tests so that the spawned FSDP2 ranks import torch and the optimi
 
 from __future__ import annotations
 
+import gc
 import os
 
 import torch
@@ -50,36 +51,46 @@ def fsdp2_rank(rank: int, world: int, port: int, out: str) -> None:
     The round trip is the one accelerate makes for FSDP2 checkpoints (DCP's optimizer state dict
     loaded into a fresh optimizer). Rank 0 saves to ``out`` whether every resumed buffer is a bf16
     DTensor equal to the one saved, and the final full parameters.
-    """
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import DTensor
 
+    The sharded module and its optimizers hold the process group (through their device mesh), so they are
+    freed before the group is destroyed: freed after, they would join gloo's worker threads under the GIL or
+    at interpreter exit, which aborted a rank ("terminate called without an active exception"); see
+    ``zppo_trl.recipe.release_distributed``.
+    """
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        net = make_net()
-        for layer in net:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer)
-        fully_shard(net)
-        settings = {**HYPER, "lr": 1e-2}
-        optimizer = AnyPrecisionAdamW(net.parameters(), **settings)
-        train(net, optimizer, FSDP2_STEPS)
-        resumed = AnyPrecisionAdamW(net.parameters(), **settings)
-        set_optimizer_state_dict(net, resumed, get_optimizer_state_dict(net, optimizer))
-        exact = all(
-            isinstance(value, DTensor)
-            and resumed.state[p][name].dtype == torch.bfloat16
-            and torch.equal(resumed.state[p][name].full_tensor(), value.full_tensor())
-            for p in optimizer.state
-            for name, value in optimizer.state[p].items()
-            if name != "step"
-        )
-        train(net, resumed, FSDP2_STEPS)
-        params = [p.full_tensor() for p in net.parameters()]
-        if rank == 0:
-            torch.save({"exact": exact, "params": params}, out)
+        _fsdp2_train_and_resume(rank, out)
+        gc.collect()
     finally:
         dist.destroy_process_group()
+
+
+def _fsdp2_train_and_resume(rank: int, out: str) -> None:
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    net = make_net()
+    for layer in net:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(net)
+    settings = {**HYPER, "lr": 1e-2}
+    optimizer = AnyPrecisionAdamW(net.parameters(), **settings)
+    train(net, optimizer, FSDP2_STEPS)
+    resumed = AnyPrecisionAdamW(net.parameters(), **settings)
+    set_optimizer_state_dict(net, resumed, get_optimizer_state_dict(net, optimizer))
+    exact = all(
+        isinstance(value, DTensor)
+        and resumed.state[p][name].dtype == torch.bfloat16
+        and torch.equal(resumed.state[p][name].full_tensor(), value.full_tensor())
+        for p in optimizer.state
+        for name, value in optimizer.state[p].items()
+        if name != "step"
+    )
+    train(net, resumed, FSDP2_STEPS)
+    params = [p.full_tensor() for p in net.parameters()]
+    if rank == 0:
+        torch.save({"exact": exact, "params": params}, out)
