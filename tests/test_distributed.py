@@ -27,6 +27,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from boxed_models import toy_rows
+
+from zppo_trl.data import write_jsonl
 
 pytestmark = pytest.mark.integration
 
@@ -298,11 +302,6 @@ def test_a_two_process_recipe_run_saves_and_exits_cleanly(tiny_text_model_dir, t
     # and every rank exits 0. Freeing the trainer after destroying the process group hung a rank after its last
     # line in about one run in two (zppo_trl.recipe.release_distributed), so three runs catch a regression
     # seven times in eight.
-    import yaml
-    from boxed_models import toy_rows
-
-    from zppo_trl.data import write_jsonl
-
     data = tmp_path / "toy.jsonl"
     write_jsonl(toy_rows("text"), data)
     settings = {

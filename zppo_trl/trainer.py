@@ -650,8 +650,9 @@ class ZPPOTrainer(GRPOTrainer):
                 teacher_states, teacher_head = completion_states(self.distill_teacher, inputs, vocab)
         return DistillInputs(states, head, vocab, teacher_states=teacher_states, teacher_head=teacher_head)
 
-    def _completion_logps(self, model, inputs, with_entropies: bool = True):
-        """Per-token log-probs, entropies and router aux loss of the completions, as TRL computes them."""
+    def _completion_logps(self, model, inputs, for_loss: bool = True):
+        """Per-token log-probs of the completions, as TRL computes them; ``for_loss`` adds what only the loss
+        reads: the entropies and the router's aux loss (else None)."""
         input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
         return self._get_per_token_logps_and_entropies(
@@ -659,8 +660,8 @@ class ZPPOTrainer(GRPOTrainer):
             input_ids,
             attention_mask,
             inputs["completion_ids"].size(1),
-            compute_entropy=with_entropies,
-            compute_aux_loss=with_entropies and self.aux_loss_enabled,
+            compute_entropy=for_loss,
+            compute_aux_loss=for_loss and self.aux_loss_enabled,
             **{key: inputs.get(key) for key in _MULTIMODAL_FIELDS},
         )
 
@@ -1163,7 +1164,7 @@ class ZPPOTrainer(GRPOTrainer):
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             for micro in micro_batches[first_trained + ga :]:
                 if not is_skipped(micro):
-                    micro["old_per_token_logps"] = self._completion_logps(self.model, micro, with_entropies=False)[0]
+                    micro["old_per_token_logps"] = self._completion_logps(self.model, micro, for_loss=False)[0]
                     rows += micro["completion_ids"].size(0)
         metrics["time/old_logps_s"], metrics["old_logps_rows"] = time.perf_counter() - t0, rows
 
