@@ -150,8 +150,6 @@ def _run(variant: str, student: Path, server, steps: int, workdir: Path, shape: 
     step_times = [h["step_time"] for h in trainer.state.log_history if "step_time" in h][args.num_partitions :]
     full_steps = [sum(step_times[i : i + args.num_partitions]) for i in range(0, len(step_times), args.num_partitions)]
     waits = [h["zppo/time/teacher_wait_s"] for h in logs]
-    # TRL syncs the server once per rollout step, when the plain round starts (the first: before training)
-    syncs = trainer.vllm_generation.vllm_client.sync_seconds[1:] if student_server is not None else []
 
     def mean(name: str) -> float:
         return statistics.mean(h.get(f"zppo/{name}", 0.0) for h in logs)
@@ -164,8 +162,7 @@ def _run(variant: str, student: Path, server, steps: int, workdir: Path, shape: 
         "teacher_wait_fraction": statistics.mean(w / s for w, s in zip(waits, full_steps)),
         "teacher_sample_wait_s": mean("time/teacher_sample_wait_s"),
         "compression_s": mean("time/compression_s"),
-        "weight_sync_s": statistics.mean(s["write"] + s["reload"] for s in syncs) if syncs else 0.0,
-        "weight_syncs": len(syncs),
+        "weight_sync_s": mean("time/weight_sync_s"),  # TRL's, as the plain round starts
         "plain_generation_s": mean("time/plain_generation_s"),
         "reformulated_generation_s": mean("time/reformulated_generation_s"),
         "old_logps_s": mean("time/old_logps_s"),
