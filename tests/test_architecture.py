@@ -41,6 +41,7 @@ PURE = (
     "optim",
     "zero_variance",
     "host_memory",
+    "prefetch",
 )
 
 

@@ -14,6 +14,7 @@ import re
 from collections import defaultdict
 
 import pytest
+import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3_5ForConditionalGeneration, TrainerCallback
 
@@ -177,6 +178,9 @@ def test_zppo_trains_bcq_and_ncq_groups_against_a_real_teacher(boxed_text_studen
     assert len(logs) == 2
     for name in REQUIRED_METRICS:
         assert all(name in log for log in logs), name
+    # The second step's 8 new questions went to the teacher during the first step's updates; its replayed ones
+    # when it started (prefetch_teacher_samples)
+    assert [log["teacher_prefetched"] for log in logs] == [0, 8] and logs[1]["replayed"] > 0
     assert trainer.counters["bcq_total"] > 0 and trainer.counters["ncq_total"] > 0, logs
     assert sum(log["bcq_trained"] for log in logs) > 0 and sum(log["ncq_trained"] for log in logs) > 0
 
@@ -205,6 +209,59 @@ def test_zppo_trains_bcq_and_ncq_groups_against_a_real_teacher(boxed_text_studen
         expected.update({key: sum(v) / len(v) for key, v in scores.items()})
     assert trainer.replay_buffer.residents() == expected.residents()
     assert logs[-1]["buffer_size"] == len(expected) > 0
+
+
+class SampleRecorder(TeacherClient):
+    """The real client, keeping the replies to every sampling request by its question's text."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.replies: dict[str, list[str]] = {}
+
+    def sample_async(self, conversations, *args, **kwargs):
+        future = super().sample_async(conversations, *args, **kwargs)
+        questions = [_text(conversation) for conversation in conversations]
+        future.add_done_callback(lambda done: self.replies.update(zip(questions, done.result(), strict=True)))
+        return future
+
+
+def test_prefetching_teacher_samples_changes_no_weight(boxed_text_student_dir, vllm_boxed_teacher_server, tmp_path):
+    # A greedy teacher's replies depend on nothing but the question. So the run that asks for the second step's new
+    # questions during the first step's updates and the run that asks when the second step starts get the same
+    # replies, build the same BCQ/NCQ prompts from them and train the same weights, to the bit.
+    server = vllm_boxed_teacher_server
+
+    def run(prefetch: bool):
+        teacher = SampleRecorder(server.base_url, server.model)
+        trainer = ZPPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(boxed_text_student_dir),
+            reward_funcs=Spy(),
+            args=_config(tmp_path / str(prefetch), server, teacher_temperature=0.0, prefetch_teacher_samples=prefetch),
+            train_dataset=Dataset.from_list(toy_rows("text")),
+            processing_class=AutoTokenizer.from_pretrained(boxed_text_student_dir),
+            teacher=teacher,
+        )
+        try:
+            trainer.train()
+        finally:
+            teacher.close()
+        return trainer, _rollout_logs(trainer), teacher.replies
+
+    (serial, serial_logs, serial_replies), (overlapped, overlapped_logs, overlapped_replies) = run(False), run(True)
+    assert [log["teacher_prefetched"] for log in serial_logs] == [0, 0]
+    assert [log["teacher_prefetched"] for log in overlapped_logs] == [0, 8]
+    assert overlapped_logs[1]["replayed"] > 0  # asked for on their own when the second step started
+    assert overlapped_replies == serial_replies and len(serial_replies) > 8
+    for name in ("bcq", "ncq", "bcq_trained", "ncq_trained"):
+        assert [log[name] for log in overlapped_logs] == [log[name] for log in serial_logs], name
+    assert sum(log["bcq_trained"] + log["ncq_trained"] for log in serial_logs) > 0
+    start = AutoModelForCausalLM.from_pretrained(boxed_text_student_dir)
+    moved = 0.0
+    with torch.no_grad():
+        for name, p in serial.model.named_parameters():
+            assert torch.equal(overlapped.model.get_parameter(name), p), name
+            moved = max(moved, float((p - start.get_parameter(name)).abs().max()))
+    assert moved > 0
 
 
 class CompressionRecorder(TeacherClient):
@@ -324,5 +381,6 @@ def test_teacher_outage_degrades_and_recovers(boxed_text_student_dir, boxed_text
     assert up["teacher/failures"] == 0 and up["bcq_trained"] + up["ncq_trained"] > 0
     assert down["teacher/failures"] > 0 and down["bcq_trained"] == down["ncq_trained"] == 0
     assert down["hard"] > 0  # there was work for the teacher; the step trained the plain groups anyway
-    assert back["teacher/failures"] == 0 and back["bcq"] > 0 and back["bcq_trained"] > 0
+    # The third step's samples, asked for ahead while the server was down, failed; the step asked again
+    assert back["teacher_prefetched"] == 0 and back["bcq"] > 0 and back["bcq_trained"] > 0
     assert trainer.state.global_step == 6

@@ -484,6 +484,16 @@ class ZPPOConfig(GRPOConfig):
             "compares the two), one more forward pass over every rollout of the step."
         },
     )
+    prefetch_teacher_samples: bool = field(
+        default=True,
+        metadata={
+            "help": "Ask the teacher for the next rollout step's new questions (the dataloader's next batch, read "
+            "ahead) as soon as this step's micro-batches are built, so that it samples them while this step's "
+            "optimizer updates run; the next step then asks only for its replayed questions. The teacher is "
+            "frozen: the same trained numbers as false, which asks for every question when its step starts "
+            "(tests/test_trainer_zppo.py compares the two)."
+        },
+    )
 
     # --- the console
     full_console_logs: bool = field(
@@ -617,7 +627,13 @@ class ZPPOConfig(GRPOConfig):
                 f"max_steps to {passes} x one pass's optimizer updates (the paper's pass: 800), got "
                 f"max_steps={self.max_steps!r}"
             )
-        for name in ("compress_candidates", "padding_free", "audit_traces", "defer_old_logps"):
+        for name in (
+            "compress_candidates",
+            "padding_free",
+            "audit_traces",
+            "defer_old_logps",
+            "prefetch_teacher_samples",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in (

@@ -65,6 +65,7 @@ from .model_card import PAPER_CITATION, PAPER_TITLE, CardFacts, render_model_car
 from .optim import ANYPRECISION_OPTIM, AnyPrecisionAdamW, anyprecision_kwargs
 from .packing import batch_refusal, model_refusal, pack
 from .partitioning import deal_targets, is_skipped, policy_partitions
+from .prefetch import BatchLookahead, PrefetchedSampling, joined_futures
 from .prompts import compose_prompt
 from .ranks import Ranks
 from .reformulate import augment_limit, select_hard
@@ -204,6 +205,10 @@ class ZPPOTrainer(GRPOTrainer):
         self.replay_buffer = PromptReplayBuffer(capacity=args.replay_capacity, threshold=args.hard_threshold)
         self._rng = random.Random(args.seed)  # identical on every rank: every decision is replicated
         self._admitted_at: dict[Any, float] = {}  # resident -> plain accuracy at admission (for the bin metrics)
+        # prefetch_teacher_samples: the training loop's batches, readable ahead, and the teacher's replies to the
+        # next rollout step's new questions once asked for (zppo_trl.prefetch)
+        self._lookahead = BatchLookahead()
+        self._prefetched: PrefetchedSampling | None = None
         self.counters: dict[str, float] = defaultdict(float)
         # audit_traces: what the trace-overlap audit reads (zppo_trl.trace_log); written by the main process
         self.trace_log = TraceLog(os.path.join(args.output_dir, TRACE_LOG_NAME)) if args.audit_traces else None
@@ -303,6 +308,13 @@ class ZPPOTrainer(GRPOTrainer):
             self._metrics["train"]["step_time"].append(self._current_train_step_time)
             self._current_train_step_time = 0.0
         return torch.zeros((), device=self.accelerator.device)
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        # The epoch's batches pass through a lookahead so that a rollout step can read the next one's
+        # (prefetch_teacher_samples); the loop still gets every batch, in order.
+        if self._lookahead.source is not epoch_iterator:  # a new epoch
+            self._lookahead = BatchLookahead(epoch_iterator)
+        return super().get_batch_samples(self._lookahead, num_batches, device)
 
     def _prepare_inputs(self, generation_batch):
         if isinstance(generation_batch, Mapping):  # a micro-batch this trainer already prepared
@@ -766,7 +778,7 @@ class ZPPOTrainer(GRPOTrainer):
             or args.distillation == "off"
             or (self.zero_variance is not None and self.zero_variance.teacher_targets)
         )
-        teacher_future = self._start_teacher_sampling(draw.plain) if sampling else None
+        teacher_future = self._start_teacher_sampling(draw.plain, metrics) if sampling else None
         # 3. Plain rollouts, scored; plain accuracy r_x per question over all ranks. TRL sends the student's
         # server the weights as the round starts (timed where the shared-memory client sends them).
         syncs = weight_syncs(self)
@@ -791,6 +803,8 @@ class ZPPOTrainer(GRPOTrainer):
             self._log_graduations(draw, plain_round, accuracy)
         # 7. Buffer refresh from the plain groups only.
         metrics.update(self._refresh_buffer(accuracy))
+        if sampling and args.prefetch_teacher_samples:  # the teacher samples the next step during these updates
+            self._prefetch_teacher_sampling()
 
         metrics["new"], metrics["replayed"] = len(draw.new_keys), len(draw.replay_keys)
         metrics["plain_accuracy"] = sum(accuracy.values()) / max(len(accuracy), 1)
@@ -933,15 +947,54 @@ class ZPPOTrainer(GRPOTrainer):
 
     # 2.
 
-    def _start_teacher_sampling(self, plain: Sequence[Group]) -> Any:
-        """Step 2: a Future of the teacher's G_T replies to every real question of this rank."""
+    def _start_teacher_sampling(self, plain: Sequence[Group], metrics: dict) -> Any:
+        """Step 2: a Future of the teacher's G_T replies to every real question of this rank, in order. The new
+        questions' replies were asked for during the previous step's updates where it could read this step's
+        batch ahead (:meth:`_prefetch_teacher_sampling`); then only the replayed ones are asked for now."""
+        real = [g for g in plain if g.kind != FILLER]  # new questions first, then replayed ones
+        new_keys = [g.row[data.ID] for g in real if g.kind == "new"]
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None and prefetched.keys != new_keys:
+            logger.warning(
+                "the teacher samples asked for ahead were for questions %s, this step draws %s: asking again",
+                prefetched.keys,
+                new_keys,
+            )
+            prefetched = None
+        if prefetched is not None and prefetched.failed():
+            logger.warning("the teacher samples asked for ahead failed (%s): asking again", prefetched.errors)
+            prefetched = None
+        metrics["teacher_prefetched"] = len(new_keys) if prefetched is not None else 0
+        if prefetched is None:
+            return self._sample_teacher([g.row for g in real])
+        rest = [g.row for g in real[len(new_keys) :]]
+        return joined_futures([prefetched.future] + ([self._sample_teacher(rest)] if rest else []))
+
+    def _prefetch_teacher_sampling(self) -> None:
+        """Ask the teacher for the next rollout step's new questions on this rank: the dataloader's batch after
+        this step's ``steps_per_generation`` (this update's are taken already), read ahead. Nothing is asked past
+        ``max_steps`` or the epoch's end, nor in a step a resumed run entered in its middle."""
+        args, steps = self.args, self.args.steps_per_generation
+        if self._step % steps or self.state.global_step + args.num_partitions >= self.state.max_steps:
+            return
+        batch = self._lookahead.peek(steps - self.current_gradient_accumulation_steps)
+        if batch is None:
+            return
+        rows = [batch[i] for i in range(0, len(batch), self.num_generations)]
+        errors: list = []
+        future = self._sample_teacher(rows, errors)
+        self._prefetched = PrefetchedSampling([row[data.ID] for row in rows], future, errors)
+
+    def _sample_teacher(self, rows: Sequence[Mapping], errors: list | None = None) -> Any:
+        """A Future of the teacher's G_T replies to each row's plain question (``errors``: as ``sample_async``'s)."""
         args = self.args
         return self.teacher.sample_async(
-            [self._teacher_conversation(g.row) for g in plain if g.kind != FILLER],
+            [self._teacher_conversation(row) for row in rows],
             n=args.teacher_num_generations,
             max_tokens=args.teacher_max_tokens,
             temperature=args.teacher_temperature,
             top_p=args.teacher_top_p,
+            errors=errors,
         )
 
     # 3. and 5.: generation rounds
