@@ -74,13 +74,18 @@ def test_an_unknown_kind_is_refused_by_name():
         CandidateReformulation(["bcq", "hint"])
 
 
+def _all_right(keys, texts):
+    """A grader that verifies every response."""
+    return [[True] * len(t) for t in texts]
+
+
 def _tokenizer(text, add_special_tokens=False):
     return {"input_ids": list(range(len(text.split())))}
 
 
 def test_the_registry_builds_each_kind_from_what_the_trainer_offers():
     assert AUGMENTATION_KINDS == ("bcq", "ncq", "hint", "prefix", "correction", "reflection") == tuple(AUGMENTATIONS)
-    hooks = dict(question_of=lambda key: "q", teacher_chat=lambda key, text: [], grade=lambda key, texts: [True])
+    hooks = dict(question_of=lambda key: "q", teacher_chat=lambda key, text: [], grade=_all_right)
     assert make_augmentation([]) is None  # GRPO†/GRPO
     zppo = make_augmentation(["ncq", "bcq"])
     assert type(zppo) is CandidateReformulation and zppo.kinds == ("bcq", "ncq")
@@ -257,9 +262,7 @@ def _guidance(kind: str):
 
 
 def _supervised(kind: str):
-    return make_augmentation(
-        [kind], question_of=lambda key: "q", teacher_chat=lambda key, text: [], grade=lambda key, texts: [True]
-    )
+    return make_augmentation([kind], question_of=lambda key: "q", teacher_chat=lambda key, text: [], grade=_all_right)
 
 
 @pytest.mark.parametrize("kind", ["hint", "prefix"])

@@ -705,9 +705,9 @@ def test_a_correction_that_fails_grading_never_becomes_a_target(boxed_teacher_se
     row = toy_rows("text")[0]
     graded = []
 
-    def grade(key, texts):
-        graded.append((key, list(texts)))
-        return [False] * len(texts)  # a grader that finds every correction wrong
+    def grade(keys, texts):
+        graded.append((list(keys), [list(t) for t in texts]))
+        return [[False] * len(t) for t in texts]  # a grader that finds every correction wrong
 
     targets = CorrectionTargets(
         lambda key: row["question"], lambda key, text: [{"role": "user", "content": text}], grade
@@ -717,7 +717,8 @@ def test_a_correction_that_fails_grading_never_becomes_a_target(boxed_teacher_se
     instances = [SupervisedInstance("correction", row["id"], "<think> guess </think> \\boxed{1}")] * 2
     with TeacherClient(boxed_teacher_server.base_url, boxed_teacher_server.model) as teacher:
         built = targets.build(instances, teacher, args, metrics)
-    assert len(graded) == 2 and all(texts and texts[0] for _, texts in graded)  # the teacher answered and was graded
+    # the teacher answered both and both replies were graded, in one call
+    assert len(graded) == 1 and graded[0][0] == [row["id"]] * 2 and all(t and t[0] for t in graded[0][1])
     assert built.groups == [] and built.instances == [] and metrics["correction_rejected"] == 2
 
 

@@ -252,7 +252,28 @@ def test_async_reward_functions_grade_teacher_rollouts(tiny_text_model_dir, tmp_
 
     trainer = _trainer(tiny_text_model_dir, _config(tmp_path, max_steps=2), [async_boxed])
     row = trainer.train_dataset[3]  # "What is 3 + 3?" -> 6
-    assert trainer._grade(row, ["so \\boxed{6}", "\\boxed{7}", "no box"]) == [True, False, False]
+    assert trainer._grade_many([row], [["so \\boxed{6}", "\\boxed{7}", "no box"]]) == [[True, False, False]]
+
+
+def test_teacher_rollouts_of_every_hard_question_are_graded_in_one_call(tiny_text_model_dir, tmp_path):
+    # One reward call for all of a step's teacher replies, as TRL scores a round: a judge then answers them
+    # concurrently instead of one question after another.
+    from zppo_trl.rewards import boxed_accuracy_reward
+
+    calls = []
+
+    def counting_boxed(completions, answer, id, **kwargs):
+        calls.append(list(id))
+        return boxed_accuracy_reward(completions, answer)
+
+    trainer = _trainer(tiny_text_model_dir, _config(tmp_path, max_steps=2), [counting_boxed])
+    three, five, seven = (trainer.train_dataset[i] for i in (3, 5, 7))  # answers 6, 10, 14
+    grades = trainer._grade_many(
+        [three, five, seven], [["\\boxed{6}", "\\boxed{10}"], [], ["\\boxed{14}", "14", "\\boxed{6}"]]
+    )
+    assert grades == [[True, False], [], [True, False, False]]
+    assert calls == [["q03", "q03", "q07", "q07", "q07"]]
+    assert trainer._grade_many([three], [[]]) == [[]] and len(calls) == 1  # nothing to grade: no call
 
 
 def test_prompts_that_leave_less_than_a_completion_in_the_context_are_counted_and_warned(

@@ -235,7 +235,7 @@ class ZPPOTrainer(GRPOTrainer):
             tokenizer=self._tokenizer,
             question_of=lambda key: self._row(key)[data.QUESTION],
             teacher_chat=lambda key, text: self._teacher_conversation(self._row(key), text),
-            grade=lambda key, texts: self._grade(self._row(key), texts),
+            grade=lambda keys, texts: self._grade_many([self._row(key) for key in keys], texts),
             answer_of=lambda key: self._row(key)[data.ANSWER],
             bcq_candidate_content=args.bcq_candidate_content,
         )
@@ -740,17 +740,21 @@ class ZPPOTrainer(GRPOTrainer):
             }
         ]
 
-    def _grade(self, row: Mapping, texts: Sequence[str]) -> list[bool]:
-        """Grade teacher rollouts with the trainer's own reward functions (sync or async, as TRL allows)."""
-        if not texts:
-            return []
-        prompt = self._with_prompt(row)["prompt"]
-        completions = [[{"role": "assistant", "content": t}] for t in texts]
-        columns = {k: [v] * len(texts) for k, v in row.items() if k != "prompt"}
-        total = torch.zeros(len(texts), dtype=torch.float64)
+    def _grade_many(self, rows: Sequence[Mapping], texts: Sequence[Sequence[str]]) -> list[list[bool]]:
+        """Grade teacher rollouts with the trainer's own reward functions (sync or async, as TRL allows):
+        ``texts[i]`` are replies to ``rows[i]``'s question. Every reply goes in one call per function, as TRL
+        scores a round, so that a judge answers them all concurrently rather than one question at a time."""
+        reply_rows = [row for row, replies in zip(rows, texts, strict=True) for _ in replies]
+        if not reply_rows:
+            return [[] for _ in rows]
+        prompts = {id(row): self._with_prompt(row)["prompt"] for row in rows}
+        completions = [[{"role": "assistant", "content": t}] for replies in texts for t in replies]
+        names = dict.fromkeys(name for row in rows for name in row if name != "prompt")
+        columns = {name: [row.get(name) for row in reply_rows] for name in names}
+        total = torch.zeros(len(reply_rows), dtype=torch.float64)
         for func, weight in zip(self.reward_funcs, self.reward_weights.tolist()):
             scores = func(
-                prompts=[prompt] * len(texts),
+                prompts=[prompts[id(row)] for row in reply_rows],
                 completions=completions,
                 completion_ids=None,
                 trainer_state=self.state,
@@ -761,7 +765,8 @@ class ZPPOTrainer(GRPOTrainer):
             if is_async_callable(func):  # TRL runs async reward functions on its own event-loop thread
                 scores = asyncio.run_coroutine_threadsafe(scores, self.async_loop).result()
             total += weight * torch.tensor([0.0 if s is None else float(s) for s in scores], dtype=torch.float64)
-        return [bool(score > CORRECT) for score in total]
+        correct = iter(bool(score > CORRECT) for score in total)
+        return [[next(correct) for _ in replies] for replies in texts]
 
     # ------------------------------------------------------------------ the rollout step (Algorithm 1)
 
@@ -1081,12 +1086,13 @@ class ZPPOTrainer(GRPOTrainer):
         local_wrong: dict[Any, list[str]] = defaultdict(list)
         local_teacher: dict[Any, list[str]] = defaultdict(list)
         rank_rewards = plain_round.rewards.view(self.ranks.world, -1)[self.ranks.rank]
-        for g, group in enumerate(draw.plain):
+        graded = [(g, group) for g, group in enumerate(draw.plain) if group.kind != FILLER]
+        graded = [(g, group) for g, group in graded if group.row[data.ID] in wanted]
+        grades = self._grade_many([group.row for _, group in graded], [replies[g] for g, _ in graded])
+        for (g, group), ok in zip(graded, grades):
             key = group.row[data.ID]
-            if group.kind == FILLER or key not in wanted:
-                continue
             local_wrong[key] += [plain_round.texts[i] for i in range(g * G, (g + 1) * G) if rank_rewards[i] <= CORRECT]
-            local_teacher[key] += [text for text, ok in zip(replies[g], self._grade(group.row, replies[g])) if ok]
+            local_teacher[key] += [text for text, right in zip(replies[g], ok) if right]
         teacher_correct = merge_lists(self.ranks.gather(dict(local_teacher)))
         student_wrong = merge_lists(self.ranks.gather(dict(local_wrong)))
         return Evidence(hard, teacher_correct, student_wrong)

@@ -103,7 +103,7 @@ def make_augmentation(
     built by the registered class of its kinds (`AUGMENTATIONS`).
 
     The supervised controls need the trainer's ``question_of(key)``, ``teacher_chat(key, text)``
-    and ``grade(key, responses)`` (see :mod:`zppo_trl.augmentations.targets`); Prefix the student's
+    and ``grade(keys, responses_per_key)`` (see :mod:`zppo_trl.augmentations.targets`); Prefix the student's
     tokenizer; Hint ``answer_of(key)``, the gold answer its leak count looks for; BCQ
     ``bcq_candidate_content``, what its candidate blocks show.
     """

@@ -50,7 +50,7 @@ class AugmentationInputs:
         tokenizer: the student's tokenizer (Prefix cuts the teacher's rollout into its tokens).
         question_of: key -> the question text, without the closer (the supervised controls).
         teacher_chat: key, text -> the teacher chat: the question's images (if any), then the text.
-        grade: key, responses -> one verdict per response, by the trainer's reward functions.
+        grade: keys, responses per key -> one verdict per response, by the trainer's reward functions.
         answer_of: key -> the question's gold answer (the Hint control's leak count).
         bcq_candidate_content: what a BCQ candidate block shows (`zppo_trl.augmentations.candidate_content`).
     """

@@ -36,8 +36,8 @@ __all__ = ["CorrectionTargets", "ReflectionTargets", "SupervisedInstance"]
 
 # key, text -> the teacher chat: the question's images (if any), then the text.
 TeacherChat = Callable[[Hashable, str], list]
-# key, responses -> one verdict per response, by the trainer's reward functions.
-Grader = Callable[[Hashable, Sequence[str]], list]
+# keys, responses per key -> one verdict per response, by the trainer's reward functions (all in one call).
+Grader = Callable[[Sequence[Hashable], Sequence[Sequence[str]]], list]
 # key -> the question text (without the closer).
 QuestionOf = Callable[[Hashable], str]
 
@@ -83,7 +83,7 @@ class _SupervisedTargets(Augmentation):
 
     def build(self, instances: Sequence[SupervisedInstance], teacher: Any, args: Any, metrics: dict) -> BuiltGroups:
         """One teacher call per instance (the corrector or refiner, at the teacher's own sampling
-        settings and cap), its reply graded; only a verified reply becomes a target."""
+        settings and cap), the replies graded together; only a verified reply becomes a target."""
         built = BuiltGroups()
         if not instances:
             return built
@@ -97,14 +97,15 @@ class _SupervisedTargets(Augmentation):
         )
         replies = teacher_results(future, [[] for _ in instances])
         metrics["time/compression_s"] = time.perf_counter() - t0
+        answered = [(inst, reply[0]) for inst, reply in zip(instances, replies, strict=True) if reply]
+        built.failures += len(instances) - len(answered)
+        verdicts = self.grade([inst.key for inst, _ in answered], [[text] for _, text in answered])
         rejected = 0
-        for inst, reply in zip(instances, replies, strict=False):
-            if not reply:
-                built.failures += 1
-            elif not self.grade(inst.key, [reply[0]])[0]:
+        for (inst, text), (verified,) in zip(answered, verdicts, strict=True):
+            if not verified:
                 rejected += 1
             else:
-                built.groups += self._targets(inst, reply[0])
+                built.groups += self._targets(inst, text)
                 built.instances.append(inst)
         metrics[f"{self.kind}_rejected"] = rejected
         return built
