@@ -65,11 +65,15 @@ read -r student_len teacher_len <<<"$(PYTHON=$PYTHON server_lengths recipes/demo
 # student's server takes the last, which the trainer leaves idle while the student generates.
 teacher_cores=() student_cores=()
 if (( $(nproc) > 1 )); then teacher_cores=(--cpu-cores 0) student_cores=(--cpu-cores "$(( $(nproc) - 1 ))"); fi
+# The two vLLM servers start side by side, each on its own core (about 35 s each), and the trainer
+# starts once both answer.
+starting=()
 if [[ "$TEACHER" == vllm ]]; then
     echo "teacher: vLLM (CPU) serving $MODEL_DIR on 127.0.0.1:$PORT (log: $OUT/teacher_server.log)"
     VLLM_PYTHON=$VLLM_PYTHON bash recipes/launch/serve_teacher.sh --cpu --model "$MODEL_DIR" --host 127.0.0.1 --port "$PORT" \
         --max-model-len "$teacher_len" --kv-cache-gib 1 "${teacher_cores[@]+"${teacher_cores[@]}"}" --timeout 300 --log "$OUT/teacher_server.log" \
-        -- --dtype bfloat16 --enforce-eager
+        -- --dtype bfloat16 --enforce-eager &
+    starting+=($!)
 else
     echo "teacher: transformers serve $MODEL_DIR on 127.0.0.1:$PORT (log: $OUT/teacher_server.log)"
     # One thread for the server: the trainer needs the other core, and a tiny model oversubscribes.
@@ -84,12 +88,14 @@ if [[ "$STUDENT" == vllm ]]; then
     echo "student rollouts: vLLM (CPU) serving $MODEL_DIR on 127.0.0.1:$STUDENT_PORT, weights synced through /dev/shm (log: $OUT/student_server.log)"
     VLLM_PYTHON=$VLLM_PYTHON bash recipes/launch/serve_student.sh --cpu --model "$MODEL_DIR" --host 127.0.0.1 \
         --port "$STUDENT_PORT" --max-model-len "$student_len" --kv-cache-gib 1 "${student_cores[@]+"${student_cores[@]}"}" --timeout 300 \
-        --log "$OUT/student_server.log" -- --dtype bfloat16 --enforce-eager
+        --log "$OUT/student_server.log" -- --dtype bfloat16 --enforce-eager &
+    starting+=($!)
     student=(--use_vllm true --vllm_mode server --vllm_server_base_url "http://127.0.0.1:$STUDENT_PORT"
              --vllm_max_model_length "$student_len")
 else
     echo "student rollouts: generated in the trainer (transformers)"
 fi
+for job in "${starting[@]+"${starting[@]}"}"; do wait "$job"; done  # a server that fails to start ends the demo
 trap 'exit 130' INT TERM
 
 # accelerate gives a CPU process one thread unless told (OMP_NUM_THREADS=1): the trainer takes every
