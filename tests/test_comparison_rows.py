@@ -139,21 +139,26 @@ def _record_steps(trainer) -> list[dict]:
     Each step: ``draw``, ``plain`` (the plain round) and ``accuracy`` (the r_x step 4 ranks), ``evidence``
     (what step 4 handed step 5), ``limit`` and ``plan`` (step 5's instances), ``built`` and ``build_metrics``
     (its build), and, with a `RecordingTeacher`, ``sampled`` (the exchanges of step 2's teacher rollouts) and
-    ``requests`` (those of the build: hint, correction or revision requests).
+    ``requests`` (those of the build: hint, correction or revision requests). A step's teacher rollouts are the
+    exchanges between the previous step's stages and its build: its new questions went to the teacher as the
+    previous step's stages ended (``prefetch_teacher_samples``), its replayed ones when it started.
     """
     steps: list[dict] = []
     teacher = trainer.teacher if isinstance(trainer.teacher, RecordingTeacher) else None
-    sampling_from: list[int | None] = [None]  # where this step's teacher sampling began (None: no sampling)
+    sampling_from: list[int | None] = [None]  # where this step's teacher sampling began (None: no sampling yet)
     start, augmented = trainer._start_teacher_sampling, trainer._augmented_batches
     gather, plan, build = trainer._gather_evidence, trainer.augmentation.plan, trainer.augmentation.build
 
-    def start_teacher_sampling(plain):
-        sampling_from[0] = len(teacher.exchanges) if teacher else 0
-        return start(plain)
+    def start_teacher_sampling(plain, metrics):
+        if sampling_from[0] is None:  # the first step
+            sampling_from[0] = len(teacher.exchanges) if teacher else 0
+        return start(plain, metrics)
 
     def augmented_batches(teacher_future, draw, plain_round, accuracy, metrics):
         steps.append(dict(draw=draw, plain=plain_round, accuracy=dict(accuracy)))
-        return augmented(teacher_future, draw, plain_round, accuracy, metrics)
+        out = augmented(teacher_future, draw, plain_round, accuracy, metrics)
+        sampling_from[0] = len(teacher.exchanges) if teacher else 0  # the next step's sampling starts after this
+        return out
 
     def gather_evidence(*args, **kwargs):
         steps[-1]["evidence"] = gather(*args, **kwargs)
@@ -170,7 +175,6 @@ def _record_steps(trainer) -> list[dict]:
         if teacher:  # step 2's sampling was awaited in step 4: every exchange since is this build's
             sampled = teacher.exchanges[sampling_from[0] : before] if sampling_from[0] is not None else []
             steps[-1].update(sampled=sampled, requests=teacher.exchanges[before:])
-        sampling_from[0] = None
         return out
 
     trainer._start_teacher_sampling, trainer._augmented_batches = start_teacher_sampling, augmented_batches
@@ -472,16 +476,17 @@ def test_zppo_trains_under_each_step_6_objective(
 def _train_recorded(trainer) -> dict:
     """Train ``trainer``, recording its plain rounds, gradings, teacher requests and every trained micro-batch."""
     record = dict(plain=[], graded=[], requests=[], micro=[])
-    generate_round, grade, prepare = trainer._generate_round, trainer._grade, trainer._prepare_inputs
+    generate_round, grade, prepare = trainer._generate_round, trainer._grade_many, trainer._prepare_inputs
 
     def generate(groups, name, metrics):
         out = generate_round(groups, name, metrics)
         record["plain"].append(out)
         return out
 
-    def graded(row, texts):
-        verdicts = grade(row, texts)
-        record["graded"] += [(row["id"], t, v) for t, v in zip(texts, verdicts)]
+    def graded(rows, texts):
+        verdicts = grade(rows, texts)
+        for row, replies, row_verdicts in zip(rows, texts, verdicts, strict=True):
+            record["graded"] += [(row["id"], t, v) for t, v in zip(replies, row_verdicts, strict=True)]
         return verdicts
 
     def prepare_inputs(batch):
@@ -502,7 +507,7 @@ def _train_recorded(trainer) -> dict:
             return sample(conversations, *args, **kwargs)
 
         trainer.teacher.sample_async = sample_async
-    trainer._generate_round, trainer._grade, trainer._prepare_inputs = generate, graded, prepare_inputs
+    trainer._generate_round, trainer._grade_many, trainer._prepare_inputs = generate, graded, prepare_inputs
     trainer.train()
     return record
 
