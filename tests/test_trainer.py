@@ -260,10 +260,11 @@ def test_teacher_rollouts_of_every_hard_question_are_graded_in_one_call(tiny_tex
     # concurrently instead of one question after another.
     from zppo_trl.rewards import boxed_accuracy_reward
 
-    calls = []
+    calls, asked = [], []
 
-    def counting_boxed(completions, answer, id, **kwargs):
+    def counting_boxed(prompts, completions, answer, id, **kwargs):
         calls.append(list(id))
+        asked.extend(prompt[-1]["content"] for prompt in prompts)
         return boxed_accuracy_reward(completions, answer)
 
     trainer = _trainer(tiny_text_model_dir, _config(tmp_path, max_steps=2), [counting_boxed])
@@ -273,6 +274,7 @@ def test_teacher_rollouts_of_every_hard_question_are_graded_in_one_call(tiny_tex
     )
     assert grades == [[True, False], [], [True, False, False]]
     assert calls == [["q03", "q03", "q07", "q07", "q07"]]
+    assert [p.startswith(q) for p, q in zip(asked, ["What is 3 + 3?"] * 2 + ["What is 7 + 7?"] * 3)] == [True] * 5
     assert trainer._grade_many([three], [[]]) == [[]] and len(calls) == 1  # nothing to grade: no call
 
 

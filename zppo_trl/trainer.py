@@ -747,14 +747,14 @@ class ZPPOTrainer(GRPOTrainer):
         reply_rows = [row for row, replies in zip(rows, texts, strict=True) for _ in replies]
         if not reply_rows:
             return [[] for _ in rows]
-        prompts = {id(row): self._with_prompt(row)["prompt"] for row in rows}
+        prompts = [self._with_prompt(row)["prompt"] for row in rows]
         completions = [[{"role": "assistant", "content": t}] for replies in texts for t in replies]
         names = dict.fromkeys(name for row in rows for name in row if name != "prompt")
         columns = {name: [row.get(name) for row in reply_rows] for name in names}
         total = torch.zeros(len(reply_rows), dtype=torch.float64)
         for func, weight in zip(self.reward_funcs, self.reward_weights.tolist()):
             scores = func(
-                prompts=[prompts[id(row)] for row in reply_rows],
+                prompts=[prompt for prompt, replies in zip(prompts, texts) for _ in replies],
                 completions=completions,
                 completion_ids=None,
                 trainer_state=self.state,
