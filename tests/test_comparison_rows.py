@@ -851,6 +851,79 @@ def test_distillation_rows_train_on_the_vllm_teacher_servers_top_k(
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
 
 
+def _teacher_token_logps(teacher, micro, vocab: int) -> torch.Tensor:
+    """``teacher``'s own log-prob of each completion token of a micro-batch (B, C), at the positions predicting it."""
+    ids = torch.cat([micro["prompt_ids"], micro["completion_ids"]], dim=1)
+    attention = torch.cat([micro["prompt_mask"], micro["completion_mask"]], dim=1)
+    width = micro["prompt_ids"].size(1)
+    with torch.no_grad():
+        logps = torch.log_softmax(
+            teacher(input_ids=ids, attention_mask=attention).logits[:, width - 1 : -1, :vocab], -1
+        )
+    return logps.gather(-1, micro["completion_ids"].unsqueeze(-1)).squeeze(-1)
+
+
+@pytest.mark.parametrize("objective", ["kdrl", "rlad"])
+def test_hybrid_rows_train_on_the_vllm_teacher_servers_log_prob_of_each_sampled_token(
+    objective, boxed_text_student_dir, boxed_text_teacher_dir, vllm_boxed_teacher_server, tmp_path
+):
+    """KDRL† and RLAD† (policy_objective: kdrl / rlad on GRPO†'s pipeline): every rollout the step trains is scored
+    by the teacher's vLLM server (prompt_logprobs), no teacher is loaded next to the student, the log-probs are the
+    teacher's own at each sampled token, the row's term is logged, and the weights move. Under KDRL no partition is
+    skipped: its reverse KL acts on every rollout."""
+    trainer = _trainer(
+        boxed_text_student_dir, vllm_boxed_teacher_server, tmp_path, [], Spy(), policy_objective=objective
+    )
+    assert trainer.args.variant == f"Replay-matched {objective.upper()}\u2020"  # the fixture replays at 0.5
+    assert trainer.distill_teacher is None and trainer.teacher is not None
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    record = _train_recorded(trainer)
+    assert record["micro"], _rollout_logs(trainer)
+    teacher = AutoModelForCausalLM.from_pretrained(boxed_text_teacher_dir).eval()
+    vocab = len(trainer.processing_class)
+    for micro in record["micro"]:
+        mask = micro["completion_mask"].bool()
+        assert mask.any() and micro["teacher_logps"].shape == micro["completion_ids"].shape
+        own = _teacher_token_logps(teacher, micro, vocab)
+        torch.testing.assert_close(micro["teacher_logps"][mask], own[mask], rtol=0, atol=2e-3)
+    logs = _rollout_logs(trainer)
+    assert all(log.get("teacher_logps_failed") == 0 for log in logs)
+    if objective == "kdrl":
+        assert all(log["skipped_partitions"] == 0 for log in logs)
+        kl = [h["kdrl/reverse_kl"] for h in trainer.state.log_history if "kdrl/reverse_kl" in h]
+        betas = [h["kdrl/beta"] for h in trainer.state.log_history if "kdrl/beta" in h]
+        assert kl and all(v > 0 for v in kl)  # student and teacher differ
+        assert betas == pytest.approx([5e-3 - 5e-5 * step for step in range(len(betas))])  # annealed per update
+    else:
+        assert any(abs(h.get("rlad/teacher_log_ratio", 0)) > 0 for h in trainer.state.log_history)
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+
+
+@pytest.mark.parametrize("objective", ["kdrl", "rlad"])
+def test_hybrid_rows_against_a_local_copy_of_the_student_see_no_gap(
+    objective, boxed_text_student_dir, boxed_teacher_server, tmp_path
+):
+    """With distill_teacher the teacher is loaded next to the student and scores each micro-batch itself; against
+    the student's own weights (learning rate 0) KDRL's reverse KL and RLAD's teacher log-ratio are 0."""
+    trainer = _trainer(
+        boxed_text_student_dir,
+        boxed_teacher_server,
+        tmp_path,
+        [],
+        Spy(),
+        policy_objective=objective,
+        distill_teacher=str(boxed_text_student_dir),
+        learning_rate=0.0,
+        max_steps=2,
+    )
+    assert trainer.distill_teacher is not None
+    record = _train_recorded(trainer)
+    assert record["micro"] and not any("teacher_logps" in m for m in record["micro"])  # nothing asked of the server
+    metric = "kdrl/reverse_kl" if objective == "kdrl" else "rlad/teacher_log_ratio"
+    logged = [h[metric] for h in trainer.state.log_history if metric in h]
+    assert logged and all(abs(v) < 1e-5 for v in logged)
+
+
 def test_distillation_against_itself_has_zero_divergence(boxed_text_student_dir, boxed_teacher_server, tmp_path):
     trainer, record = _distill_run(
         boxed_text_student_dir,

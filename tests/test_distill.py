@@ -100,3 +100,17 @@ def test_a_micro_batch_without_loss_positions_still_backpropagates_zero_through_
     total = chunked_jsd(inputs, torch.zeros_like(mask), 0.5, 4)
     total.backward()
     assert total.item() == 0.0 and torch.all(head.weight.grad == 0) and torch.all(states.grad == 0)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 100])
+def test_chosen_token_logps_are_the_full_log_softmax_at_each_token_whatever_the_chunk(chunk_size):
+    from zppo_trl.distill import chosen_token_logps
+
+    torch.manual_seed(0)
+    states = torch.randn(2, 5, 4)
+    head = torch.nn.Linear(4, 7, bias=False)  # 7 outputs, the first 6 the vocabulary (a padded head)
+    ids = torch.randint(0, 6, (2, 5))
+    got = chosen_token_logps(states, head, 6, ids, chunk_size)
+    full = torch.log_softmax(head(states)[..., :6].float(), -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    assert got.shape == (2, 5) and got.dtype == torch.float32 and not got.requires_grad
+    torch.testing.assert_close(got, full.detach(), rtol=0, atol=1e-6)

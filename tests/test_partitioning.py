@@ -95,6 +95,17 @@ def test_a_step_without_any_signal_makes_no_update(ranks):
     assert result.skipped == 2 and all(m == {SKIP: True} for m in result.micro_batches) and result.trained == {}
 
 
+def test_under_kdrl_a_step_without_a_mixed_group_still_trains_every_rollout(ranks):
+    """KDRL's reverse KL acts on every rollout, so the partitions of a step without a mixed group are trained,
+    at zero advantage, rather than skipped; RLAD's teacher acts only through the advantage, so they are skipped."""
+    kdrl = SimpleNamespace(**vars(ARGS), policy_objective="kdrl")
+    result = policy_partitions(_batch(4), [["new", "new"]], [[1.0, 1.0, 0.0, 0.0]], 2, kdrl, ranks, seed=0)
+    assert result.skipped == 0 and sorted(row for _, row in result.trained) == [0, 1, 2, 3]
+    assert all(m["advantages"].abs().sum() == 0 for m in result.micro_batches)
+    rlad = SimpleNamespace(**vars(ARGS), policy_objective="rlad")
+    assert policy_partitions(_batch(4), [["new", "new"]], [[1.0, 1.0, 0.0, 0.0]], 2, rlad, ranks, seed=0).skipped == 2
+
+
 def test_targets_train_in_their_questions_partition(ranks):
     rows = [("correction", "q1"), ("correction", "q1"), ("correction", "q3"), (FILLER, "q1")]
     micro, skipped_count, trained = deal_targets(_batch(4), [rows], ["q1", "q2", "q3", "q4"], [], ARGS, ranks, seed=3)

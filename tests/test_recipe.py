@@ -120,6 +120,14 @@ ROWS = {
     "lens_dagger": ("LENS\u2020", dict(augmentations=[], zero_variance_signal="lens")),
     "relift_dagger": ("ReLIFT\u2020", dict(augmentations=[], zero_variance_signal="relift")),
     "rstg_dagger": ("RSTG\u2020", dict(augmentations=[], zero_variance_signal="rstg")),
+    "kdrl_dagger": (
+        "KDRL\u2020",
+        dict(augmentations=[], policy_objective="kdrl", distill_teacher="Qwen/Qwen3.5-27B"),
+    ),
+    "rlad_dagger": (
+        "RLAD\u2020",
+        dict(augmentations=[], policy_objective="rlad", distill_teacher="Qwen/Qwen3.5-27B"),
+    ),
     "correction_sft_dagger": ("Correction-SFT\u2020", dict(augmentations=["correction"])),
     "reflection_sft_dagger": ("Error-reflection-SFT\u2020", dict(augmentations=["reflection"])),
     "off_distill": (

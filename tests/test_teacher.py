@@ -404,3 +404,51 @@ def test_compression_cut_off_inside_thinking_is_a_failure_not_a_candidate(backen
     assert full == ["The attempt works it out step by step."]
     assert cut == [None, None]  # the 2-token cap lands inside "<think> </think>": unusable, not ""
     assert stats["unusable"] == 2 and stats["compressed"] == 1 and stats["failed"] == 0
+
+
+@pytest.mark.integration
+def test_token_logprobs_from_vllm_are_the_models_own_log_prob_of_each_sampled_token(
+    vllm_teacher_server, tiny_text_model_dir
+):
+    """What the hybrid RL rows read: the server's prompt_logprobs entry of each completion token, teacher-forced,
+    equal to the model's own log-softmax at the position that predicts it, and to the same token's entry in the
+    top-k where it ranks there."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    sequences = [[5, 17, 42, 99, 7, 8, 120], [3, 4, 250, 11]]
+    prompt_lengths = [3, 2]
+    with fast_client(vllm_teacher_server.base_url, vllm_teacher_server.model) as client:
+        got = client.token_logprobs_async(sequences, prompt_lengths).result()
+        top = client.sequence_logprobs_async(sequences, prompt_lengths, top_k=5).result()
+        assert client.stats()["failed"] == 0
+    model = AutoModelForCausalLM.from_pretrained(tiny_text_model_dir).eval()
+    for sequence, n, logps, (ids, top_logps) in zip(sequences, prompt_lengths, got, top):
+        assert len(logps) == len(sequence) - n
+        with torch.no_grad():
+            own = torch.log_softmax(model(torch.tensor([sequence])).logits[0].double(), -1)
+        expected = [float(own[t - 1, sequence[t]]) for t in range(n, len(sequence))]
+        assert logps == pytest.approx(expected, abs=2e-3)
+        for j, token in enumerate(sequence[n:]):
+            if token in ids[j]:
+                assert logps[j] == pytest.approx(top_logps[j][ids[j].index(token)], abs=1e-6)
+
+
+@pytest.mark.integration
+def test_token_logprobs_from_a_server_that_cannot_score_token_ids_fail_and_are_counted(teacher_server, caplog):
+    """`transformers serve` refuses a completions request of token ids (HTTP 422): the sequence's result is None,
+    the failure is counted, not retried (a client error), and the warning names the server and the error."""
+    with fast_client(teacher_server.base_url, teacher_server.model) as client:
+        with caplog.at_level(logging.WARNING):
+            got = client.token_logprobs_async([[5, 6, 7]], [1]).result()
+        stats = client.stats()
+    assert got == [None] and stats["failed"] == 1 and stats["retries"] == 0
+    assert f"teacher log-probs: 1 request(s) to {teacher_server.base_url} failed (last error: HTTP 4" in caplog.text
+
+
+def test_token_logprobs_refuse_a_sequence_without_a_completion_token():
+    with fast_client("http://127.0.0.1:1/v1", "m") as client:
+        with pytest.raises(ValueError, match=r"sequences\[1\] has no completion token after its 2 prompt tokens"):
+            client.token_logprobs_async([[1, 2, 3], [4, 5]], [2, 2])
+        with pytest.raises(ValueError, match="2 sequences but 1 prompt lengths"):
+            client.token_logprobs_async([[1, 2, 3], [4, 5]], [2])

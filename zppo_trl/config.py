@@ -83,6 +83,8 @@ OBJECTIVE_SETTINGS: dict[str, dict[str, object]] = {
     "gspo": {"importance_sampling_level": "sequence"},
     "cispo": {"loss_type": "cispo"},
     "dispo": {},
+    "kdrl": {},
+    "rlad": {},
 }
 
 
@@ -263,7 +265,9 @@ class ZPPOConfig(GRPOConfig):
         metadata={
             "help": "Step 6's objective: 'grpo' (the paper's: DAPO token-level clipped surrogate with the dual "
             "clip), 'gspo' (one sequence-level ratio per rollout, see gspo_settings), 'cispo' (clipped stop-gradient "
-            "importance weight, see cispo_weight_bound) or 'dispo' (four-way clip, see dispo_*). Every other "
+            "importance weight, see cispo_weight_bound), 'dispo' (four-way clip, see dispo_*), or one of the "
+            "teacher-side hybrid rows: 'kdrl' (GRPO plus an annealed reverse KL to the teacher, see kdrl_*) or "
+            "'rlad' (the ratio taken against a mix of the old policy and the teacher, see rlad_*). Every other "
             "setting stays the paper's."
         },
     )
@@ -313,6 +317,36 @@ class ZPPOConfig(GRPOConfig):
             "help": "DISPO, a token whose weight is outside its interval: 'zero' (no gradient, our reading of the "
             "DISPO abstract) or 'clamp' (the weight clamped into the interval, as secondary summaries write "
             "J_DISPO). See docs/comparison_rows.md."
+        },
+    )
+    # KDRL's annealed reverse-KL weight (zppo_trl.hybrid_objectives): its paper's best-scoring schedule.
+    kdrl_beta: float = field(
+        default=5e-3,
+        metadata={"help": "KDRL: the reverse-KL weight at step 0. Only policy_objective: kdrl reads it."},
+    )
+    kdrl_beta_decay: float = field(
+        default=5e-5,
+        metadata={
+            "help": "KDRL: how much the reverse-KL weight falls per optimizer step (0: a constant kdrl_beta). Only "
+            "policy_objective: kdrl reads it."
+        },
+    )
+    kdrl_beta_min: float = field(
+        default=1e-3,
+        metadata={"help": "KDRL: the floor of the annealed reverse-KL weight. Only policy_objective: kdrl reads it."},
+    )
+    rlad_alpha: float = field(
+        default=0.5,
+        metadata={
+            "help": "RLAD: the old policy's share of the ratio's anchor pi_old^alpha pi_T^(1 - alpha) (1: GRPO's "
+            "ratio; its paper's 0.5). Only policy_objective: rlad reads it."
+        },
+    )
+    rlad_teacher_log_ratio_bound: float = field(
+        default=1.0,
+        metadata={
+            "help": "RLAD: log pi - log pi_T is clamped to [-bound, bound] in the ratio (its paper's 1). Only "
+            "policy_objective: rlad reads it."
         },
     )
 
@@ -680,6 +714,7 @@ class ZPPOConfig(GRPOConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        self._validate_teacher_objective()
         if not policy_objectives()[self.policy_objective].dual_clip:
             return  # CISPO and DISPO bound the importance weight themselves: delta plays no part in them
         if self.delta is None:
@@ -687,6 +722,38 @@ class ZPPOConfig(GRPOConfig):
         if self.delta <= 1 + (self.epsilon_high if self.epsilon_high is not None else self.epsilon):
             raise ValueError(
                 f"delta (dual-clip ratio, {self.delta}) must exceed 1 + epsilon_high to act as the dual clip"
+            )
+
+    def _validate_teacher_objective(self) -> None:
+        """KDRL's and RLAD's settings, and the teacher whose token log-probs they read."""
+        for name, low, high in (
+            ("kdrl_beta", 0.0, None),
+            ("kdrl_beta_decay", 0.0, None),
+            ("kdrl_beta_min", 0.0, None),
+            ("rlad_alpha", 0.0, 1.0),
+            ("rlad_teacher_log_ratio_bound", 0.0, None),
+        ):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not low <= value < float("inf")
+                or (high is not None and value > high)
+            ):
+                where = f"in [{low}, {high}]" if high is not None else f">= {low}"
+                raise ValueError(f"{name} must be a finite number {where}, got {value!r}")
+        if self.kdrl_beta_min > self.kdrl_beta:
+            raise ValueError(
+                f"kdrl_beta_min ({self.kdrl_beta_min}) must not exceed kdrl_beta ({self.kdrl_beta}): "
+                "the weight anneals down to it"
+            )
+        if not policy_objectives()[self.policy_objective].needs_teacher_logps:
+            return
+        if not (self.teacher_base_url and self.teacher_model) and not self.distill_teacher:
+            raise ValueError(
+                f"policy_objective={self.policy_objective!r} reads the teacher's log-prob of every sampled token: set "
+                "teacher_base_url and teacher_model (its vLLM server's prompt_logprobs), or distill_teacher to load "
+                "it next to the student"
             )
 
     def _validate_zero_variance(self) -> None:
@@ -753,12 +820,13 @@ class ZPPOConfig(GRPOConfig):
         """Warn about a row-specific field set on a row that never reads it (a likely mistake, e.g.
         ``prefix_fraction`` without ``augmentations: [prefix]``), naming the field and what reads it."""
         rstg = self.zero_variance_signal == "rstg"
+        teacher_logps = policy_objectives()[self.policy_objective].needs_teacher_logps
         readers = {
             "prefix_fraction": ("prefix" in self.augmentations, "augmentations: [prefix]"),
             "bcq_candidate_content": ("bcq" in self.augmentations, "augmentations with bcq"),
             "distill_teacher": (
-                self.distillation is not None or rstg,
-                "distillation: off|on or zero_variance_signal: rstg",
+                self.distillation is not None or rstg or teacher_logps,
+                "distillation: off|on, zero_variance_signal: rstg or policy_objective: kdrl|rlad",
             ),
             "distill_beta": (
                 self.distillation is not None or rstg,
@@ -769,13 +837,21 @@ class ZPPOConfig(GRPOConfig):
                 "distillation from the server",
             ),
             "distill_chunk_size": (
-                self.distillation is not None or rstg,
-                "distillation: off|on or zero_variance_signal: rstg",
+                self.distillation is not None or rstg or (teacher_logps and bool(self.distill_teacher)),
+                "distillation: off|on, zero_variance_signal: rstg or policy_objective: kdrl|rlad with distill_teacher",
             ),
             **dict.fromkeys(DISPO_FIELDS, (self.policy_objective == "dispo", "policy_objective: dispo")),
             "gspo_settings": (self.policy_objective == "gspo", "policy_objective: gspo"),
             "cispo_weight_bound": (self.policy_objective == "cispo", "policy_objective: cispo"),
             "dispo_out_of_bounds": (self.policy_objective == "dispo", "policy_objective: dispo"),
+            **dict.fromkeys(
+                ("kdrl_beta", "kdrl_beta_decay", "kdrl_beta_min"),
+                (self.policy_objective == "kdrl", "policy_objective: kdrl"),
+            ),
+            **dict.fromkeys(
+                ("rlad_alpha", "rlad_teacher_log_ratio_bound"),
+                (self.policy_objective == "rlad", "policy_objective: rlad"),
+            ),
             "zero_variance_alpha": (self.zero_variance_signal != "none", "zero_variance_signal"),
         }
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
@@ -878,6 +954,17 @@ class ZPPOConfig(GRPOConfig):
         if name.endswith(")"):  # one pair of brackets: "ZPPO (GSPO, G_S=16, 1 pass)"
             return f"{name[:-1]}, {', '.join(qualifiers)})"
         return f"{name} ({', '.join(qualifiers)})"
+
+    @property
+    def loads_teacher(self) -> bool:
+        """Whether the row loads the teacher next to the student (``distill_teacher``, read by the distillation rows,
+        RSTG, KDRL and RLAD) rather than asking its server for log-probs."""
+        reads = (
+            self.distillation is not None
+            or self.zero_variance_signal == "rstg"
+            or policy_objectives()[self.policy_objective].needs_teacher_logps
+        )
+        return bool(self.distill_teacher) and reads
 
     def _row_name(self) -> tuple[str, list[str]]:
         """The row's name from its augmentations, buffer, distillation, objective and zero-variance signal, and

@@ -37,6 +37,7 @@ __all__ = [
     "DISTILLATION_NAMES",
     "DistillInputs",
     "TeacherTopK",
+    "chosen_token_logps",
     "chunked_jsd",
     "completion_states",
     "frozen_distill_teacher",
@@ -145,6 +146,22 @@ def chunked_jsd(inputs: DistillInputs, mask: torch.Tensor, beta: float, chunk_si
         pieces = [x[start : start + chunk_size] for x in (states, *extras)]
         total = total + checkpoint(chunk_loss, *pieces, use_reentrant=False)
     return total
+
+
+@torch.no_grad()
+def chosen_token_logps(
+    states: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], vocab: int, ids: torch.Tensor, chunk_size: int
+) -> torch.Tensor:
+    """The log-prob of each token of ``ids`` (B, C) under the logits ``head`` makes of ``states`` (B, C, H), over
+    the first ``vocab`` entries, ``chunk_size`` positions at a time (only one chunk's logits exist at once);
+    float32, no gradient. The hybrid RL rows' signal from a teacher loaded next to the student."""
+    flat_states, flat_ids = states.reshape(-1, states.size(-1)), ids.reshape(-1)
+    out = torch.empty(flat_ids.shape, dtype=torch.float32, device=flat_ids.device)
+    for start in range(0, flat_ids.numel(), chunk_size):
+        end = start + chunk_size
+        logps = torch.log_softmax(_at_least_fp32(head(flat_states[start:end])[..., :vocab]), dim=-1)
+        out[start:end] = logps.gather(-1, flat_ids[start:end, None]).squeeze(-1)
+    return out.view(ids.shape)
 
 
 def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:

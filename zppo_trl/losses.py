@@ -17,6 +17,9 @@ it. Adding an objective is one function here (or in a module of its own) and its
 ``jsd``    GKD's generalized Jensen-Shannon divergence to the teacher (the distillation rows).
 =========  =====================================================================================
 
+KDRL and RLAD, the teacher-side hybrid rows, register in :mod:`zppo_trl.hybrid_objectives` (listed in
+:data:`OBJECTIVE_MODULES`); they read the teacher's log-prob of every sampled token.
+
 Every loss divides a sum over the micro-batch's loss tokens by ``normalizer``, the partition's token
 count as the trainer carries it (a token mean per optimizer update); GSPO as its paper trains it divides
 a sum over responses by ``sequences``, the partition's response count. The arithmetic of ``dapo`` is
@@ -76,7 +79,7 @@ GSPO_EPSILONS: tuple[float, float] = (3e-4, 4e-4)
 
 # Modules that register further objectives (imported at the end of this module): a new objective is
 # one module with a ``@register_loss(..., objective=...)`` function, and one line here.
-OBJECTIVE_MODULES: tuple[str, ...] = ()
+OBJECTIVE_MODULES: tuple[str, ...] = ("zppo_trl.hybrid_objectives",)
 
 
 # CISPO's upper bound on the importance weight. MiniMax-M1 (the CISPO paper) imposes no lower bound and tunes
@@ -176,7 +179,9 @@ class LossInputs:
     in the units the trainer carries them).
     Log-prob losses get ``logps`` (B, T, with gradient), ``old_logps`` (the sampling policy's; None:
     this policy's, detached), ``advantages`` (B, 1) or (B, T) and ``entropies``; the distillation loss
-    gets ``distill`` (the student's completion states and LM head, and the teacher's signal).
+    gets ``distill`` (the student's completion states and LM head, and the teacher's signal). A loss
+    registered with ``teacher_logps`` also gets ``teacher_logps`` (B, T), the frozen teacher's log-prob
+    of each sampled token, and ``step``, the optimizer steps taken so far (for a coefficient's schedule).
     """
 
     mask: torch.Tensor
@@ -187,6 +192,8 @@ class LossInputs:
     advantages: torch.Tensor | None = None
     entropies: torch.Tensor | None = None
     distill: DistillInputs | None = None
+    teacher_logps: torch.Tensor | None = None
+    step: int = 0
 
 
 @dataclass
@@ -209,6 +216,8 @@ class Loss:
     objective: str | None = None
     printed: str | None = None
     dual_clip: bool = False
+    needs_teacher_logps: bool = False
+    trains_zero_advantage: bool = False
 
     @property
     def reads_old_logps(self) -> bool:
@@ -220,14 +229,23 @@ LOSSES: dict[str, Loss] = {}
 
 
 def register_loss(
-    name: str, needs: str = "logps", objective: str | None = None, printed: str | None = None, dual_clip: bool = False
+    name: str,
+    needs: str = "logps",
+    objective: str | None = None,
+    printed: str | None = None,
+    dual_clip: bool = False,
+    teacher_logps: bool = False,
+    trains_zero_advantage: bool = False,
 ) -> Callable:
     """Register ``fn(inputs: LossInputs, args) -> LossOutput`` under ``name`` (``args`` is the ZPPOConfig).
 
     With ``objective``, the loss is a policy objective: ``policy_objective: <objective>`` selects it, and
     ``printed`` (default: ``objective`` upper-cased) names the row in the dry run, the model card and
     the metrics, as the paper's tables do. ``dual_clip`` says the loss reads ``delta`` (the dual clip), so
-    the configuration checks it.
+    the configuration checks it. ``teacher_logps`` says the loss reads the teacher's log-prob of every sampled
+    token (``LossInputs.teacher_logps``), which the trainer then asks the teacher for. ``trains_zero_advantage``
+    says the loss has a gradient on rollouts whose advantage is 0 (KDRL's reverse KL), so a partition without a
+    group of mixed rewards still trains rather than being skipped.
     """
     if needs not in ("logps", "distributions"):
         raise ValueError(f"needs must be 'logps' or 'distributions', got {needs!r}")
@@ -240,7 +258,14 @@ def register_loss(
                 f"policy_objective {objective!r} is already registered (loss {policy_objectives()[objective].name!r})"
             )
         LOSSES[name] = Loss(
-            name, fn, needs, objective, printed or (objective.upper() if objective else None), dual_clip
+            name,
+            fn,
+            needs,
+            objective,
+            printed or (objective.upper() if objective else None),
+            dual_clip,
+            teacher_logps,
+            trains_zero_advantage,
         )
         return fn
 

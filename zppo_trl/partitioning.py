@@ -11,7 +11,8 @@ One partitioner serves every row of the paper:
 Under a zero-variance signal (:mod:`zppo_trl.zero_variance`, the RL-ZVP, LENS and RSTG rows) the rows of all-wrong
 groups are marked and carry the signal, so a partition holding one has something to learn from. ReLIFT's teacher
 targets join the RL rows instead: each target row goes into the partition of its question's plain group, with
-zero advantage and its own mark, and makes that partition one with something to learn from.
+zero advantage and its own mark, and makes that partition one with something to learn from. KDRL's reverse KL
+(:mod:`zppo_trl.hybrid_objectives`) acts on every rollout, so under it every partition has something to learn from.
 
 Either way a partition in which no rank has anything to learn from makes no optimizer update at all:
 its micro-batches are :data:`SKIP` markers, which the trainer turns into steps without a forward or a
@@ -31,6 +32,7 @@ import torch
 
 from .advantages import nontrivial_groups, partition_groups, two_step_advantages
 from .batches import select_rows
+from .losses import policy_objectives
 from .rollout import FILLER
 from .zero_variance import MARK_FIELD, TARGET_FIELD, partition_signal
 
@@ -159,6 +161,9 @@ def policy_partitions(
                 rows[r][partition_of[anchor]].append(row)
                 target_rows[r][partition_of[anchor]].add(row)
 
+    # KDRL: every rollout carries a signal, even at advantage 0, so no partition is skipped for want of one
+    objective = policy_objectives().get(getattr(args, "policy_objective", "grpo"))
+    dense = objective is not None and objective.trains_zero_advantage
     loss_mask = _loss_mask(batch)
     device = ranks.accelerator.device
     mine = [loss_mask[rows[ranks.rank][p]] for p in range(partitions)]
@@ -175,7 +180,7 @@ def policy_partitions(
         group_ids = [group_of[m] for m in members]
         confidences = [confidences_per_rank[r][i] for r, i in members] if confidences_per_rank else None
         marked, extra = partition_signal(args, rewards, group_ids, confidences)
-        if not (has_targets or (members and (nontrivial_groups(rewards, group_ids) or marked.any()))):
+        if not (has_targets or (members and (dense or nontrivial_groups(rewards, group_ids) or marked.any()))):
             skipped_count += 1
             micro_batches += skipped(grad_accum)
             continue

@@ -31,6 +31,7 @@ from .augmentations import candidate_content
 from .backbones import known_model_type, unsupported_reason
 from .config import ZPPOConfig
 from .data import is_hub_id, load_questions
+from .losses import policy_objectives
 from .memory_plan import architecture, format_plan, known_student_config, optimizer_state, plan_memory, update_shape
 from .recipe import ScriptArguments, endpoints, is_vision_language, student_config
 from .teacher import TeacherClient
@@ -135,6 +136,13 @@ def print_plan(script_args: ScriptArguments, args: ZPPOConfig, out: Callable[[st
             f"  distillation: {args.variant} against {args.distill_teacher}, loaded next to the student on every "
             f"rank (GKD JSD, beta={args.distill_beta:g})"
         )
+    elif policy_objectives()[args.policy_objective].needs_teacher_logps:  # KDRL, RLAD
+        source = (
+            f"{args.distill_teacher}, loaded next to the student on every rank"
+            if args.loads_teacher
+            else f"{args.teacher_model} at {args.teacher_base_url} (prompt_logprobs)"
+        )
+        out(f"  teacher log-probs of every sampled token ({args.variant}): {source}")
     judging = script_args.use_judge and args.judge_base_url and args.judge_model
     out(f"  judge: {f'{args.judge_model} at {args.judge_base_url}' if judging else 'off (boxed grader only)'}")
     if composition.rollout_steps is not None:
@@ -191,7 +199,7 @@ def print_checks(
     if unsupported_reason(model_type) is not None:  # a family this project cannot train (zppo_trl.backbones)
         problems.append(f"student {model_args.model_name_or_path}: {unsupported_reason(model_type)}")
         out(f"  FAIL  student {model_args.model_name_or_path} ({model_type}): {unsupported_reason(model_type)}")
-    if args.distillation:  # the teacher loaded next to the student: its config only
+    if args.loads_teacher:  # the teacher loaded next to the student: its config only
         try:
             offline = {"local_files_only": True} if local_only else {}
             transformers.AutoConfig.from_pretrained(args.distill_teacher, **offline)
@@ -248,7 +256,7 @@ def print_checks(
 
 def _hub_status(args: ZPPOConfig, model_args: ModelConfig, hub: HubStatus | None) -> HubStatus | None:
     """``hub``, or the Hub probed once when a model to be checked is a Hub id (None: nothing to ask it)."""
-    hub_ids = [model_args.model_name_or_path] + ([args.distill_teacher] if args.distillation else [])
+    hub_ids = [model_args.model_name_or_path] + ([args.distill_teacher] if args.loads_teacher else [])
     if hub is None and any(is_hub_id(name) for name in hub_ids):
         hub = probe_hub()
     return hub

@@ -28,7 +28,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -476,14 +476,31 @@ class TeacherClient:
         gives None (counted ``failed``, the last error logged): a server that refuses ``top_k`` (HTTP 400) or
         sends no ``prompt_logprobs`` (one that is not vLLM, named in the error) fails every request.
         """
-        sequences = [list(map(int, seq)) for seq in _check_list("sequences", sequences)]
-        prompt_lengths = [_check_int(f"prompt_lengths[{i}]", n, 1) for i, n in enumerate(prompt_lengths)]
-        if len(prompt_lengths) != len(sequences):
-            raise ValueError(f"{len(sequences)} sequences but {len(prompt_lengths)} prompt lengths")
-        for i, (seq, n) in enumerate(zip(sequences, prompt_lengths)):
-            if n >= len(seq):
-                raise ValueError(f"sequences[{i}] has no completion token after its {n} prompt tokens")
-        return self._submit(self._sequence_logprobs(sequences, prompt_lengths, _check_int("top_k", top_k, 1)))
+        k = _check_int("top_k", top_k, 1)
+        sequences, prompt_lengths = _check_sequences(sequences, prompt_lengths)
+
+        def read(positions: list, sequence: list[int]):
+            ranked = [_top_k(position, k) for position in positions]
+            return [ids for ids, _ in ranked], [logps for _, logps in ranked]
+
+        return self._submit(self._sequence_logprobs(sequences, prompt_lengths, k, read))
+
+    def token_logprobs_async(
+        self, sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[int]
+    ) -> concurrent.futures.Future:
+        """A Future of the teacher's log-prob of each completion token of each token sequence (prompt then
+        completion) given the tokens before it, teacher-forced: what the hybrid RL rows (KDRL, RLAD) read.
+
+        As :meth:`sequence_logprobs_async`, one ``/v1/completions`` request per sequence with vLLM's
+        ``prompt_logprobs`` (1: vLLM always adds the actual token's entry); a result is one float per completion
+        token, or None where the request failed (counted ``failed``, the last error logged).
+        """
+        sequences, prompt_lengths = _check_sequences(sequences, prompt_lengths)
+
+        def read(positions: list, sequence: list[int]):
+            return [_actual(position, token) for position, token in zip(positions, sequence[-len(positions) :])]
+
+        return self._submit(self._sequence_logprobs(sequences, prompt_lengths, 1, read))
 
     def judge(
         self,
@@ -714,8 +731,10 @@ class TeacherClient:
         return list(results)
 
     async def _sequence_logprobs(
-        self, sequences: list[list[int]], prompt_lengths: list[int], top_k: int
-    ) -> list[tuple[list[list[int]], list[list[float]]] | None]:
+        self, sequences: list[list[int]], prompt_lengths: list[int], top_k: int, read: Callable
+    ) -> list:
+        """Each sequence's ``prompt_logprobs`` at its completion positions, turned into a result by ``read(positions,
+        sequence)``; None for a sequence whose request failed."""
         failures: list[str] = []
 
         async def one(sequence: list[int], prompt_length: int):
@@ -729,11 +748,13 @@ class TeacherClient:
                 )
                 positions = (response.choices[0].model_extra or {}).get("prompt_logprobs")
                 if positions is None:
-                    raise ValueError(f"{self.base_url} returned no prompt_logprobs (the distillation rows need vLLM)")
-                return [[_top_k(positions[t], top_k) for t in range(prompt_length, len(sequence))]], response
+                    raise ValueError(
+                        f"{self.base_url} returned no prompt_logprobs (the teacher's log-probs need vLLM)"
+                    )
+                return [read(positions[prompt_length:], sequence)], response
 
-            replies, _ = await self._with_retries(send, failures)  # one reply: the sequence's positions
-            return None if replies is None else ([ids for ids, _ in replies[0]], [lps for _, lps in replies[0]])
+            replies, _ = await self._with_retries(send, failures)  # one reply: the sequence's result
+            return None if replies is None else replies[0]
 
         return await self._gather(
             "teacher log-probs", [one(seq, n) for seq, n in zip(sequences, prompt_lengths)], failures
@@ -870,6 +891,26 @@ def _top_k(position: Mapping[str, Mapping[str, Any]] | None, k: int) -> tuple[li
     if len(ranked) < k:
         raise ValueError(f"the server returned {len(ranked)} log-probs for top_k={k} (raise its --max-logprobs)")
     return [token for _, token, _ in ranked], [logprob for _, _, logprob in ranked]
+
+
+def _actual(position: Mapping[str, Mapping[str, Any]] | None, token: int) -> float:
+    """The log-prob of ``token`` in one ``prompt_logprobs`` entry (vLLM always includes the actual token)."""
+    entry = (position or {}).get(str(token))
+    if entry is None:
+        raise ValueError(f"a completion position's prompt_logprobs has no entry for its token {token}")
+    return float(entry["logprob"])
+
+
+def _check_sequences(sequences: Any, prompt_lengths: Any) -> tuple[list[list[int]], list[int]]:
+    """Token sequences and their prompt lengths, checked: every sequence has a completion token."""
+    sequences = [list(map(int, seq)) for seq in _check_list("sequences", sequences)]
+    prompt_lengths = [_check_int(f"prompt_lengths[{i}]", n, 1) for i, n in enumerate(prompt_lengths)]
+    if len(prompt_lengths) != len(sequences):
+        raise ValueError(f"{len(sequences)} sequences but {len(prompt_lengths)} prompt lengths")
+    for i, (seq, n) in enumerate(zip(sequences, prompt_lengths)):
+        if n >= len(seq):
+            raise ValueError(f"sequences[{i}] has no completion token after its {n} prompt tokens")
+    return sequences, prompt_lengths
 
 
 def _retry_after(err: openai.APIStatusError) -> float | None:

@@ -40,7 +40,7 @@ import os
 import random
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -57,7 +57,7 @@ from .backbones import backbone_family
 from .batches import concat_batches
 from .callbacks import QuietProgressCallback, RolloutSummaryCallback
 from .config import ZPPOConfig
-from .distill import DistillInputs, TeacherTopK, completion_states, frozen_distill_teacher
+from .distill import DistillInputs, TeacherTopK, chosen_token_logps, completion_states, frozen_distill_teacher
 from .evaluation.condition import CONDITION_KEY, record_condition
 from .lm_head import score_loss_positions, use_full_logits
 from .losses import LossInputs, LossOutput, loss_for
@@ -110,6 +110,8 @@ __all__ = ["ZPPO_STATE_NAME", "ZPPOTrainer"]
 logger = logging.getLogger(__name__)
 
 ZPPO_STATE_NAME = "zppo_state.json"
+# The micro-batch field with the teacher server's log-prob of each sampled token (KDRL, RLAD), (B, C).
+TEACHER_LOGPS_FIELD = "teacher_logps"
 _TOKEN_TYPE_FIELDS = ("token_type_ids", "mm_token_type_ids")  # per-token multimodal inputs
 _MULTIMODAL_FIELDS = (
     "pixel_values",
@@ -220,11 +222,19 @@ class ZPPOTrainer(GRPOTrainer):
         # The zero-variance rows' named term (zppo_trl.zero_variance), None for every other row. ReLIFT and RSTG
         # ask the teacher server too; RSTG distils as On-Distill.
         self.zero_variance = zero_variance = signal_for(args)
-        distills = args.distillation is not None or (zero_variance is not None and zero_variance.distills)
+        # The hybrid RL rows (KDRL, RLAD) read the teacher's log-prob of every sampled token: from its server, or
+        # from the teacher loaded next to the student when one is given.
+        scores_tokens = loss_for(args).needs_teacher_logps
+        distills = (
+            args.distillation is not None or (zero_variance is not None and zero_variance.distills) or scores_tokens
+        )
         local = distills and (distill_teacher_model is not None or bool(args.distill_teacher))
         server_distill = args.distillation == "off" or (args.distillation == "on" and not local)
         if self.teacher is None and (
-            args.augmentations or server_distill or (zero_variance and zero_variance.needs_teacher)
+            args.augmentations
+            or server_distill
+            or (zero_variance and zero_variance.needs_teacher)
+            or (scores_tokens and not local)
         ):
             self.teacher = TeacherClient.from_config(args)
         self.distill_teacher = self._prepare_distill_teacher(distill_teacher_model) if local else None
@@ -629,6 +639,9 @@ class ZPPOTrainer(GRPOTrainer):
             loss_inputs.advantages = token_advantages(  # RL-ZVP's token-level signal on all-wrong groups
                 self.args, loss_inputs.advantages, loss_inputs.entropies, mask, inputs.get(MARK_FIELD)
             )
+            if self.objective_loss.needs_teacher_logps:  # KDRL, RLAD
+                loss_inputs.teacher_logps = self._teacher_token_logps(inputs)
+                loss_inputs.step = self.state.global_step
         out = self.objective_loss.fn(loss_inputs, self.args)
         term = teacher_target_term(  # ReLIFT's / RSTG's teacher-target term on the all-wrong questions
             self.args,
@@ -661,6 +674,17 @@ class ZPPOTrainer(GRPOTrainer):
             with torch.no_grad():
                 teacher_states, teacher_head = completion_states(self.distill_teacher, inputs, vocab)
         return DistillInputs(states, head, vocab, teacher_states=teacher_states, teacher_head=teacher_head)
+
+    def _teacher_token_logps(self, inputs) -> torch.Tensor:
+        """The teacher's log-prob of each sampled completion token of a micro-batch (B, C), from its raw
+        distribution: what its server sent for it (``teacher_logps``), or the local teacher's, a chunk of positions
+        at a time (``distill_chunk_size``)."""
+        if self.distill_teacher is None:
+            return inputs[TEACHER_LOGPS_FIELD]
+        vocab = len(self._tokenizer)
+        with torch.no_grad(), self.accelerator.autocast():
+            states, head = completion_states(self.distill_teacher, inputs, vocab)
+            return chosen_token_logps(states, head, vocab, inputs["completion_ids"], self.args.distill_chunk_size)
 
     def _completion_logps(self, model, inputs, for_loss: bool = True):
         """Per-token log-probs of the completions, as TRL computes them; ``for_loss`` adds what only the loss
@@ -842,6 +866,8 @@ class ZPPOTrainer(GRPOTrainer):
         signal = self.zero_variance
         if signal is not None and signal.distills and self.distill_teacher is None:  # RSTG: the all-wrong rows
             self._attach_teacher_topk(micro_batches, metrics, only=MARK_FIELD)
+        if self.objective_loss.needs_teacher_logps and self.distill_teacher is None:  # KDRL, RLAD: every rollout
+            self._attach_teacher_logps(micro_batches, metrics)
         if augmenting:
             metrics.update(self._augmentation_metrics(plan, built, augmented_round))
         return micro_batches
@@ -892,52 +918,82 @@ class ZPPOTrainer(GRPOTrainer):
         (RSTG: ``zero_variance_rows``), only the rows that field marks are sent, and only their micro-batches get
         the fields."""
         k = self.args.distill_top_k
-        rows = []  # (micro-batch, row, sequence, prompt length)
-        wanted = [
-            []
-            if is_skipped(micro) or (only is not None and only not in micro)
-            else [r for r in range(micro["completion_ids"].size(0)) if only is None or micro[only][r] > 0]
-            for micro in micro_batches
-        ]
-        for micro, micro_rows in zip(micro_batches, wanted):
-            if not micro_rows:
+        rows = self._teacher_forced_rows(micro_batches, only)
+        results = (
+            self.teacher.sequence_logprobs_async([seq for _, _, seq, _ in rows], [n for *_, n in rows], k).result()
+            if rows
+            else []
+        )
+        for micro in _holding(rows):
+            shape = (*micro["completion_ids"].shape, k)
+            micro["teacher_topk_ids"] = torch.zeros(shape, dtype=torch.long, device=micro["completion_ids"].device)
+            micro["teacher_topk_logps"] = torch.zeros(shape, device=micro["completion_ids"].device)
+
+        def place(micro: dict, r: int, result) -> None:
+            ids, logps = result
+            micro["teacher_topk_ids"][r, : len(ids)] = torch.tensor(ids)
+            micro["teacher_topk_logps"][r, : len(ids)] = torch.tensor(logps)
+
+        metrics["distill_teacher_failed"] = self._place_teacher_results(rows, results, place)
+
+    def _attach_teacher_logps(self, micro_batches: list[dict], metrics: dict) -> None:
+        """Ask the teacher server for its log-prob of every sampled token of every sequence this rank trains in
+        the step (one concurrent batch), and put them on each micro-batch (``teacher_logps``, (B, C)): the hybrid
+        RL rows' teacher signal. A sequence whose request failed is left out of the loss (``teacher_logps_failed``);
+        a step where every request failed is an error."""
+        rows = self._teacher_forced_rows(micro_batches)
+        results = (
+            self.teacher.token_logprobs_async([seq for _, _, seq, _ in rows], [n for *_, n in rows]).result()
+            if rows
+            else []
+        )
+        for micro in _holding(rows):
+            micro[TEACHER_LOGPS_FIELD] = torch.zeros(
+                micro["completion_ids"].shape, device=micro["completion_ids"].device
+            )
+
+        def place(micro: dict, r: int, logps: list[float]) -> None:
+            micro[TEACHER_LOGPS_FIELD][r, : len(logps)] = torch.tensor(logps)
+
+        metrics["teacher_logps_failed"] = self._place_teacher_results(rows, results, place)
+
+    def _teacher_forced_rows(self, micro_batches: list[dict], only: str | None = None) -> list[tuple]:
+        """``(micro-batch, row, prompt + completion token ids, prompt length)`` of every sequence with a completion
+        token in the trained micro-batches (with ``only``: the rows that field marks), for the teacher server to
+        score teacher-forced. Token ids cannot carry a question's images: image rows are refused."""
+        rows = []
+        for micro in micro_batches:
+            if is_skipped(micro) or (only is not None and only not in micro):
                 continue
-            if micro.get("pixel_values") is not None:
+            wanted = [r for r in range(micro["completion_ids"].size(0)) if only is None or micro[only][r] > 0]
+            if wanted and micro.get("pixel_values") is not None:
                 raise ValueError(
-                    "the distillation rows' teacher server scores token ids, which cannot carry a question's images: "
-                    "for image questions set distill_teacher to load the teacher next to the student"
+                    "the teacher server scores token ids, which cannot carry a question's images: for image "
+                    "questions set distill_teacher to load the teacher next to the student"
                 )
-            for r in micro_rows:
+            for r in wanted:
                 completion = micro["completion_ids"][r][micro["completion_mask"][r].bool()]
                 if completion.numel():
                     prompt = micro["prompt_ids"][r][micro["prompt_mask"][r].bool()]
                     rows.append((micro, r, prompt.tolist() + completion.tolist(), prompt.numel()))
-        results = (
-            self.teacher.sequence_logprobs_async(
-                [seq for _, _, seq, _ in rows], [n for _, _, _, n in rows], k
-            ).result()
-            if rows
-            else []
-        )
-        for micro, micro_rows in zip(micro_batches, wanted):
-            if micro_rows:
-                shape = (*micro["completion_ids"].shape, k)
-                micro["teacher_topk_ids"] = torch.zeros(shape, dtype=torch.long, device=micro["completion_ids"].device)
-                micro["teacher_topk_logps"] = torch.zeros(shape, device=micro["completion_ids"].device)
+        return rows
+
+    def _place_teacher_results(self, rows: list[tuple], results: list, place: Callable) -> int:
+        """Put each row's teacher result on its micro-batch with ``place(micro, row, result)``; a row whose request
+        failed (None) leaves the loss (its completion mask zeroed). Returns the failed count; every row failing
+        is an error."""
         failed = 0
         for (micro, r, _, _), result in zip(rows, results):
             if result is None:
                 failed += 1
                 micro["completion_mask"][r] = 0
-                continue
-            ids, logps = result
-            micro["teacher_topk_ids"][r, : len(ids)] = torch.tensor(ids)
-            micro["teacher_topk_logps"][r, : len(ids)] = torch.tensor(logps)
+            else:
+                place(micro, r, result)
         if rows and failed == len(rows):
             raise RuntimeError(
                 f"every teacher log-prob request of this step failed ({self.teacher.base_url}); see the warning above"
             )
-        metrics["distill_teacher_failed"] = failed
+        return failed
 
     # 1.
 
@@ -1362,6 +1418,11 @@ class ZPPOTrainer(GRPOTrainer):
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _holding(rows: list[tuple]) -> list[dict]:
+    """The micro-batches that hold the teacher-forced ``rows``, once each, in order."""
+    return list({id(micro): micro for micro, *_ in rows}.values())
 
 
 def _with_text(completion: Any, text: str) -> Any:
