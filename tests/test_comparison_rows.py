@@ -1042,3 +1042,58 @@ def test_relift_trains_one_graded_correct_teacher_solution_per_all_wrong_questio
     ]
     assert sorted(trained) == sorted(built_targets)  # every target trains once, as a target row
     assert any(h.get("relift/nll", 0) > 0 for h in trainer.state.log_history)
+
+
+def test_grpo_care_adds_its_consistency_bonus_to_the_advantages_and_nothing_else(
+    boxed_text_student_dir, boxed_teacher_server, tmp_path
+):
+    """GRPO-CARE† (reward_term: grpo_care): the bonus is 0.5 x the reward of correct rollouts only, at least one
+    correct rollout of every group with one gets it (the most consistent is never below its group's mean), the
+    plain accuracy and the buffer see the correctness reward alone, the EMA reference moves after the optimizer
+    steps (every step here) without becoming the student, and a checkpoint carries it."""
+    from zppo_trl.consistency import EMAReference
+
+    trainer = _trainer(
+        boxed_text_student_dir,
+        boxed_teacher_server,
+        tmp_path,
+        [],
+        Spy(),
+        reward_term="grpo_care",
+        care_ema_every=1,
+        save_strategy="steps",
+        save_steps=4,
+    )
+    assert trainer.args.variant == "GRPO-CARE\u2020 (\u03c1_replay=0.50)" and trainer.teacher is None
+    initial = [p.detach().clone() for p in trainer.care_reference.model.parameters()]
+    calls = []
+    original = trainer._with_consistency_bonus
+
+    def recorded(plain_round, metrics):
+        out = original(plain_round, metrics)
+        calls.append((plain_round.rewards.clone(), out.rewards.clone(), plain_round.groups_per_rank[0]))
+        return out
+
+    trainer._with_consistency_bonus = recorded
+    trainer.train()
+    G = trainer.num_generations
+    assert len(calls) == 2  # one per rollout step
+    for before, after, groups in calls:
+        extra = after - before
+        bonused = extra > 0
+        assert (extra >= 0).all() and (before[bonused] > 0.5).all()
+        torch.testing.assert_close(extra[bonused], 0.5 * before[bonused])
+        for g, (kind, _key) in enumerate(groups):
+            rows = slice(g * G, (g + 1) * G)
+            if kind != "filler" and (before[rows] > 0.5).any():
+                assert bonused[rows].any(), (g, before[rows], extra[rows])
+    logs = _rollout_logs(trainer)
+    assert sum(log["care_bonused"] for log in logs) == sum(int((a - b).gt(0).sum()) for b, a, _ in calls) > 0
+    assert all(0.0 <= log["plain_accuracy"] <= 1.0 for log in logs)
+    ema = list(trainer.care_reference.model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(ema, initial))
+    assert any(not torch.equal(a, b) for a, b in zip(ema, trainer.model.parameters()))
+    saved = torch.load(tmp_path / "out" / "checkpoint-4" / "care_reference.pt")
+    restored = EMAReference(AutoModelForCausalLM.from_pretrained(boxed_text_student_dir))
+    restored.load_state_dict(saved)
+    assert all(torch.equal(a, b) for a, b in zip(restored.model.parameters(), ema))

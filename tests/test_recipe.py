@@ -120,6 +120,7 @@ ROWS = {
     "lens_dagger": ("LENS\u2020", dict(augmentations=[], zero_variance_signal="lens")),
     "relift_dagger": ("ReLIFT\u2020", dict(augmentations=[], zero_variance_signal="relift")),
     "rstg_dagger": ("RSTG\u2020", dict(augmentations=[], zero_variance_signal="rstg")),
+    "grpo_care_dagger": ("GRPO-CARE\u2020", dict(augmentations=[], reward_term="grpo_care")),
     "kdrl_dagger": (
         "KDRL\u2020",
         dict(augmentations=[], policy_objective="kdrl", distill_teacher="Qwen/Qwen3.5-27B"),

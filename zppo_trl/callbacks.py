@@ -24,6 +24,7 @@ from transformers.trainer_callback import ProgressCallback
 from .augmentations import AUGMENTATION_KINDS
 
 __all__ = [
+    "CareReferenceCallback",
     "JsonlMetricsCallback",
     "QuietProgressCallback",
     "RolloutSummaryCallback",
@@ -135,3 +136,15 @@ class QuietProgressCallback(ProgressCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         return
+
+
+class CareReferenceCallback(TrainerCallback):
+    """Move GRPO-CARE's EMA reference (:class:`zppo_trl.consistency.EMAReference`) towards the student after each
+    optimizer step whose count is a multiple of its ``every``."""
+
+    def __init__(self, reference):
+        self.reference = reference
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if model is not None:
+            self.reference.after_step(getattr(model, "module", model), state.global_step)

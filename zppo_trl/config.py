@@ -30,6 +30,7 @@ from trl import GRPOConfig
 
 from .advantages import NORMALIZATIONS
 from .augmentations import candidate_content, check_kinds
+from .consistency import CARE_BONUS, CARE_DECAY, CARE_EVERY, CARE_MARGIN
 from .context import PAPER_MAX_PROMPT_LENGTH, ContextLengths, context_lengths
 from .distill import DISTILLATION_MODES, DISTILLATION_NAMES
 from .losses import CISPO_WEIGHT_BOUND, DispoBounds, policy_objectives
@@ -99,6 +100,8 @@ def _kinds(value) -> list[str]:
 GSPO_SETTINGS = ("gspo_paper", "zppo_table")
 DISPO_OUT_OF_BOUNDS = ("zero", "clamp")
 DISPO_FIELDS = ("dispo_epsilon_low_pos", "dispo_epsilon_high_pos", "dispo_epsilon_low_neg", "dispo_epsilon_high_neg")
+# The reward terms (reward_term) and how the paper's table prints each row.
+REWARD_TERMS = {"none": None, "grpo_care": "GRPO-CARE"}
 # How the paper's mistakes table prints the supervised controls (the dagger marks the replay buffer).
 _SUPERVISED_NAMES = {"correction": "Correction-SFT", "reflection": "Error-reflection-SFT"}
 # The paper's defaults that the appendix's controls vary, and that a row's name states when it differs from them:
@@ -368,6 +371,36 @@ class ZPPOConfig(GRPOConfig):
         metadata={
             "help": "The signal's coefficient alpha; None: its paper's (RL-ZVP 0.1, LENS 0.25; the weight of "
             "ReLIFT's and RSTG's term 1.0). Only zero_variance_signal reads it."
+        },
+    )
+
+    # --- the multimodal-reward rows (the paper's appendix on alternative multimodal RL rewards)
+    reward_term: str = field(
+        default="none",
+        metadata={
+            "help": "A named term added to the correctness reward before the advantages: 'none' (the paper's) or "
+            "'grpo_care' (GRPO-CARE: a consistency bonus for correct rollouts whose answer an EMA copy of the student "
+            "finds at least as likely, given their reasoning, as their group's correct peers do; see care_*). On "
+            "GRPO†'s pipeline (augmentations: []). See docs/comparison_rows.md."
+        },
+    )
+    care_bonus_coefficient: float = field(
+        default=CARE_BONUS,
+        metadata={"help": "GRPO-CARE: the bonus is this times the correctness reward. Only reward_term reads it."},
+    )
+    care_ema_decay: float = field(
+        default=CARE_DECAY,
+        metadata={"help": "GRPO-CARE: the reference's EMA decay. Only reward_term: grpo_care reads it."},
+    )
+    care_ema_every: int = field(
+        default=CARE_EVERY,
+        metadata={"help": "GRPO-CARE: optimizer steps between EMA updates. Only reward_term: grpo_care reads it."},
+    )
+    care_margin: float = field(
+        default=CARE_MARGIN,
+        metadata={
+            "help": "GRPO-CARE: how far below its group's mean likelihood a correct rollout may be and still get the "
+            "bonus (its code: 0, or 0.01 for transfer to general video benchmarks). Only reward_term reads it."
         },
     )
 
@@ -687,6 +720,7 @@ class ZPPOConfig(GRPOConfig):
             anyprecision_kwargs(self.optim_args)  # a bad optim_args fails here, before any training
         self._validate_distillation()
         self._validate_zero_variance()
+        self._validate_reward_term()
         if self.augmentations and not (self.teacher_base_url and self.teacher_model):
             raise ValueError(
                 f"augmentations {self.augmentations} need a teacher: set teacher_base_url and teacher_model "
@@ -754,6 +788,38 @@ class ZPPOConfig(GRPOConfig):
                 f"policy_objective={self.policy_objective!r} reads the teacher's log-prob of every sampled token: set "
                 "teacher_base_url and teacher_model (its vLLM server's prompt_logprobs), or distill_teacher to load "
                 "it next to the student"
+            )
+
+    def _validate_reward_term(self) -> None:
+        """GRPO-CARE's settings; the row is GRPO† with the bonus (plain groups only)."""
+        if self.reward_term not in REWARD_TERMS:
+            raise ValueError(f"reward_term must be one of {list(REWARD_TERMS)}, got {self.reward_term!r}")
+        for name, low, high in (
+            ("care_bonus_coefficient", 0.0, None),
+            ("care_ema_decay", 0.0, 1.0),
+            ("care_margin", 0.0, None),
+        ):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not low <= value < float("inf")
+                or (high is not None and value > high)
+            ):
+                where = f"in [{low}, {high}]" if high is not None else f">= {low}"
+                raise ValueError(f"{name} must be a finite number {where}, got {value!r}")
+        if (
+            isinstance(self.care_ema_every, bool)
+            or not isinstance(self.care_ema_every, int)
+            or self.care_ema_every < 1
+        ):
+            raise ValueError(f"care_ema_every must be an integer >= 1, got {self.care_ema_every!r}")
+        if self.reward_term == "none":
+            return
+        if self.augmentations or self.distillation is not None:
+            raise ValueError(
+                f"reward_term={self.reward_term!r} is a row on GRPO\u2020's pipeline: set augmentations: [] and no "
+                "distillation"
             )
 
     def _validate_zero_variance(self) -> None:
@@ -853,6 +919,10 @@ class ZPPOConfig(GRPOConfig):
                 (self.policy_objective == "rlad", "policy_objective: rlad"),
             ),
             "zero_variance_alpha": (self.zero_variance_signal != "none", "zero_variance_signal"),
+            **dict.fromkeys(
+                ("care_bonus_coefficient", "care_ema_decay", "care_ema_every", "care_margin"),
+                (self.reward_term == "grpo_care", "reward_term: grpo_care"),
+            ),
         }
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for name, (used, reader) in readers.items():
@@ -987,6 +1057,9 @@ class ZPPOConfig(GRPOConfig):
         if self.policy_objective != "grpo":
             objective = policy_objectives()[self.policy_objective].printed
             name = {"GRPO\u2020": f"{objective}\u2020", "GRPO": objective}.get(name, f"{name} ({objective})")
+        reward_term = REWARD_TERMS[self.reward_term]
+        if reward_term is not None:  # "GRPO-CARE†": GRPO† with the term, named after its method
+            name = {"GRPO\u2020": f"{reward_term}\u2020", "GRPO": reward_term}.get(name, f"{name} ({reward_term})")
         zero_variance = ZERO_VARIANCE_SIGNALS.get(self.zero_variance_signal)
         if zero_variance is None:
             return name, []
@@ -997,7 +1070,12 @@ class ZPPOConfig(GRPOConfig):
     @property
     def _replay_matched(self) -> bool:
         """GRPO† with its replay raised until its per-step cap is the headline ZPPO's (the replay control)."""
-        plain = not self.augmentations and self.distillation is None and self.zero_variance_signal == "none"
+        plain = (
+            not self.augmentations
+            and self.distillation is None
+            and self.zero_variance_signal == "none"
+            and self.reward_term == "none"
+        )
         return plain and math.isclose(self.replay_fraction, MATCHED_REPLAY_FRACTION)
 
     def _control_qualifiers(self) -> list[str]:

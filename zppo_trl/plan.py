@@ -143,6 +143,12 @@ def print_plan(script_args: ScriptArguments, args: ZPPOConfig, out: Callable[[st
             else f"{args.teacher_model} at {args.teacher_base_url} (prompt_logprobs)"
         )
         out(f"  teacher log-probs of every sampled token ({args.variant}): {source}")
+    if args.reward_term == "grpo_care":
+        out(
+            f"  reward term: GRPO-CARE's consistency bonus ({args.care_bonus_coefficient:g} x reward), from an EMA "
+            f"copy of the student on every rank (decay {args.care_ema_decay:g} every {args.care_ema_every} updates; "
+            "a second set of weights: ZeRO-2 or DDP, not FSDP/ZeRO-3)"
+        )
     judging = script_args.use_judge and args.judge_base_url and args.judge_model
     out(f"  judge: {f'{args.judge_model} at {args.judge_base_url}' if judging else 'off (boxed grader only)'}")
     if composition.rollout_steps is not None:

@@ -55,8 +55,9 @@ from . import data, host_memory
 from .augmentations import Augmentation, BuiltGroup, BuiltGroups, Evidence, make_augmentation, teacher_results
 from .backbones import backbone_family
 from .batches import concat_batches
-from .callbacks import QuietProgressCallback, RolloutSummaryCallback
+from .callbacks import CareReferenceCallback, QuietProgressCallback, RolloutSummaryCallback
 from .config import ZPPOConfig
+from .consistency import CARE_CAP, EMAReference, answer_likelihood, answer_token_span, consistency_bonus
 from .distill import DistillInputs, TeacherTopK, chosen_token_logps, completion_states, frozen_distill_teacher
 from .evaluation.condition import CONDITION_KEY, record_condition
 from .lm_head import score_loss_positions, use_full_logits
@@ -110,6 +111,7 @@ __all__ = ["ZPPO_STATE_NAME", "ZPPOTrainer"]
 logger = logging.getLogger(__name__)
 
 ZPPO_STATE_NAME = "zppo_state.json"
+CARE_REFERENCE_NAME = "care_reference.pt"  # GRPO-CARE's EMA weights in a checkpoint
 # The micro-batch field with the teacher server's log-prob of each sampled token (KDRL, RLAD), (B, C).
 TEACHER_LOGPS_FIELD = "teacher_logps"
 _TOKEN_TYPE_FIELDS = ("token_type_ids", "mm_token_type_ids")  # per-token multimodal inputs
@@ -238,6 +240,8 @@ class ZPPOTrainer(GRPOTrainer):
         ):
             self.teacher = TeacherClient.from_config(args)
         self.distill_teacher = self._prepare_distill_teacher(distill_teacher_model) if local else None
+        # GRPO-CARE's reference (zppo_trl.consistency): an EMA copy of the student, moved after optimizer steps.
+        self.care_reference = self._prepare_care_reference() if args.reward_term == "grpo_care" else None
         # Step 5's augmentation: ZPPO's BCQ/NCQ prompts, or a comparison row's; None for GRPO†.
         self.augmentation: Augmentation | None = make_augmentation(
             args.augmentations,
@@ -268,6 +272,21 @@ class ZPPOTrainer(GRPOTrainer):
         if self.is_fsdp_enabled:
             return prepare_fsdp(teacher, self.accelerator)
         return self.accelerator.prepare_model(teacher, evaluation_mode=True)
+
+    def _prepare_care_reference(self) -> EMAReference:
+        """GRPO-CARE's EMA reference, a full copy of the student's weights on this rank's device, moved towards the
+        student after every ``care_ema_every``-th optimizer step (a callback). FSDP and ZeRO-3 shard the weights it
+        would copy: refused."""
+        deepspeed = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        if self.is_fsdp_enabled or (deepspeed is not None and deepspeed.zero_stage == 3):
+            raise ValueError(
+                "reward_term='grpo_care' keeps a full EMA copy of the student's weights on every rank, which FSDP and "
+                "ZeRO-3 shard: launch it with DDP or ZeRO-2 (recipes/accelerate_configs/zero2.yaml)"
+            )
+        reference = EMAReference(self.model, self.args.care_ema_decay, self.args.care_ema_every)
+        reference.model.to(self.accelerator.device)
+        self.add_callback(CareReferenceCallback(reference))
+        return reference
 
     def _set_up_console(self) -> None:
         """One line per rollout step on the console; TRL's metrics dict only with ``full_console_logs``."""
@@ -570,6 +589,8 @@ class ZPPOTrainer(GRPOTrainer):
         if self.args.should_save:
             with open(os.path.join(output_dir, ZPPO_STATE_NAME), "w") as f:
                 json.dump(self.zppo_state_dict(), f)
+            if self.care_reference is not None:  # GRPO-CARE's EMA weights, for an exact resume
+                torch.save(self.care_reference.state_dict(), os.path.join(output_dir, CARE_REFERENCE_NAME))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -583,6 +604,17 @@ class ZPPOTrainer(GRPOTrainer):
             logger.warning(
                 "checkpoint %s has no %s: the replay buffer and ZPPO counters start empty", checkpoint, ZPPO_STATE_NAME
             )
+        if self.care_reference is not None:
+            path = os.path.join(checkpoint, CARE_REFERENCE_NAME)
+            if os.path.exists(path):
+                self.care_reference.load_state_dict(torch.load(path, map_location=self.accelerator.device))
+            else:
+                logger.warning(
+                    "checkpoint %s has no %s: GRPO-CARE's reference restarts from the resumed weights",
+                    checkpoint,
+                    CARE_REFERENCE_NAME,
+                )
+                self.care_reference.load_state_dict(self.model.state_dict())
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """Write ``output_dir/README.md``: the model card of this run (see :mod:`zppo_trl.model_card`).
@@ -862,6 +894,8 @@ class ZPPOTrainer(GRPOTrainer):
         # 5. The student's group on each built instance; 6. partitions, two-step advantages, padded micro-batches.
         augmented_round = self._augmented_round(built, most_built, draw.plain[0].row, metrics)
         targets = self._zero_variance_targets(teacher_future, draw, plain_round, metrics)
+        if self.care_reference is not None:  # GRPO-CARE: the advantages see the bonus, the buffer does not
+            plain_round = self._with_consistency_bonus(plain_round, metrics)
         micro_batches = self._policy_batches(plain_round, augmented_round, metrics, targets)
         signal = self.zero_variance
         if signal is not None and signal.distills and self.distill_teacher is None:  # RSTG: the all-wrong rows
@@ -871,6 +905,51 @@ class ZPPOTrainer(GRPOTrainer):
         if augmenting:
             metrics.update(self._augmentation_metrics(plan, built, augmented_round))
         return micro_batches
+
+    def _with_consistency_bonus(self, plain_round: Round, metrics: dict) -> Round:
+        """The plain round with GRPO-CARE's bonus added to every rank's rewards
+        (:func:`zppo_trl.consistency.consistency_bonus`): the likelihoods of every rank's rollouts are gathered, and
+        every rank computes every group's bonus alike. Fillers get none."""
+        G, world = self.num_generations, self.ranks.world
+        likelihoods = [p for rank in self.ranks.gather(self._answer_likelihoods(plain_round.batch)) for p in rank]
+        rewards = plain_round.rewards.view(world, -1)
+        real = [
+            (rank, g * G + i)
+            for rank, groups in enumerate(plain_round.groups_per_rank)
+            for g, (kind, _key) in enumerate(groups)
+            if kind != FILLER
+            for i in range(G)
+        ]
+        width = rewards.size(1)
+        bonus = consistency_bonus(
+            [float(rewards[rank, i]) for rank, i in real],
+            [likelihoods[rank * width + i] for rank, i in real],
+            [(rank, i // G) for rank, i in real],
+            self.args.care_bonus_coefficient,
+            CARE_CAP,
+            self.args.care_margin,
+        )
+        shaped = rewards.clone()
+        for (rank, i), extra in zip(real, bonus):
+            shaped[rank, i] += extra
+        metrics["care_bonused"] = sum(1 for extra in bonus if extra > 0)
+        metrics["care_likelihood_mean"] = sum(likelihoods[rank * width + i] for rank, i in real) / max(len(real), 1)
+        return Round(plain_round.batch, shaped.view(-1), plain_round.texts, plain_round.groups_per_rank)
+
+    def _answer_likelihoods(self, batch: dict) -> list[float]:
+        """GRPO-CARE's ``p`` of each of this rank's rollouts: the reference's geometric-mean probability of the
+        answer's tokens given the question and the reasoning before them, its logits ``distill_chunk_size``
+        positions at a time."""
+        vocab = len(self._tokenizer)
+        with torch.no_grad(), self.accelerator.autocast():
+            states, head = completion_states(self.care_reference.model, batch, vocab)
+            logps = chosen_token_logps(states, head, vocab, batch["completion_ids"], self.args.distill_chunk_size)
+        likelihoods = []
+        for r in range(batch["completion_ids"].size(0)):
+            length = int(batch["completion_mask"][r].sum())
+            span = answer_token_span(batch["completion_ids"][r, :length].tolist(), self._tokenizer)
+            likelihoods.append(answer_likelihood(logps[r, :length], span))
+        return likelihoods
 
     def _zero_variance_targets(
         self, teacher_future: Any, draw: Draw, plain_round: Round, metrics: dict
