@@ -89,6 +89,18 @@ OBJECTIVE_SETTINGS: dict[str, dict[str, object]] = {
 }
 
 
+def _check_number(name: str, value, high: float | None = None) -> None:
+    """Refuse a field that is not a finite number >= 0 (and <= ``high``), naming it."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0.0 <= value < float("inf")
+        or (high is not None and value > high)
+    ):
+        where = f"in [0.0, {high}]" if high is not None else ">= 0.0"
+        raise ValueError(f"{name} must be a finite number {where}, got {value!r}")
+
+
 def _kinds(value) -> list[str]:
     """A kind list as the command line or a YAML gives it ("bcq,ncq", ["bcq", "ncq"], or [""] for none):
     flattened, stripped, empties dropped."""
@@ -760,22 +772,9 @@ class ZPPOConfig(GRPOConfig):
 
     def _validate_teacher_objective(self) -> None:
         """KDRL's and RLAD's settings, and the teacher whose token log-probs they read."""
-        for name, low, high in (
-            ("kdrl_beta", 0.0, None),
-            ("kdrl_beta_decay", 0.0, None),
-            ("kdrl_beta_min", 0.0, None),
-            ("rlad_alpha", 0.0, 1.0),
-            ("rlad_teacher_log_ratio_bound", 0.0, None),
-        ):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not low <= value < float("inf")
-                or (high is not None and value > high)
-            ):
-                where = f"in [{low}, {high}]" if high is not None else f">= {low}"
-                raise ValueError(f"{name} must be a finite number {where}, got {value!r}")
+        for name in ("kdrl_beta", "kdrl_beta_decay", "kdrl_beta_min", "rlad_teacher_log_ratio_bound"):
+            _check_number(name, getattr(self, name))
+        _check_number("rlad_alpha", self.rlad_alpha, high=1.0)
         if self.kdrl_beta_min > self.kdrl_beta:
             raise ValueError(
                 f"kdrl_beta_min ({self.kdrl_beta_min}) must not exceed kdrl_beta ({self.kdrl_beta}): "
@@ -794,20 +793,9 @@ class ZPPOConfig(GRPOConfig):
         """GRPO-CARE's settings; the row is GRPO† with the bonus (plain groups only)."""
         if self.reward_term not in REWARD_TERMS:
             raise ValueError(f"reward_term must be one of {list(REWARD_TERMS)}, got {self.reward_term!r}")
-        for name, low, high in (
-            ("care_bonus_coefficient", 0.0, None),
-            ("care_ema_decay", 0.0, 1.0),
-            ("care_margin", 0.0, None),
-        ):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not low <= value < float("inf")
-                or (high is not None and value > high)
-            ):
-                where = f"in [{low}, {high}]" if high is not None else f">= {low}"
-                raise ValueError(f"{name} must be a finite number {where}, got {value!r}")
+        for name in ("care_bonus_coefficient", "care_margin"):
+            _check_number(name, getattr(self, name))
+        _check_number("care_ema_decay", self.care_ema_decay, high=1.0)
         if (
             isinstance(self.care_ema_every, bool)
             or not isinstance(self.care_ema_every, int)
