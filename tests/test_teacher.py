@@ -452,3 +452,25 @@ def test_token_logprobs_refuse_a_sequence_without_a_completion_token():
             client.token_logprobs_async([[1, 2, 3], [4, 5]], [2, 2])
         with pytest.raises(ValueError, match="2 sequences but 1 prompt lengths"):
             client.token_logprobs_async([[1, 2, 3], [4, 5]], [2])
+
+
+def test_a_reasoning_trace_the_server_split_out_is_put_back_in_front_of_the_reply():
+    """`transformers serve` (and vLLM with a reasoning parser) move the text before `</think>` (all of it, when the
+    reply never closes it) into `reasoning_content`: the client hands on the reply as a server without a parser
+    would send it."""
+    from openai.types.chat import ChatCompletionMessage
+
+    from zppo_trl.teacher import reply_text, strip_thinking
+
+    split = ChatCompletionMessage.model_validate(
+        {"role": "assistant", "content": " \\boxed{7}", "reasoning_content": " 3 + 4 "}
+    )
+    assert reply_text(split) == "<think> 3 + 4 </think> \\boxed{7}"
+    assert strip_thinking(reply_text(split)).strip() == "\\boxed{7}"
+    only_reasoning = ChatCompletionMessage.model_validate(
+        {"role": "assistant", "content": "", "reasoning_content": "w9163}"}
+    )
+    assert reply_text(only_reasoning) == "<think>w9163}</think>"
+    plain = ChatCompletionMessage.model_validate({"role": "assistant", "content": "<think> a </think> b"})
+    assert reply_text(plain) == "<think> a </think> b"
+    assert reply_text(ChatCompletionMessage.model_validate({"role": "assistant", "content": None})) == ""

@@ -667,7 +667,7 @@ class TeacherClient:
                 top_p=params["top_p"],
                 extra_body=params["extra_body"] or None,
             )
-            texts = [(choice.message.content or "") for choice in response.choices]
+            texts = [reply_text(choice.message) for choice in response.choices]
             if not texts:
                 raise ValueError("the reply has no choices")
             return texts, response
@@ -891,6 +891,15 @@ def _top_k(position: Mapping[str, Mapping[str, Any]] | None, k: int) -> tuple[li
     if len(ranked) < k:
         raise ValueError(f"the server returned {len(ranked)} log-probs for top_k={k} (raise its --max-logprobs)")
     return [token for _, token, _ in ranked], [logprob for _, _, logprob in ranked]
+
+
+def reply_text(message: Any) -> str:
+    """A chat reply's text as a server without a reasoning parser sends it: where the server split the reasoning
+    trace out of ``content`` (``reasoning_content``: vLLM's ``--reasoning-parser``, ``transformers serve``), it is
+    put back in front in its think tags, so that ``strip_thinking``, ``extract_summary`` and the graders see it."""
+    content = message.content or ""
+    reasoning = (getattr(message, "model_extra", None) or {}).get("reasoning_content")
+    return f"<think>{reasoning}</think>{content}" if reasoning else content
 
 
 def _actual(position: Mapping[str, Mapping[str, Any]] | None, token: int) -> float:
