@@ -466,6 +466,7 @@ def test_a_reasoning_trace_the_server_split_out_is_put_back_in_front_of_the_repl
         {"role": "assistant", "content": " \\boxed{7}", "reasoning_content": " 3 + 4 "}
     )
     assert reply_text(split) == "<think> 3 + 4 </think> \\boxed{7}"
+    assert reply_text(split, reasoning=False) == " \\boxed{7}"  # a judge's verdict: the content, as it was
     assert strip_thinking(reply_text(split)).strip() == "\\boxed{7}"
     only_reasoning = ChatCompletionMessage.model_validate(
         {"role": "assistant", "content": "", "reasoning_content": "w9163}"}

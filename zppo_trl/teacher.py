@@ -369,6 +369,7 @@ class TeacherClient:
         *,
         extra_body: Mapping[str, Any] | None = None,
         errors: list | None = None,
+        reasoning: bool = True,
     ) -> list[list[str]]:
         """``n`` sampled replies per conversation; fewer, possibly none, where the server failed.
 
@@ -379,10 +380,12 @@ class TeacherClient:
         (see :func:`to_openai_messages` for images) or prompt strings. A list passed as ``errors``
         is filled with one entry per conversation: None where all its replies came, else its last
         error, starting ``"rejected: "`` where the server refused it as a client error (a bad or
-        too long request: retrying cannot help).
+        too long request: retrying cannot help). Where the server splits a reasoning trace out of the reply, it
+        is put back in front (:func:`reply_text`); ``reasoning=False`` keeps the reply's content alone (what a
+        judge's verdict is parsed from).
         """
         return self.sample_async(
-            conversations, n, max_tokens, temperature, top_p, extra_body=extra_body, errors=errors
+            conversations, n, max_tokens, temperature, top_p, extra_body=extra_body, errors=errors, reasoning=reasoning
         ).result()
 
     def sample_async(
@@ -395,11 +398,12 @@ class TeacherClient:
         *,
         extra_body: Mapping[str, Any] | None = None,
         errors: list | None = None,
+        reasoning: bool = True,
     ) -> concurrent.futures.Future:
         """:meth:`sample` without blocking: a Future of its result (arguments are checked now)."""
         conversations = _check_list("conversations", conversations)
         messages = [to_openai_messages(c, f"conversations[{i}]") for i, c in enumerate(conversations)]
-        params = self._params(max_tokens, temperature, top_p, extra_body)
+        params = self._params(max_tokens, temperature, top_p, extra_body, reasoning)
         _check_int("n", n, 1)
         return self._submit(self._sample(messages, n, params, errors))
 
@@ -541,7 +545,7 @@ class TeacherClient:
                     item.get("options"),
                 )
             )
-        params = self._params(max_tokens, 0.0, 1.0, extra_body)
+        params = self._params(max_tokens, 0.0, 1.0, extra_body, reasoning=False)  # the verdict is the content
         return self._submit(self._judge(prompts, params))
 
     # ------------------------------------------------------------ public: health, stats, lifetime
@@ -619,12 +623,15 @@ class TeacherClient:
             for name, delta in deltas.items():
                 self._stats[name] += delta
 
-    def _params(self, max_tokens: int, temperature: float, top_p: float, extra_body: Mapping | None) -> dict:
+    def _params(
+        self, max_tokens: int, temperature: float, top_p: float, extra_body: Mapping | None, reasoning: bool = True
+    ) -> dict:
         return dict(
             max_tokens=_check_int("max_tokens", max_tokens, 1),
             temperature=_check_float("temperature", temperature, 0.0),
             top_p=_check_float("top_p", top_p, 0.0, 1.0, low_open=True),
             extra_body={**self.extra_body, **_check_extra_body(extra_body)},
+            reasoning=bool(reasoning),
         )
 
     def _submit(self, coroutine) -> concurrent.futures.Future:
@@ -667,7 +674,7 @@ class TeacherClient:
                 top_p=params["top_p"],
                 extra_body=params["extra_body"] or None,
             )
-            texts = [reply_text(choice.message) for choice in response.choices]
+            texts = [reply_text(choice.message, params["reasoning"]) for choice in response.choices]
             if not texts:
                 raise ValueError("the reply has no choices")
             return texts, response
@@ -893,13 +900,14 @@ def _top_k(position: Mapping[str, Mapping[str, Any]] | None, k: int) -> tuple[li
     return [token for _, token, _ in ranked], [logprob for _, _, logprob in ranked]
 
 
-def reply_text(message: Any) -> str:
+def reply_text(message: Any, reasoning: bool = True) -> str:
     """A chat reply's text as a server without a reasoning parser sends it: where the server split the reasoning
     trace out of ``content`` (``reasoning_content``: vLLM's ``--reasoning-parser``, ``transformers serve``), it is
-    put back in front in its think tags, so that ``strip_thinking``, ``extract_summary`` and the graders see it."""
+    put back in front in its think tags, so that ``strip_thinking``, ``extract_summary`` and the graders see it.
+    With ``reasoning=False``, the content alone: a judge's verdict, which the strict parser reads as it is."""
     content = message.content or ""
-    reasoning = (getattr(message, "model_extra", None) or {}).get("reasoning_content")
-    return f"<think>{reasoning}</think>{content}" if reasoning else content
+    trace = (getattr(message, "model_extra", None) or {}).get("reasoning_content") if reasoning else None
+    return f"<think>{trace}</think>{content}" if trace else content
 
 
 def _actual(position: Mapping[str, Mapping[str, Any]] | None, token: int) -> float:

@@ -264,7 +264,7 @@ def ask_judge(judge: TeacherClient, prompt: str) -> tuple[str | None, str]:
     errors: list = []
     (replies,) = judge.sample(
         [prompt], n=1, max_tokens=JUDGE_DECODING.max_new_tokens, temperature=JUDGE_DECODING.temperature,
-        top_p=JUDGE_DECODING.top_p, errors=errors,
+        top_p=JUDGE_DECODING.top_p, errors=errors, reasoning=False,  # the verdict is the reply's content
     )  # fmt: skip
     return (replies[0], "") if replies else (None, errors[0] or "no reply")
 
