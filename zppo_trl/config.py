@@ -1014,15 +1014,20 @@ class ZPPOConfig(GRPOConfig):
         return f"{name} ({', '.join(qualifiers)})"
 
     @property
-    def loads_teacher(self) -> bool:
-        """Whether the row loads the teacher next to the student (``distill_teacher``, read by the distillation rows,
-        RSTG, KDRL and RLAD) rather than asking its server for log-probs."""
-        reads = (
+    def reads_teacher_logprobs(self) -> bool:
+        """Whether the row reads the teacher's per-token log-probs (the distillation rows, RSTG, KDRL, RLAD): from
+        its server, or from ``distill_teacher`` loaded next to the student."""
+        return (
             self.distillation is not None
             or self.zero_variance_signal == "rstg"
             or policy_objectives()[self.policy_objective].needs_teacher_logps
         )
-        return bool(self.distill_teacher) and reads
+
+    @property
+    def loads_teacher(self) -> bool:
+        """Whether the row loads the teacher next to the student (``distill_teacher``) rather than asking its
+        server for log-probs."""
+        return bool(self.distill_teacher) and self.reads_teacher_logprobs
 
     def _row_name(self) -> tuple[str, list[str]]:
         """The row's name from its augmentations, buffer, distillation, objective and zero-variance signal, and

@@ -227,10 +227,7 @@ class ZPPOTrainer(GRPOTrainer):
         # The hybrid RL rows (KDRL, RLAD) read the teacher's log-prob of every sampled token: from its server, or
         # from the teacher loaded next to the student when one is given.
         scores_tokens = loss_for(args).needs_teacher_logps
-        distills = (
-            args.distillation is not None or (zero_variance is not None and zero_variance.distills) or scores_tokens
-        )
-        local = distills and (distill_teacher_model is not None or bool(args.distill_teacher))
+        local = args.reads_teacher_logprobs and (distill_teacher_model is not None or bool(args.distill_teacher))
         server_distill = args.distillation == "off" or (args.distillation == "on" and not local)
         if self.teacher is None and (
             args.augmentations
