@@ -262,9 +262,9 @@ def _training_batches(processing, rows: list[dict], role: str, kind: str) -> lis
     control's hint prompt with one fixed answer-free sentence, and the supervised controls'
     correction and refinement prompts with the right answer. Copying
     the answer into the summary is beyond a model this size, so the summary is one fixed
-    sentence, learnt from a few responses in the two forms the trainer sends: a student's
-    decoded completion and a teacher's reply as `transformers serve` returns it (the think
-    part split off). The compression prompts are text only, in a batch of their own.
+    sentence, learnt from a few responses in two forms: a completion decoded as the trainer and
+    the test servers (raw replies, as vLLM without a reasoning parser) read it back, and a bare
+    boxed answer. The compression prompts are text only, in a batch of their own.
     """
     pairs = []
     for row in rows:

@@ -44,12 +44,23 @@ STARTUP_TIMEOUT = 180.0
 # `transformers serve`; for a VL checkpoint (saved as a standard Qwen3VLProcessor) the standard
 # class resolves to the image-only one first: torchvision is missing here, so the standard class
 # cannot be built and the server would treat the tiny VLM as text-only (silently dropping images).
+# With `--raw-replies` the server sends the reply's raw decode, as vLLM without a reasoning parser
+# (production) does: transformers >= 5.23 parses a Qwen reply into `reasoning_content` and strips the
+# whitespace around it, and the tiny boxed models, trained on exact strings, then read the teacher's
+# drafts back in a form they never saw. The client's handling of a split reply has its own test.
 _LAUNCHER = """
 import json, pathlib, sys
 if "vision_config" in json.loads((pathlib.Path(sys.argv[1]) / "config.json").read_text()):
     import transformers.models.qwen3_vl as qwen3_vl
     from zppo_trl.processing import ImageOnlyQwen3VLProcessor
     qwen3_vl.Qwen3VLProcessor = ImageOnlyQwen3VLProcessor  # what AutoProcessor looks the name up in
+if "--raw-replies" in sys.argv:
+    sys.argv.remove("--raw-replies")
+    try:
+        import transformers.cli.serving.utils as serving_utils
+        serving_utils._RESPONSE_TEMPLATE_FALLBACKS = {}  # no template: the raw decode is the content
+    except ImportError:  # releases before the response parser send the raw decode anyway
+        pass
 from transformers.cli.transformers import main
 sys.argv = ["transformers", "serve", *sys.argv[1:]]
 sys.exit(main())
@@ -68,8 +79,15 @@ class Server:
 
     name = "transformers serve"
 
-    def __init__(self, model_dir: str | Path, port: int | None = None, log_dir: str | Path | None = None):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        port: int | None = None,
+        log_dir: str | Path | None = None,
+        split_reasoning: bool = False,
+    ):
         self.model_dir = Path(model_dir)
+        self.split_reasoning = split_reasoning  # True: the server's own reply parser (reasoning_content) stays on
         self.port = port or free_port()
         self.log_dir = Path(log_dir or self.model_dir.parent)
         self.log_path = self.log_dir / f"serve-{self.port}.log"
@@ -116,7 +134,9 @@ class Server:
             "--port",
             str(self.port),
         ]
-        return command + ["--device", "cpu", "--log-level", "info"]
+        return (
+            command + ["--device", "cpu", "--log-level", "info"] + ([] if self.split_reasoning else ["--raw-replies"])
+        )
 
     def environment(self) -> dict[str, str]:
         """The server's environment: CPU only, the Hub offline."""

@@ -475,3 +475,41 @@ def test_a_reasoning_trace_the_server_split_out_is_put_back_in_front_of_the_repl
     plain = ChatCompletionMessage.model_validate({"role": "assistant", "content": "<think> a </think> b"})
     assert reply_text(plain) == "<think> a </think> b"
     assert reply_text(ChatCompletionMessage.model_validate({"role": "assistant", "content": None})) == ""
+
+
+@pytest.mark.integration
+def test_a_server_that_splits_out_the_reasoning_still_gives_the_whole_reply(boxed_text_teacher_dir, tmp_path):
+    """`transformers serve` with its own reply parser on (as vLLM with ``--reasoning-parser``): the boxed teacher's
+    think block arrives in ``reasoning_content``, and the client hands on the reply with it back in front, so the
+    graders see the box and ``strip_thinking`` the answer; ``reasoning=False`` (a judge's verdict) reads the
+    content alone. Fails if the client dropped the trace or returned only the content."""
+    import json
+    import urllib.request
+
+    from boxed_models import TOY_QUESTIONS, toy_conversation
+    from conftest import Server
+
+    from zppo_trl.rewards import extract_boxed
+    from zppo_trl.teacher import strip_thinking
+
+    server = Server(boxed_text_teacher_dir, log_dir=tmp_path, split_reasoning=True).start()
+    try:
+        conversation = toy_conversation(TOY_QUESTIONS[0])
+        request = urllib.request.Request(
+            f"{server.base_url}/chat/completions",
+            data=json.dumps({"model": server.model, "messages": conversation, "max_tokens": 32}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            message = json.loads(response.read())["choices"][0]["message"]
+        assert message["reasoning_content"] and "<think>" not in message["content"]  # the premise: it splits
+        with fast_client(server.base_url, server.model) as client:
+            (replies,) = client.sample([conversation], n=3, max_tokens=32)
+            (contents,) = client.sample([conversation], n=2, max_tokens=32, reasoning=False)
+    finally:
+        server.stop()
+    assert len(replies) == 3 and len(contents) == 2
+    for reply in replies:
+        assert reply.startswith("<think>") and "</think>" in reply
+        assert extract_boxed(strip_thinking(reply)) is not None
+    assert all("<think>" not in text and extract_boxed(text) is not None for text in contents)
