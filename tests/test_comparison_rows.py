@@ -1097,3 +1097,77 @@ def test_grpo_care_adds_its_consistency_bonus_to_the_advantages_and_nothing_else
     restored = EMAReference(AutoModelForCausalLM.from_pretrained(boxed_text_student_dir))
     restored.load_state_dict(saved)
     assert all(torch.equal(a, b) for a, b in zip(restored.model.parameters(), ema))
+
+
+def test_perception_r1_adds_the_judges_fraction_of_stated_annotations_to_the_advantages_rewards(
+    boxed_text_student_dir, vllm_teacher_server, tmp_path
+):
+    """Perception-R1† (reward_term: perception_r1) against a real judge: vLLM's CPU server, its reply held to one
+    verdict by a regex (structured outputs), so each annotated rollout's r_v is known: the first of its question's
+    two annotations stated, the second not, r_v = 0.5. Pins that every rollout of an annotated question (and no
+    other) is judged once, on its own text with its question's annotations, that exactly 0.7 x 0.5 is added to its
+    reward and nothing to the others, that a correct and a wrong rollout both get it (no gate on accuracy), and that
+    the plain accuracy (so the buffer) reads the correctness reward alone."""
+    from zppo_trl.perception import ANNOTATIONS
+
+    rows = toy_rows("text")
+    annotated = {row["id"] for row in rows[::2]}
+    for row in rows:
+        row[ANNOTATIONS] = [f"the question asks about {row['id']}", "a red circle"] if row["id"] in annotated else []
+    verdict = {"structured_outputs": {"regex": "<info1>1</info1><info2>0</info2>"}}
+    trainer = _trainer(
+        boxed_text_student_dir,
+        vllm_teacher_server,
+        tmp_path,
+        [],
+        Spy(),
+        rows=rows,
+        reward_term="perception_r1",
+        judge_extra_body=verdict,
+    )
+    assert trainer.args.variant == "Perception-R1\u2020 (\u03c1_replay=0.50)" and trainer.teacher is None
+    assert trainer.perception_judge.base_url == vllm_teacher_server.base_url
+    judge = trainer.perception_judge = RecordingTeacher(
+        vllm_teacher_server.base_url, vllm_teacher_server.model, extra_body=verdict
+    )
+    calls, original = [], trainer._with_perception_reward
+
+    def recorded(plain, plain_round, metrics):
+        out = original(plain, plain_round, metrics)
+        calls.append((plain_round.rewards.clone(), out.rewards.clone(), list(plain), list(plain_round.texts)))
+        return out
+
+    trainer._with_perception_reward = recorded
+    trainer.train()
+    G, logs = trainer.num_generations, _rollout_logs(trainer)
+    assert len(calls) == len(logs) == 2
+    expected_requests, rewarded_right, rewarded_wrong = [], 0, 0
+    for (before, after, plain, texts), log in zip(calls, logs):
+        extra = after - before
+        judged = 0
+        for g, group in enumerate(plain):
+            rows_of_group = slice(g * G, (g + 1) * G)
+            if group.kind != "filler" and group.row["id"] in annotated:
+                torch.testing.assert_close(extra[rows_of_group], torch.full((G,), 0.35, dtype=extra.dtype))
+                expected_requests += [(group.row[ANNOTATIONS], text) for text in texts[rows_of_group]]
+                rewarded_right += int((before[rows_of_group] > 0.5).sum())
+                rewarded_wrong += int((before[rows_of_group] <= 0.5).sum())
+                judged += G
+            else:
+                assert (extra[rows_of_group] == 0).all()
+        assert log["perception_judged"] == judged > 0 and log["perception_judge_failed"] == 0
+        assert log["perception_reward_mean"] == pytest.approx(0.5)
+        real = [(g, group) for g, group in enumerate(plain) if group.kind != "filler"]
+        assert log["perception_unannotated"] == G * sum(group.row["id"] not in annotated for _, group in real)
+        accuracy = [float(before[g * G : (g + 1) * G].mean()) for g, _ in real]
+        assert log["plain_accuracy"] == pytest.approx(sum(accuracy) / len(accuracy))  # the correctness reward alone
+    assert rewarded_right > 0 and rewarded_wrong > 0
+    # one request per judged rollout (answered concurrently, so in any order): its question's two annotations as
+    # numbered items, then its own text last
+    sent = sorted(messages[-1]["content"] for messages, _ in judge.exchanges)
+    lines = "<info1>{}</info1>\n<info2>{}</info2>"
+    assert len(sent) == len(expected_requests)
+    for notes, text in expected_requests:
+        match = next(p for p in sent if lines.format(*notes) in p and p.endswith("Response:\n" + text))
+        sent.remove(match)
+    assert all(replies == ["<info1>1</info1><info2>0</info2>"] for _, replies in judge.exchanges)

@@ -35,6 +35,7 @@ from .context import PAPER_MAX_PROMPT_LENGTH, ContextLengths, context_lengths
 from .distill import DISTILLATION_MODES, DISTILLATION_NAMES
 from .losses import CISPO_WEIGHT_BOUND, DispoBounds, policy_objectives
 from .optim import ANYPRECISION_OPTIM, anyprecision_kwargs
+from .perception import PERCEPTION_REWARD_WEIGHT
 from .prompts import RL_CLOSER
 from .reformulate import KINDS, augment_limit
 from .replay import replay_count
@@ -113,7 +114,7 @@ GSPO_SETTINGS = ("gspo_paper", "zppo_table")
 DISPO_OUT_OF_BOUNDS = ("zero", "clamp")
 DISPO_FIELDS = ("dispo_epsilon_low_pos", "dispo_epsilon_high_pos", "dispo_epsilon_low_neg", "dispo_epsilon_high_neg")
 # The reward terms (reward_term) and how the paper's table prints each row.
-REWARD_TERMS = {"none": None, "grpo_care": "GRPO-CARE"}
+REWARD_TERMS = {"none": None, "grpo_care": "GRPO-CARE", "perception_r1": "Perception-R1"}
 # How the paper's mistakes table prints the supervised controls (the dagger marks the replay buffer).
 _SUPERVISED_NAMES = {"correction": "Correction-SFT", "reflection": "Error-reflection-SFT"}
 # The paper's defaults that the appendix's controls vary, and that a row's name states when it differs from them:
@@ -392,8 +393,10 @@ class ZPPOConfig(GRPOConfig):
         metadata={
             "help": "A named term added to the correctness reward before the advantages: 'none' (the paper's) or "
             "'grpo_care' (GRPO-CARE: a consistency bonus for correct rollouts whose answer an EMA copy of the student "
-            "finds at least as likely, given their reasoning, as their group's correct peers do; see care_*). On "
-            "GRPO†'s pipeline (augmentations: []). See docs/comparison_rows.md."
+            "finds at least as likely, given their reasoning, as their group's correct peers do; see care_*), or "
+            "'perception_r1' (Perception-R1: perception_reward_weight times the fraction of a question's "
+            "visual_annotations the judge finds stated in the rollout). On GRPO†'s pipeline (augmentations: []). See "
+            "docs/comparison_rows.md."
         },
     )
     care_bonus_coefficient: float = field(
@@ -413,6 +416,14 @@ class ZPPOConfig(GRPOConfig):
         metadata={
             "help": "GRPO-CARE: how far below its group's mean likelihood a correct rollout may be and still get the "
             "bonus (its code: 0, or 0.01 for transfer to general video benchmarks). Only reward_term reads it."
+        },
+    )
+
+    perception_reward_weight: float = field(
+        default=PERCEPTION_REWARD_WEIGHT,
+        metadata={
+            "help": "Perception-R1: the weight of its perception reward beside the correctness reward (its released "
+            "script: 0.7). Only reward_term: perception_r1 reads it."
         },
     )
 
@@ -790,10 +801,10 @@ class ZPPOConfig(GRPOConfig):
             )
 
     def _validate_reward_term(self) -> None:
-        """GRPO-CARE's settings; the row is GRPO† with the bonus (plain groups only)."""
+        """GRPO-CARE's and Perception-R1's settings; each row is GRPO† with its term (plain groups only)."""
         if self.reward_term not in REWARD_TERMS:
             raise ValueError(f"reward_term must be one of {list(REWARD_TERMS)}, got {self.reward_term!r}")
-        for name in ("care_bonus_coefficient", "care_margin"):
+        for name in ("care_bonus_coefficient", "care_margin", "perception_reward_weight"):
             _check_number(name, getattr(self, name))
         _check_number("care_ema_decay", self.care_ema_decay, high=1.0)
         if (
@@ -808,6 +819,12 @@ class ZPPOConfig(GRPOConfig):
             raise ValueError(
                 f"reward_term={self.reward_term!r} is a row on GRPO\u2020's pipeline: set augmentations: [] and no "
                 "distillation"
+            )
+        judge = (self.judge_base_url or self.teacher_base_url) and (self.judge_model or self.teacher_model)
+        if self.reward_term == "perception_r1" and not judge:
+            raise ValueError(
+                "reward_term='perception_r1' asks a judge whether each rollout states the question's visual "
+                "annotations: set judge_base_url and judge_model (or teacher_base_url and teacher_model)"
             )
 
     def _validate_zero_variance(self) -> None:
@@ -911,6 +928,7 @@ class ZPPOConfig(GRPOConfig):
                 ("care_bonus_coefficient", "care_ema_decay", "care_ema_every", "care_margin"),
                 (self.reward_term == "grpo_care", "reward_term: grpo_care"),
             ),
+            "perception_reward_weight": (self.reward_term == "perception_r1", "reward_term: perception_r1"),
         }
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for name, (used, reader) in readers.items():

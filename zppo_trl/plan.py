@@ -149,6 +149,11 @@ def print_plan(script_args: ScriptArguments, args: ZPPOConfig, out: Callable[[st
             f"copy of the student on every rank (decay {args.care_ema_decay:g} every {args.care_ema_every} updates; "
             "a second set of weights: ZeRO-2 or DDP, not FSDP/ZeRO-3)"
         )
+    if args.reward_term == "perception_r1":
+        out(
+            f"  reward term: Perception-R1's perception reward ({args.perception_reward_weight:g} x the fraction of a "
+            f"question's visual_annotations stated), judged by {args.judge_model} at {args.judge_base_url}"
+        )
     judging = script_args.use_judge and args.judge_base_url and args.judge_model
     out(f"  judge: {f'{args.judge_model} at {args.judge_base_url}' if judging else 'off (boxed grader only)'}")
     if composition.rollout_steps is not None:

@@ -66,6 +66,7 @@ from .model_card import PAPER_CITATION, PAPER_TITLE, CardFacts, render_model_car
 from .optim import ANYPRECISION_OPTIM, AnyPrecisionAdamW, anyprecision_kwargs
 from .packing import batch_refusal, model_refusal, pack
 from .partitioning import deal_targets, is_skipped, policy_partitions
+from .perception import ANNOTATIONS, judge_perception, row_annotations
 from .prefetch import BatchLookahead, PrefetchedSampling, joined_futures
 from .prompts import compose_prompt
 from .ranks import Ranks
@@ -239,6 +240,8 @@ class ZPPOTrainer(GRPOTrainer):
         self.distill_teacher = self._prepare_distill_teacher(distill_teacher_model) if local else None
         # GRPO-CARE's reference (zppo_trl.consistency): an EMA copy of the student, moved after optimizer steps.
         self.care_reference = self._prepare_care_reference() if args.reward_term == "grpo_care" else None
+        # Perception-R1's judge (zppo_trl.perception): whether each rollout states its question's visual annotations.
+        self.perception_judge = self._prepare_perception_judge() if args.reward_term == "perception_r1" else None
         # Step 5's augmentation: ZPPO's BCQ/NCQ prompts, or a comparison row's; None for GRPO†.
         self.augmentation: Augmentation | None = make_augmentation(
             args.augmentations,
@@ -284,6 +287,22 @@ class ZPPOTrainer(GRPOTrainer):
         reference.model.to(self.accelerator.device)
         self.add_callback(CareReferenceCallback(reference))
         return reference
+
+    def _prepare_perception_judge(self) -> TeacherClient:
+        """Perception-R1's judge client; every row's annotations are checked now (a malformed one raises, naming its
+        row) and how many rows carry any is logged: a row without them trains as GRPO\u2020's."""
+        annotated = 0
+        if ANNOTATIONS in (self.train_dataset.column_names or []):
+            column = self.train_dataset[ANNOTATIONS]
+            ids = self.train_dataset[data.ID]
+            annotated = sum(1 for key, value in zip(ids, column) if row_annotations({ANNOTATIONS: value}, key))
+        total = len(self.train_dataset)
+        (logger.info if annotated else logger.warning)(
+            "Perception-R1: %d of %d training rows carry visual annotations; the others get no perception reward",
+            annotated,
+            total,
+        )
+        return TeacherClient.from_config(self.args, role="judge")
 
     def _set_up_console(self) -> None:
         """One line per rollout step on the console; TRL's metrics dict only with ``full_console_logs``."""
@@ -893,6 +912,8 @@ class ZPPOTrainer(GRPOTrainer):
         targets = self._zero_variance_targets(teacher_future, draw, plain_round, metrics)
         if self.care_reference is not None:  # GRPO-CARE: the advantages see the bonus, the buffer does not
             plain_round = self._with_consistency_bonus(plain_round, metrics)
+        if self.perception_judge is not None:  # Perception-R1: likewise its perception reward
+            plain_round = self._with_perception_reward(draw.plain, plain_round, metrics)
         micro_batches = self._policy_batches(plain_round, augmented_round, metrics, targets)
         signal = self.zero_variance
         if signal is not None and signal.distills and self.distill_teacher is None:  # RSTG: the all-wrong rows
@@ -931,6 +952,37 @@ class ZPPOTrainer(GRPOTrainer):
             shaped[rank, i] += extra
         metrics["care_bonused"] = sum(1 for extra in bonus if extra > 0)
         metrics["care_likelihood_mean"] = sum(likelihoods[rank * width + i] for rank, i in real) / max(len(real), 1)
+        return Round(plain_round.batch, shaped.view(-1), plain_round.texts, plain_round.groups_per_rank)
+
+    def _with_perception_reward(self, plain: Sequence[Group], plain_round: Round, metrics: dict) -> Round:
+        """The plain round with Perception-R1's reward, ``perception_reward_weight`` times ``r_v``, added to every
+        rank's rewards (:func:`zppo_trl.perception.judge_perception`): each rank asks the judge about its own
+        rollouts of annotated questions and the rewards are gathered, so every rank shapes the same rewards.
+        Fillers, questions without annotations and rollouts whose request failed (counted) get none."""
+        G = self.num_generations
+        items, positions, unannotated = [], [], 0
+        for g, group in enumerate(plain):
+            if group.kind == FILLER:
+                continue
+            annotations = row_annotations(self._row(group.row[data.ID]))
+            if not annotations:
+                unannotated += G
+                continue
+            for i in range(g * G, (g + 1) * G):
+                items.append((annotations, plain_round.texts[i]))
+                positions.append(i)
+        scores = judge_perception(self.perception_judge, items)
+        local = [0.0] * len(plain_round.texts)
+        for i, score in zip(positions, scores):
+            local[i] = score or 0.0
+        rewards = plain_round.rewards.view(self.ranks.world, -1)
+        extra = torch.tensor(self.ranks.gather(local), dtype=rewards.dtype, device=rewards.device)
+        judged = [score for score in scores if score is not None]
+        metrics["perception_judged"] = len(judged)
+        metrics["perception_judge_failed"] = len(scores) - len(judged)
+        metrics["perception_unannotated"] = unannotated
+        metrics["perception_reward_mean"] = sum(judged) / max(len(judged), 1)
+        shaped = rewards + self.args.perception_reward_weight * extra
         return Round(plain_round.batch, shaped.view(-1), plain_round.texts, plain_round.groups_per_rank)
 
     def _answer_likelihoods(self, batch: dict) -> list[float]:
