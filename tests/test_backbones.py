@@ -25,9 +25,9 @@ from zppo_trl.processing import GridsAsListsOvis2Processor, ImageOnlyInternVLPro
 from zppo_trl.recipe import RecipeError, load_student
 
 try:
-    from boxed_models import toy_image, toy_rows
+    from boxed_models import completion, toy_conversation, toy_image, toy_rows
 except ImportError:
-    from tests.boxed_models import toy_image, toy_rows
+    from tests.boxed_models import completion, toy_conversation, toy_image, toy_rows
 
 STANDARD = {"internvl": InternVLProcessor, "ovis2": Ovis2Processor}
 LOADED = {"internvl": ImageOnlyInternVLProcessor, "ovis2": GridsAsListsOvis2Processor}
@@ -204,13 +204,41 @@ def test_grpo_dagger_trains_with_images_and_its_checkpoint_reloads(family, tmp_p
         assert torch.equal(model.eval()(**inputs).logits, trainer.model.eval()(**inputs).logits)
 
 
+def _boxing_student(family: str, steps: int = 120):
+    """A tiny ``family`` student fine-tuned (about half a minute) to answer every toy image question in the paper's
+    format with ``\\boxed{42}`` or ``\\boxed{0}``, one time in two each: a random student never boxes an answer, and
+    a BCQ or NCQ instance needs a wrong student answer whose box parses. Two toy questions have the answer 42, so
+    their plain groups are right about half the time (a signal to train on); the others are all wrong, and hard.
+    One sequence at a time (no padding), gradients summed; 120 steps reach the mixture's entropy."""
+    import torch.nn.functional as F
+
+    model, processor = tiny_family_vlm(family), tiny_family_processor(family)
+    examples = []
+    for row in toy_rows("vlm"):
+        prompt = processor.apply_chat_template(toy_conversation(row), tokenize=False, add_generation_prompt=True)
+        for answer in ("42", "0"):
+            target = completion(answer)
+            inputs = dict(processor(text=[prompt + target], images=[row["images"]], return_tensors="pt"))
+            examples.append((inputs, len(processor.tokenizer(target, add_special_tokens=False)["input_ids"])))
+    torch.manual_seed(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(steps):
+        optimizer.zero_grad()
+        for inputs, n in examples:
+            logits = model(**inputs).logits[0, -n - 1 : -1]
+            (0.5 * F.cross_entropy(logits, inputs["input_ids"][0, -n:], reduction="sum") / len(examples)).backward()
+        optimizer.step()
+    return model.eval(), processor
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_zppo_step_finds_hard_image_questions_and_asks_the_teacher(family, boxed_vlm_teacher_server, tmp_path):
-    # The random student never boxes an answer: every question is hard, and the Qwen VLM teacher of the
-    # Qwen tests (the same teacher, as in the paper) is asked about it with the image. Where this stops: a
-    # BCQ/NCQ prompt needs a boxed wrong student answer, which a random student of these families never
-    # writes; the Qwen tests train a boxing student for that (boxed_vlm_student), these families have none yet.
+def test_a_zppo_step_trains_bcq_and_ncq_groups_with_images_for_the_family(family, boxed_vlm_teacher_server, tmp_path):
+    """GRPO+Both with a student of ``family`` that boxes its answers, and the Qwen VLM teacher of the Qwen tests (the
+    same teacher, as in the paper), two rollout steps over six image questions: the hard ones get BCQ and NCQ
+    instances, the student samples a group on each reformulated prompt with the question's image in it, and the
+    step's partitions (BCQ/NCQ groups dealt in with the plain ones) train the weights."""
     from zppo_trl.rewards import boxed_accuracy_reward
 
     calls = []
@@ -219,14 +247,17 @@ def test_a_zppo_step_finds_hard_image_questions_and_asks_the_teacher(family, box
         calls.append(prompts)
         return boxed_accuracy_reward(completions, answer)
 
+    model, processor = _boxing_student(family)
+    rows = toy_rows("vlm")[:6]  # all six drawn in each rollout step; toy-00 and toy-02 have the answer 42
+    assert [row["answer"] for row in rows].count("42") == 2
     trainer = ZPPOTrainer(
-        model=tiny_family_vlm(family),
+        model=model,
         reward_funcs=reward,
         args=_config(
             tmp_path,
             augmentations=["bcq", "ncq"],
             per_device_train_batch_size=12,
-            max_completion_length=16,
+            max_completion_length=32,
             augment_fraction=1.0,
             replay_fraction=0.0,
             teacher_base_url=boxed_vlm_teacher_server.base_url,
@@ -234,15 +265,24 @@ def test_a_zppo_step_finds_hard_image_questions_and_asks_the_teacher(family, box
             teacher_max_tokens=32,
             compression_max_tokens=48,
             save_strategy="no",
+            max_steps=4,
         ),
-        train_dataset=Dataset.from_list(toy_rows("vlm")),
-        processing_class=tiny_family_processor(family),
+        train_dataset=Dataset.from_list(rows),
+        processing_class=processor,
     )
     assert trainer.args.variant.startswith("GRPO+Both (")  # BCQ and NCQ without the buffer, and the family
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     logs = [h for h in trainer.state.log_history if "zppo/hard" in h]
-    assert logs and logs[0]["zppo/hard"] > 0, logs
-    asked = sum(v for h in logs for k, v in h.items() if k.endswith("teacher/requests"))
-    assert asked > 0, logs  # the teacher sampled the hard image questions
-    assert all(h["zppo/hard_bcq_possible"] + h["zppo/hard_ncq_only"] == 0 for h in logs)  # no boxed wrong answer
-    assert not [p for prompts in calls for p in prompts if "<candidate>" in str(p[-1]["content"])]
+    assert len(logs) == 2 and all(h["zppo/hard"] > 0 for h in logs), logs
+    assert sum(h["zppo/hard_bcq_possible"] + h["zppo/hard_ncq_only"] for h in logs) > 0, logs  # boxed wrong answers
+    trained = sum(h.get("zppo/bcq_trained", 0) + h.get("zppo/ncq_trained", 0) for h in logs)
+    assert trained > 0 and sum(h.get("zppo/bcq", 0) for h in logs) > 0, logs
+    reformulated = [p for prompts in calls for p in prompts if "<candidate>" in str(p[-1]["content"])]
+    assert len(reformulated) == trained * trainer.num_generations
+    for prompt in reformulated:  # the question's image goes with its BCQ/NCQ prompt
+        parts = prompt[-1]["content"]
+        assert any(part.get("type") == "image" for part in parts), parts
+        assert any(part.get("type") == "text" and "<candidate>" in part["text"] for part in parts), parts
+    assert sum(h["zppo/skipped_partitions"] for h in logs) < 4, logs  # at least one update had a signal
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
