@@ -39,6 +39,14 @@ def test_the_bonus_goes_to_correct_rollouts_at_least_as_consistent_as_their_corr
     assert consistency_bonus([1, 1], [0.96, 0.99], ["g", "g"], cap=1.0) == [0, 0.5]
 
 
+def test_equal_likelihoods_all_get_the_bonus_however_their_mean_rounds():
+    # three identical correct rollouts: each is its group's mean, which in floats is 0.10000000000000002 > 0.1
+    assert sum([0.1] * 3) / 3 > 0.1
+    assert consistency_bonus([1, 1, 1, 0], [0.1, 0.1, 0.1, 0.9], ["g"] * 4) == [0.5, 0.5, 0.5, 0]
+    # a rollout really below the mean still gets none
+    assert consistency_bonus([1, 1, 1], [0.1, 0.1, 0.1000001], ["g"] * 3) == [0, 0, 0.5]
+
+
 def test_a_reward_at_or_below_the_threshold_or_below_its_groups_mean_is_never_high_accuracy():
     # graded rewards: 0.1 is not above 0.1; 0.4 is below the group mean 0.5
     assert consistency_bonus([0.1, 0.4, 1.0], [0.9, 0.9, 0.1], ["g"] * 3) == [0, 0, 0.5]

@@ -20,6 +20,7 @@ consistent with their reasoning as their group's correct peers do. This module i
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -76,7 +77,9 @@ def consistency_bonus(
         capped = {i: min(float(likelihoods[i]), cap) for i in high}
         reference = sum(capped.values()) / len(high)
         for i in high:
-            if capped[i] >= reference - margin:
+            # A rollout level with the mean is at least the mean: the float mean of equal likelihoods can round above
+            # them (three of 0.1 average to 0.10000000000000002), and identical rollouts then lost the bonus.
+            if capped[i] >= reference - margin or math.isclose(capped[i], reference - margin, rel_tol=1e-9):
                 bonus[i] = coefficient * float(rewards[i])
     return bonus
 
