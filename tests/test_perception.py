@@ -11,7 +11,6 @@ import pytest
 
 from zppo_trl import ZPPOConfig
 from zppo_trl.perception import (
-    ANNOTATIONS,
     judge_perception,
     parse_perception_verdicts,
     perception_reward,
@@ -48,12 +47,12 @@ def test_the_judge_prompt_numbers_the_annotations_and_carries_the_whole_response
 
 
 def test_annotations_are_a_list_of_strings_and_a_bad_one_names_its_row():
-    assert row_annotations({"id": "q1"}) == [] and row_annotations({"id": "q1", ANNOTATIONS: None}) == []
-    assert row_annotations({"id": "q1", ANNOTATIONS: [" a circle ", "two chords"]}) == ["a circle", "two chords"]
+    assert row_annotations(None, "q1") == [] and row_annotations([], "q1") == []
+    assert row_annotations([" a circle ", "two chords"], "q1") == ["a circle", "two chords"]
     with pytest.raises(ValueError, match="row 'q7': field 'visual_annotations' must be a list of strings, got str"):
-        row_annotations({"id": "q7", ANNOTATIONS: "a circle"})
+        row_annotations("a circle", "q7")
     with pytest.raises(ValueError, match="row 'q7': field 'visual_annotations' item 1 must be a non-empty string"):
-        row_annotations({"id": "q7", ANNOTATIONS: ["a circle", " "]})
+        row_annotations(["a circle", " "], "q7")
 
 
 class _Judge:

@@ -36,7 +36,7 @@ This module is pure: no torch, no TRL, no trainer; the judge is any :class:`zppo
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .teacher import strip_thinking
@@ -71,20 +71,19 @@ Response:
 {response}"""
 
 
-def row_annotations(row: Mapping[str, Any], where: Any = None) -> list[str]:
-    """The visual annotations of a dataset row: ``row[ANNOTATIONS]`` as a list of non-empty strings, stripped; an
-    empty list where the column is absent or empty. Anything else raises ``ValueError`` naming the row (``where``,
-    default its ``id``)."""
-    value = row.get(ANNOTATIONS)
+def row_annotations(value: Any, row_id: Any) -> list[str]:
+    """A dataset row's ``ANNOTATIONS`` value as a list of non-empty strings, stripped; an empty list where the row
+    has none (None or an empty list). Anything else raises ``ValueError`` naming the row by ``row_id``."""
     if value is None:
         return []
-    label = where if where is not None else row.get("id")
     if isinstance(value, str) or not isinstance(value, Sequence):
-        raise ValueError(f"row {label!r}: field {ANNOTATIONS!r} must be a list of strings, got {type(value).__name__}")
+        raise ValueError(
+            f"row {row_id!r}: field {ANNOTATIONS!r} must be a list of strings, got {type(value).__name__}"
+        )
     annotations = []
     for position, item in enumerate(value):
         if not isinstance(item, str) or not item.strip():
-            raise ValueError(f"row {label!r}: field {ANNOTATIONS!r} item {position} must be a non-empty string")
+            raise ValueError(f"row {row_id!r}: field {ANNOTATIONS!r} item {position} must be a non-empty string")
         annotations.append(item.strip())
     return annotations
 

@@ -295,7 +295,7 @@ class ZPPOTrainer(GRPOTrainer):
         if ANNOTATIONS in (self.train_dataset.column_names or []):
             column = self.train_dataset[ANNOTATIONS]
             ids = self.train_dataset[data.ID]
-            annotated = sum(1 for key, value in zip(ids, column) if row_annotations({ANNOTATIONS: value}, key))
+            annotated = sum(1 for key, value in zip(ids, column) if row_annotations(value, key))
         total = len(self.train_dataset)
         (logger.info if annotated else logger.warning)(
             "Perception-R1: %d of %d training rows carry visual annotations; the others get no perception reward",
@@ -964,7 +964,8 @@ class ZPPOTrainer(GRPOTrainer):
         for g, group in enumerate(plain):
             if group.kind == FILLER:
                 continue
-            annotations = row_annotations(self._row(group.row[data.ID]))
+            key = group.row[data.ID]
+            annotations = row_annotations(self._row(key).get(ANNOTATIONS), key)
             if not annotations:
                 unannotated += G
                 continue
