@@ -1044,6 +1044,94 @@ def test_relift_trains_one_graded_correct_teacher_solution_per_all_wrong_questio
     assert any(h.get("relift/nll", 0) > 0 for h in trainer.state.log_history)
 
 
+def test_sdpo_distils_each_rollout_towards_the_student_shown_a_correct_sibling(boxed_text_student_dir, tmp_path):
+    """SDPO† (policy_objective: sdpo), two rollout steps, no teacher server: every rollout with another correct
+    rollout in its group, and no other, is scored by the self-teacher after SDPO's prompt around the first such
+    sibling's text; at the first step (the self-teacher is then the initial student) those log-probs equal an
+    independent forward of the initial checkpoint on the chat-templated prompt and the sampled tokens; the term
+    reaches the loss; the EMA self-teacher moves after the updates without becoming the student, and a checkpoint
+    carries it."""
+    from types import SimpleNamespace
+
+    from zppo_trl.consistency import EMAReference
+    from zppo_trl.self_distillation import sdpo_context
+
+    no_server = SimpleNamespace(base_url=None, model=None)
+    trainer = _trainer(
+        boxed_text_student_dir,
+        no_server,
+        tmp_path,
+        [],
+        Spy(),
+        policy_objective="sdpo",
+        save_strategy="steps",
+        save_steps=4,
+    )
+    assert trainer.args.variant.endswith("SDPO\u2020") and trainer.teacher is None
+    initial = [p.detach().clone() for p in trainer.self_teacher.model.parameters()]
+    calls = []
+    with_self_teacher, scored = trainer._with_self_teacher, trainer._logps_under_prompts
+
+    def recorded_round(plain, plain_round, metrics):
+        calls.append(dict(plain=list(plain), round=plain_round))
+        out = with_self_teacher(plain, plain_round, metrics)
+        calls[-1]["out"] = out
+        return out
+
+    def recorded_scores(model, batch, rows, conversations):
+        logps = scored(model, batch, rows, conversations)
+        calls[-1].update(rows=list(rows), conversations=conversations, logps=logps.clone())
+        return logps
+
+    trainer._with_self_teacher, trainer._logps_under_prompts = recorded_round, recorded_scores
+    trainer.train()
+    G = trainer.num_generations
+    assert len(calls) == 2  # one per rollout step
+    for call in calls:
+        rewards = call["round"].rewards.tolist()
+        texts, plain = call["round"].texts, call["plain"]
+        expected_rows, expected_contexts = [], []
+        for i in range(len(texts)):
+            group = plain[i // G]
+            siblings = [j for j in range(i - i % G, i - i % G + G) if j != i and rewards[j] > 0.5]
+            if group.kind != "filler" and siblings:
+                expected_rows.append(i)
+                expected_contexts.append(sdpo_context(compose_prompt(group.row["question"]), texts[siblings[0]]))
+        assert call.get("rows", []) == expected_rows
+        assert [c[-1]["content"] for c in call.get("conversations", [])] == expected_contexts
+        batch = call["out"].batch
+        mask = batch["self_teacher_mask"]
+        assert mask[expected_rows].eq(batch["completion_mask"][expected_rows]).all()
+        assert mask.sum() == batch["completion_mask"][expected_rows].sum()
+        assert batch["self_teacher_logps"][expected_rows].eq(call["logps"]).all()
+    first = calls[0]
+    assert first["rows"], "the first step had no rollout with a correct sibling: nothing was distilled"
+    # the first step's self-teacher is the initial student: an independent forward of the checkpoint must agree
+    reference = AutoModelForCausalLM.from_pretrained(boxed_text_student_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(boxed_text_student_dir)
+    batch = first["round"].batch
+    for k, row in enumerate(first["rows"]):
+        prompt = tokenizer.apply_chat_template(
+            first["conversations"][k], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        completion = batch["completion_ids"][row][batch["completion_mask"][row].bool()].tolist()
+        with torch.no_grad():
+            logits = reference(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
+        expected = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+        torch.testing.assert_close(first["logps"][k, : len(completion)], expected, atol=1e-4, rtol=1e-4)
+    logs = _rollout_logs(trainer)
+    assert [log["self_distill_rollouts"] for log in logs] == [len(c["rows"]) for c in calls]
+    losses = [h for h in trainer.state.log_history if "self_distill/tokens" in h]
+    assert losses and any(h["self_distill/tokens"] > 0 for h in losses)
+    ema = list(trainer.self_teacher.model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(ema, initial))
+    assert any(not torch.equal(a, b) for a, b in zip(ema, trainer.model.parameters()))
+    saved = torch.load(tmp_path / "out" / "checkpoint-4" / "self_teacher.pt")
+    restored = EMAReference(AutoModelForCausalLM.from_pretrained(boxed_text_student_dir))
+    restored.load_state_dict(saved)
+    assert all(torch.equal(a, b) for a, b in zip(restored.model.parameters(), ema))
+
+
 def test_grpo_care_adds_its_consistency_bonus_to_the_advantages_and_nothing_else(
     boxed_text_student_dir, boxed_teacher_server, tmp_path
 ):

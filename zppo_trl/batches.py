@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-__all__ = ["concat_batches", "num_rows", "select_rows"]
+__all__ = ["SELF_TEACHER_LOGPS", "SELF_TEACHER_MASK", "concat_batches", "num_rows", "select_rows"]
 
 # (B, P) fields, left-padded like the prompts; value = padding (None: the tokenizer's pad id)
 _PROMPT_FIELDS = {"prompt_ids": None, "prompt_mask": 0}
@@ -33,7 +33,12 @@ _COMPLETION_FIELDS = {
     "ref_per_token_logps": 0.0,
     "tool_mask": 1,
     "importance_sampling_ratio": 1.0,  # (B, C) per token, or (B, 1) per sequence
+    "self_teacher_logps": 0.0,  # SDPO's self-teacher log-prob of each sampled token
+    "self_teacher_mask": 0,  # 1 on the rollouts that have a self-teacher
 }
+SELF_TEACHER_LOGPS, SELF_TEACHER_MASK = "self_teacher_logps", "self_teacher_mask"
+# fields only some rounds carry (SDPO's, on the plain round): the others' rows take the padding value
+_OPTIONAL_FIELDS = (SELF_TEACHER_LOGPS, SELF_TEACHER_MASK)
 # (B, P + C) fields spanning prompt and completion
 _SEQUENCE_FIELDS = {"token_type_ids": 0, "mm_token_type_ids": 0}
 # one value per row
@@ -121,10 +126,12 @@ def concat_batches(batches: Sequence[Mapping], pad_token_id: int) -> dict:
         present = [name in b for b in batches]
         if not any(present):
             continue
-        if not all(present):
+        if not all(present) and name not in _OPTIONAL_FIELDS:
             raise ValueError(f"rollout field {name!r} is present in some rounds but not others")
         value = pad_token_id if pad is None else pad
-        parts = [b[name] for b in batches]
+        parts = [
+            b[name] if name in b else torch.full_like(b["completion_ids"], value, dtype=torch.float32) for b in batches
+        ]
         if all(p.dim() == 2 and p.size(1) == 1 for p in parts):  # per-sequence values
             out[name] = torch.cat(parts)
         else:

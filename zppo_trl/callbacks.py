@@ -24,7 +24,7 @@ from transformers.trainer_callback import ProgressCallback
 from .augmentations import AUGMENTATION_KINDS
 
 __all__ = [
-    "CareReferenceCallback",
+    "EMAReferenceCallback",
     "JsonlMetricsCallback",
     "QuietProgressCallback",
     "RolloutSummaryCallback",
@@ -138,9 +138,9 @@ class QuietProgressCallback(ProgressCallback):
         return
 
 
-class CareReferenceCallback(TrainerCallback):
-    """Move GRPO-CARE's EMA reference (:class:`zppo_trl.consistency.EMAReference`) towards the student after each
-    optimizer step whose count is a multiple of its ``every``."""
+class EMAReferenceCallback(TrainerCallback):
+    """Move an EMA copy of the student (:class:`zppo_trl.consistency.EMAReference`: GRPO-CARE's reference, SDPO's
+    self-teacher) towards the student after each optimizer step whose count is a multiple of its ``every``."""
 
     def __init__(self, reference):
         self.reference = reference

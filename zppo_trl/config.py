@@ -39,6 +39,7 @@ from .perception import PERCEPTION_REWARD_WEIGHT
 from .prompts import RL_CLOSER
 from .reformulate import KINDS, augment_limit
 from .replay import replay_count
+from .self_distillation import SDPO_IS_CLIP, SDPO_TEACHER_UPDATE_RATE
 from .zero_variance import ZERO_VARIANCE_SIGNALS
 
 __all__ = [
@@ -87,6 +88,7 @@ OBJECTIVE_SETTINGS: dict[str, dict[str, object]] = {
     "dispo": {},
     "kdrl": {},
     "rlad": {},
+    "sdpo": {},
 }
 
 
@@ -283,8 +285,9 @@ class ZPPOConfig(GRPOConfig):
             "clip), 'gspo' (one sequence-level ratio per rollout, see gspo_settings), 'cispo' (clipped stop-gradient "
             "importance weight, see cispo_weight_bound), 'dispo' (four-way clip, see dispo_*), or one of the "
             "teacher-side hybrid rows: 'kdrl' (GRPO plus an annealed reverse KL to the teacher, see kdrl_*) or "
-            "'rlad' (the ratio taken against a mix of the old policy and the teacher, see rlad_*). Every other "
-            "setting stays the paper's."
+            "'rlad' (the ratio taken against a mix of the old policy and the teacher, see rlad_*), or the "
+            "self-teacher row 'sdpo' (GRPO plus a distillation to an EMA copy of the student shown a correct sibling "
+            "rollout, see sdpo_* and self_distill_weight). Every other setting stays the paper's."
         },
     )
     gspo_settings: str = field(
@@ -363,6 +366,30 @@ class ZPPOConfig(GRPOConfig):
         metadata={
             "help": "RLAD: log pi - log pi_T is clamped to [-bound, bound] in the ratio (its paper's 1). Only "
             "policy_objective: rlad reads it."
+        },
+    )
+
+    # SDPO's self-teacher (zppo_trl.self_distillation): the official code's defaults.
+    self_distill_weight: float = field(
+        default=1.0,
+        metadata={
+            "help": "SDPO: the weight of the self-distillation term added to GRPO's objective. Only "
+            "policy_objective: sdpo reads it."
+        },
+    )
+    sdpo_teacher_update_rate: float = field(
+        default=SDPO_TEACHER_UPDATE_RATE,
+        metadata={
+            "help": "SDPO: the self-teacher (a copy of the initial student) moves this fraction of the way to the "
+            "student after every optimizer step (its official 0.05; 0: the initial student, frozen). Only "
+            "policy_objective: sdpo reads it."
+        },
+    )
+    sdpo_is_clip: float = field(
+        default=SDPO_IS_CLIP,
+        metadata={
+            "help": "SDPO: the cap on the stop-gradient importance ratio pi / pi_old weighting the term (its "
+            "official 2). Only policy_objective: sdpo reads it."
         },
     )
 
@@ -791,6 +818,7 @@ class ZPPOConfig(GRPOConfig):
                 f"kdrl_beta_min ({self.kdrl_beta_min}) must not exceed kdrl_beta ({self.kdrl_beta}): "
                 "the weight anneals down to it"
             )
+        self._validate_self_teacher()
         if not policy_objectives()[self.policy_objective].needs_teacher_logps:
             return
         if not (self.teacher_base_url and self.teacher_model) and not self.distill_teacher:
@@ -798,6 +826,23 @@ class ZPPOConfig(GRPOConfig):
                 f"policy_objective={self.policy_objective!r} reads the teacher's log-prob of every sampled token: set "
                 "teacher_base_url and teacher_model (its vLLM server's prompt_logprobs), or distill_teacher to load "
                 "it next to the student"
+            )
+
+    def _validate_self_teacher(self) -> None:
+        """SDPO's settings; the row is GRPO† with its term, on the plain rollouts."""
+        _check_number("self_distill_weight", self.self_distill_weight)
+        _check_number("sdpo_teacher_update_rate", self.sdpo_teacher_update_rate, high=1.0)
+        if not (isinstance(self.sdpo_is_clip, (int, float)) and not isinstance(self.sdpo_is_clip, bool)) or not (
+            0.0 < self.sdpo_is_clip < float("inf")
+        ):
+            raise ValueError(f"sdpo_is_clip must be a finite number > 0, got {self.sdpo_is_clip!r}")
+        if not policy_objectives()[self.policy_objective].self_teacher:
+            return
+        if self.augmentations or self.distillation is not None:
+            raise ValueError(
+                f"policy_objective={self.policy_objective!r} is a row on GRPO\u2020's pipeline: its self-teacher "
+                f"reads the plain rollouts; set augmentations: [] and no distillation (got augmentations="
+                f"{self.augmentations}, distillation={self.distillation!r})"
             )
 
     def _validate_reward_term(self) -> None:
@@ -922,6 +967,10 @@ class ZPPOConfig(GRPOConfig):
             **dict.fromkeys(
                 ("rlad_alpha", "rlad_teacher_log_ratio_bound"),
                 (self.policy_objective == "rlad", "policy_objective: rlad"),
+            ),
+            **dict.fromkeys(
+                ("self_distill_weight", "sdpo_teacher_update_rate", "sdpo_is_clip"),
+                (self.policy_objective == "sdpo", "policy_objective: sdpo"),
             ),
             "zero_variance_alpha": (self.zero_variance_signal != "none", "zero_variance_signal"),
             **dict.fromkeys(

@@ -18,7 +18,8 @@ it. Adding an objective is one function here (or in a module of its own) and its
 =========  =====================================================================================
 
 KDRL and RLAD, the teacher-side hybrid rows, register in :mod:`zppo_trl.hybrid_objectives` (listed in
-:data:`OBJECTIVE_MODULES`); they read the teacher's log-prob of every sampled token.
+:data:`OBJECTIVE_MODULES`); they read the teacher's log-prob of every sampled token. SDPO, a self-teacher row,
+registers in :mod:`zppo_trl.self_distillation`; it reads a copy of the student's log-probs under another prompt.
 
 Every loss divides a sum over the micro-batch's loss tokens by ``normalizer``, the partition's token
 count as the trainer carries it (a token mean per optimizer update); GSPO as its paper trains it divides
@@ -79,7 +80,7 @@ GSPO_EPSILONS: tuple[float, float] = (3e-4, 4e-4)
 
 # Modules that register further objectives (imported at the end of this module): a new objective is
 # one module with a ``@register_loss(..., objective=...)`` function, and one line here.
-OBJECTIVE_MODULES: tuple[str, ...] = ("zppo_trl.hybrid_objectives",)
+OBJECTIVE_MODULES: tuple[str, ...] = ("zppo_trl.hybrid_objectives", "zppo_trl.self_distillation")
 
 
 # CISPO's upper bound on the importance weight. MiniMax-M1 (the CISPO paper) imposes no lower bound and tunes
@@ -181,7 +182,9 @@ class LossInputs:
     this policy's, detached), ``advantages`` (B, 1) or (B, T) and ``entropies``; the distillation loss
     gets ``distill`` (the student's completion states and LM head, and the teacher's signal). A loss
     registered with ``teacher_logps`` also gets ``teacher_logps`` (B, T), the frozen teacher's log-prob
-    of each sampled token, and ``step``, the optimizer steps taken so far (for a coefficient's schedule).
+    of each sampled token, and ``step``, the optimizer steps taken so far (for a coefficient's schedule). A loss
+    registered with ``self_teacher`` gets ``teacher_logps`` from the self-teacher (a copy of the student under a
+    privileged prompt) and ``teacher_mask`` (B, T), 1 on the rollouts that have one.
     """
 
     mask: torch.Tensor
@@ -193,6 +196,7 @@ class LossInputs:
     entropies: torch.Tensor | None = None
     distill: DistillInputs | None = None
     teacher_logps: torch.Tensor | None = None
+    teacher_mask: torch.Tensor | None = None
     step: int = 0
 
 
@@ -218,6 +222,7 @@ class Loss:
     dual_clip: bool = False
     needs_teacher_logps: bool = False
     trains_zero_advantage: bool = False
+    self_teacher: bool = False
 
     @property
     def reads_old_logps(self) -> bool:
@@ -236,6 +241,7 @@ def register_loss(
     dual_clip: bool = False,
     teacher_logps: bool = False,
     trains_zero_advantage: bool = False,
+    self_teacher: bool = False,
 ) -> Callable:
     """Register ``fn(inputs: LossInputs, args) -> LossOutput`` under ``name`` (``args`` is the ZPPOConfig).
 
@@ -245,7 +251,8 @@ def register_loss(
     the configuration checks it. ``teacher_logps`` says the loss reads the teacher's log-prob of every sampled
     token (``LossInputs.teacher_logps``), which the trainer then asks the teacher for. ``trains_zero_advantage``
     says the loss has a gradient on rollouts whose advantage is 0 (KDRL's reverse KL), so a partition without a
-    group of mixed rewards still trains rather than being skipped.
+    group of mixed rewards still trains rather than being skipped. ``self_teacher`` says the loss reads the
+    self-teacher's log-probs of the sampled tokens (SDPO), which the trainer computes with a copy of the student.
     """
     if needs not in ("logps", "distributions"):
         raise ValueError(f"needs must be 'logps' or 'distributions', got {needs!r}")
@@ -266,6 +273,7 @@ def register_loss(
             dual_clip,
             teacher_logps,
             trains_zero_advantage,
+            self_teacher,
         )
         return fn
 

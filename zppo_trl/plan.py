@@ -143,6 +143,12 @@ def print_plan(script_args: ScriptArguments, args: ZPPOConfig, out: Callable[[st
             else f"{args.teacher_model} at {args.teacher_base_url} (prompt_logprobs)"
         )
         out(f"  teacher log-probs of every sampled token ({args.variant}): {source}")
+    if policy_objectives()[args.policy_objective].self_teacher:  # SDPO
+        out(
+            f"  self-teacher ({args.variant}): an EMA copy of the student on every rank, shown a correct sibling "
+            f"rollout (rate {args.sdpo_teacher_update_rate:g} per update; term weight {args.self_distill_weight:g}; "
+            "a second set of weights: ZeRO-2 or DDP, not FSDP/ZeRO-3)"
+        )
     if args.reward_term == "grpo_care":
         out(
             f"  reward term: GRPO-CARE's consistency bonus ({args.care_bonus_coefficient:g} x reward), from an EMA "

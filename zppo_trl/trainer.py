@@ -54,8 +54,8 @@ from trl.trainer.utils import is_async_callable, nanmax, nanmin
 from . import data, host_memory
 from .augmentations import Augmentation, BuiltGroup, BuiltGroups, Evidence, make_augmentation, teacher_results
 from .backbones import backbone_family
-from .batches import concat_batches
-from .callbacks import CareReferenceCallback, QuietProgressCallback, RolloutSummaryCallback
+from .batches import SELF_TEACHER_LOGPS, SELF_TEACHER_MASK, concat_batches, select_rows
+from .callbacks import EMAReferenceCallback, QuietProgressCallback, RolloutSummaryCallback
 from .config import ZPPOConfig
 from .consistency import CARE_CAP, EMAReference, answer_likelihood, answer_token_span, consistency_bonus
 from .distill import DistillInputs, TeacherTopK, chosen_token_logps, completion_states, frozen_distill_teacher
@@ -85,6 +85,7 @@ from .rollout import (
     merge_lists,
     plain_accuracy,
 )
+from .self_distillation import sdpo_context, sdpo_demonstrations
 from .step_metrics import (
     accumulate_totals,
     admission_bins,
@@ -113,6 +114,7 @@ logger = logging.getLogger(__name__)
 
 ZPPO_STATE_NAME = "zppo_state.json"
 CARE_REFERENCE_NAME = "care_reference.pt"  # GRPO-CARE's EMA weights in a checkpoint
+SELF_TEACHER_NAME = "self_teacher.pt"  # SDPO's EMA self-teacher in a checkpoint
 # The micro-batch field with the teacher server's log-prob of each sampled token (KDRL, RLAD), (B, C).
 TEACHER_LOGPS_FIELD = "teacher_logps"
 _TOKEN_TYPE_FIELDS = ("token_type_ids", "mm_token_type_ids")  # per-token multimodal inputs
@@ -239,7 +241,19 @@ class ZPPOTrainer(GRPOTrainer):
             self.teacher = TeacherClient.from_config(args)
         self.distill_teacher = self._prepare_distill_teacher(distill_teacher_model) if local else None
         # GRPO-CARE's reference (zppo_trl.consistency): an EMA copy of the student, moved after optimizer steps.
-        self.care_reference = self._prepare_care_reference() if args.reward_term == "grpo_care" else None
+        self.care_reference = (
+            self._prepare_ema_copy(args.care_ema_decay, args.care_ema_every, "reward_term='grpo_care'")
+            if args.reward_term == "grpo_care"
+            else None
+        )
+        # SDPO's self-teacher (zppo_trl.self_distillation): an EMA copy of the initial student, moved every update.
+        self.self_teacher = (
+            self._prepare_ema_copy(
+                1.0 - args.sdpo_teacher_update_rate, 1, f"policy_objective={args.policy_objective!r}"
+            )
+            if loss_for(args).self_teacher
+            else None
+        )
         # Perception-R1's judge (zppo_trl.perception): whether each rollout states its question's visual annotations.
         self.perception_judge = self._prepare_perception_judge() if args.reward_term == "perception_r1" else None
         # Step 5's augmentation: ZPPO's BCQ/NCQ prompts, or a comparison row's; None for GRPO†.
@@ -273,20 +287,28 @@ class ZPPOTrainer(GRPOTrainer):
             return prepare_fsdp(teacher, self.accelerator)
         return self.accelerator.prepare_model(teacher, evaluation_mode=True)
 
-    def _prepare_care_reference(self) -> EMAReference:
-        """GRPO-CARE's EMA reference, a full copy of the student's weights on this rank's device, moved towards the
-        student after every ``care_ema_every``-th optimizer step (a callback). FSDP and ZeRO-3 shard the weights it
-        would copy: refused."""
+    def _prepare_ema_copy(self, decay: float, every: int, row: str) -> EMAReference:
+        """An EMA copy of the student (GRPO-CARE's reference, SDPO's self-teacher): a full copy of its weights on
+        this rank's device, moved towards the student after every ``every``-th optimizer step (a callback). FSDP
+        and ZeRO-3 shard the weights it would copy: refused, naming the ``row``'s setting."""
         deepspeed = getattr(self.accelerator.state, "deepspeed_plugin", None)
         if self.is_fsdp_enabled or (deepspeed is not None and deepspeed.zero_stage == 3):
             raise ValueError(
-                "reward_term='grpo_care' keeps a full EMA copy of the student's weights on every rank, which FSDP and "
-                "ZeRO-3 shard: launch it with DDP or ZeRO-2 (recipes/accelerate_configs/zero2.yaml)"
+                f"{row} keeps a full EMA copy of the student's weights on every rank, which FSDP and ZeRO-3 shard: "
+                "launch it with DDP or ZeRO-2 (recipes/accelerate_configs/zero2.yaml)"
             )
-        reference = EMAReference(self.model, self.args.care_ema_decay, self.args.care_ema_every)
+        reference = EMAReference(self.model, decay, every)
         reference.model.to(self.accelerator.device)
-        self.add_callback(CareReferenceCallback(reference))
+        self.add_callback(EMAReferenceCallback(reference))
         return reference
+
+    def _ema_copies(self) -> list[tuple[str, EMAReference, str]]:
+        """The run's EMA copies of the student, each with its checkpoint file and what it is (for a warning)."""
+        copies = [
+            (CARE_REFERENCE_NAME, self.care_reference, "GRPO-CARE's reference"),
+            (SELF_TEACHER_NAME, self.self_teacher, "SDPO's self-teacher"),
+        ]
+        return [(name, copy, what) for name, copy, what in copies if copy is not None]
 
     def _prepare_perception_judge(self) -> TeacherClient:
         """Perception-R1's judge client; every row's annotations are checked now (a malformed one raises, naming its
@@ -605,8 +627,8 @@ class ZPPOTrainer(GRPOTrainer):
         if self.args.should_save:
             with open(os.path.join(output_dir, ZPPO_STATE_NAME), "w") as f:
                 json.dump(self.zppo_state_dict(), f)
-            if self.care_reference is not None:  # GRPO-CARE's EMA weights, for an exact resume
-                torch.save(self.care_reference.state_dict(), os.path.join(output_dir, CARE_REFERENCE_NAME))
+            for name, copy, _what in self._ema_copies():  # EMA weights, for an exact resume
+                torch.save(copy.state_dict(), os.path.join(output_dir, name))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -620,17 +642,13 @@ class ZPPOTrainer(GRPOTrainer):
             logger.warning(
                 "checkpoint %s has no %s: the replay buffer and ZPPO counters start empty", checkpoint, ZPPO_STATE_NAME
             )
-        if self.care_reference is not None:
-            path = os.path.join(checkpoint, CARE_REFERENCE_NAME)
+        for name, copy, what in self._ema_copies():
+            path = os.path.join(checkpoint, name)
             if os.path.exists(path):
-                self.care_reference.load_state_dict(torch.load(path, map_location=self.accelerator.device))
+                copy.load_state_dict(torch.load(path, map_location=self.accelerator.device))
             else:
-                logger.warning(
-                    "checkpoint %s has no %s: GRPO-CARE's reference restarts from the resumed weights",
-                    checkpoint,
-                    CARE_REFERENCE_NAME,
-                )
-                self.care_reference.load_state_dict(self.model.state_dict())
+                logger.warning("checkpoint %s has no %s: %s restarts from the resumed weights", checkpoint, name, what)
+                copy.load_state_dict(self.model.state_dict())
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """Write ``output_dir/README.md``: the model card of this run (see :mod:`zppo_trl.model_card`).
@@ -690,6 +708,9 @@ class ZPPOTrainer(GRPOTrainer):
             if self.objective_loss.needs_teacher_logps:  # KDRL, RLAD
                 loss_inputs.teacher_logps = self._teacher_token_logps(inputs)
                 loss_inputs.step = self.state.global_step
+            if self.objective_loss.self_teacher:  # SDPO: computed at the rollout step (_with_self_teacher)
+                loss_inputs.teacher_logps = inputs.get(SELF_TEACHER_LOGPS)
+                loss_inputs.teacher_mask = inputs.get(SELF_TEACHER_MASK)
         out = self.objective_loss.fn(loss_inputs, self.args)
         term = teacher_target_term(  # ReLIFT's / RSTG's teacher-target term on the all-wrong questions
             self.args,
@@ -910,6 +931,8 @@ class ZPPOTrainer(GRPOTrainer):
         # 5. The student's group on each built instance; 6. partitions, two-step advantages, padded micro-batches.
         augmented_round = self._augmented_round(built, most_built, draw.plain[0].row, metrics)
         targets = self._zero_variance_targets(teacher_future, draw, plain_round, metrics)
+        if self.self_teacher is not None:  # SDPO: the self-teacher's log-probs of the plain rollouts
+            plain_round = self._with_self_teacher(draw.plain, plain_round, metrics)
         if self.care_reference is not None:  # GRPO-CARE: the advantages see the bonus, the buffer does not
             plain_round = self._with_consistency_bonus(plain_round, metrics)
         if self.perception_judge is not None:  # Perception-R1: likewise its perception reward
@@ -985,6 +1008,68 @@ class ZPPOTrainer(GRPOTrainer):
         metrics["perception_reward_mean"] = sum(judged) / max(len(judged), 1)
         shaped = rewards + self.args.perception_reward_weight * extra
         return Round(plain_round.batch, shaped.view(-1), plain_round.texts, plain_round.groups_per_rank)
+
+    def _with_self_teacher(self, plain: Sequence[Group], plain_round: Round, metrics: dict) -> Round:
+        """The plain round with SDPO's self-teacher signal on this rank's rows: each rollout's self-teacher prompt
+        is its plain prompt and its group's first other correct rollout (:func:`sdpo_context`); the self-teacher's
+        log-prob of each sampled token under it (``self_teacher_logps``), and ``self_teacher_mask`` 1 on the
+        rollouts that have one. A rollout without a correct sibling, and fillers, get none (counted)."""
+        G = self.num_generations
+        rank_rewards = plain_round.rewards.view(self.ranks.world, -1)[self.ranks.rank].tolist()
+        correct = [reward > CORRECT and plain[i // G].kind != FILLER for i, reward in enumerate(rank_rewards)]
+        rows, conversations, without = [], [], 0
+        for i, demonstration in enumerate(sdpo_demonstrations(correct, G)):
+            group = plain[i // G]
+            if group.kind == FILLER:
+                continue
+            if demonstration is None:
+                without += 1
+                continue
+            prompt = compose_prompt(group.row[data.QUESTION], group.block, self.args.closer)
+            context = sdpo_context(prompt, plain_round.texts[demonstration])
+            conversations.append(self._teacher_conversation(group.row, context))
+            rows.append(i)
+        batch = dict(plain_round.batch)
+        logps = torch.zeros(batch["completion_ids"].shape, device=batch["completion_ids"].device)
+        mask = torch.zeros_like(batch["completion_mask"])
+        if rows:
+            t0 = time.perf_counter()
+            logps[rows] = self._logps_under_prompts(self.self_teacher.model, batch, rows, conversations)
+            mask[rows] = batch["completion_mask"][rows]
+            metrics["time/self_teacher_s"] = time.perf_counter() - t0
+        batch[SELF_TEACHER_LOGPS], batch[SELF_TEACHER_MASK] = logps, mask
+        metrics["self_distill_rollouts"] = self.ranks.total(len(rows))
+        metrics["self_distill_without_teacher"] = self.ranks.total(without)
+        return Round(batch, plain_round.rewards, plain_round.texts, plain_round.groups_per_rank)
+
+    def _logps_under_prompts(self, model: Any, batch: dict, rows: list[int], conversations: list) -> torch.Tensor:
+        """``model``'s log-prob of each sampled completion token of ``batch``'s ``rows`` (len(rows), C), at the
+        sampling temperature, each teacher-forced after its own prompt ``conversations[k]`` in place of the one it
+        was sampled from (same images), ``per_device_train_batch_size`` rows per forward, no gradient."""
+        prompt_ids, _images, _fields = self._tokenize_prompts(conversations)
+        pad_id, vocab, size = self._tokenizer.pad_token_id, len(self._tokenizer), self.args.per_device_train_batch_size
+        per_row = concat_batches([batch], pad_id)  # images split per row, for select_rows
+        device = batch["completion_ids"].device
+        out = []
+        with torch.no_grad(), self.accelerator.autocast():
+            for start in range(0, len(rows), size):
+                sub = select_rows(per_row, rows[start : start + size], trim=False)
+                ids = [torch.tensor(p, device=device) for p in prompt_ids[start : start + size]]
+                sub["prompt_ids"] = torch.nn.utils.rnn.pad_sequence(
+                    ids, batch_first=True, padding_value=pad_id, padding_side="left"
+                )
+                sub["prompt_mask"] = torch.nn.utils.rnn.pad_sequence(
+                    [torch.ones_like(i) for i in ids], batch_first=True, padding_value=0, padding_side="left"
+                )
+                for name in _TOKEN_TYPE_FIELDS:  # the new prompt's image placeholders
+                    if name in sub:
+                        sub[name] = self._token_types(torch.cat([sub["prompt_ids"], sub["completion_ids"]], dim=1))
+                states, head = completion_states(model, sub, vocab)
+                scaled = lambda hidden, head=head: head(hidden) / self.temperature  # noqa: E731  (as the student's)
+                out.append(
+                    chosen_token_logps(states, scaled, vocab, sub["completion_ids"], self.args.distill_chunk_size)
+                )
+        return torch.cat(out)
 
     def _answer_likelihoods(self, batch: dict) -> list[float]:
         """GRPO-CARE's ``p`` of each of this rank's rollouts: the reference's geometric-mean probability of the

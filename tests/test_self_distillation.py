@@ -1,0 +1,166 @@
+"""The self-teacher row SDPO† (the paper's teacher-side table): the demonstration each rollout's self-teacher
+sees, its prompt, the named term on hand-computed values, and the configuration that selects it.
+
+Written out independently of the code (minimize form, N the update's token count, A the rollout's advantage,
+r = pi / pi_old, d = log pi - log pi_T the gap to the self-teacher at the sampled token, m the self-teacher mask):
+``-(1/N) sum_t min(r A, clip(r) A) + (1/N) sum_t m_t min(r_t, 2) d_t log pi_t`` with ``d`` and ``min(r, 2)``
+held constant, so a token's gradient with respect to its own log pi is ``(-r A + m min(r, 2) d) / N`` inside the
+clip.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from zppo_trl import ZPPOConfig
+from zppo_trl.batches import concat_batches
+from zppo_trl.losses import LossInputs, loss_for, policy_objectives
+from zppo_trl.self_distillation import sdpo_context, sdpo_demonstrations, sdpo_loss, self_distillation_per_token
+
+CPU = dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[], augmentations=[])
+
+
+def _args(**overrides):
+    values = dict(epsilon=0.2, epsilon_high=0.28, delta=10.0, self_distill_weight=1.0, sdpo_is_clip=2.0)
+    values.update(overrides)
+    return SimpleNamespace(**values)
+
+
+def _inputs(logps, old, teacher, teacher_mask, advantages, mask):
+    logps = torch.tensor([logps], dtype=torch.float64, requires_grad=True)
+    mask_t = torch.tensor([mask], dtype=torch.float64)
+    return LossInputs(
+        mask=mask_t,
+        normalizer=float(sum(mask)),
+        logps=logps,
+        old_logps=torch.tensor([old], dtype=torch.float64),
+        teacher_logps=torch.tensor([teacher], dtype=torch.float64),
+        teacher_mask=torch.tensor([teacher_mask], dtype=torch.float64),
+        advantages=torch.tensor([advantages], dtype=torch.float64),
+        entropies=torch.zeros_like(mask_t),
+    )
+
+
+def test_each_rollout_learns_from_the_first_other_correct_rollout_of_its_group():
+    correct = [False, True, False, True] + [True, False, False, False] + [False] * 4
+    assert sdpo_demonstrations(correct, 4) == [1, 3, 1, 1] + [None, 4, 4, 4] + [None] * 4
+    # a correct rollout alone in its group has no demonstration: never itself
+    assert sdpo_demonstrations([True, False], 2) == [None, 0]
+    with pytest.raises(ValueError, match="do not form groups of 4"):
+        sdpo_demonstrations([True] * 6, 4)
+
+
+def test_the_self_teachers_prompt_is_sdpos_official_template_around_the_demonstration():
+    prompt = "What is 6 x 7?\nPut the final answer in \\boxed{}."
+    demonstration = "<think>six sevens</think>\n6 x 7 = 42, so \\boxed{42}.\n"
+    assert sdpo_context(prompt, demonstration) == (
+        "What is 6 x 7?\nPut the final answer in \\boxed{}."
+        "\nCorrect solution:\n\n6 x 7 = 42, so \\boxed{42}."
+        "\n\nCorrectly solve the original question."
+    )
+
+
+def test_the_term_is_the_sampled_token_reverse_kl_weighted_by_the_capped_ratio():
+    logps = torch.tensor([math.log(0.5), math.log(0.5)], dtype=torch.float64, requires_grad=True)
+    teacher = torch.tensor([math.log(0.25), math.log(0.5)], dtype=torch.float64)
+    old = torch.tensor([math.log(0.1), math.log(0.4)], dtype=torch.float64)  # r = 5 (capped at 2), r = 1.25
+    per_token = self_distillation_per_token(logps, teacher, old, 2.0)
+    expected = [2.0 * math.log(2) * math.log(0.5), 1.25 * 0.0 * math.log(0.5)]
+    assert per_token.tolist() == pytest.approx(expected, rel=1e-12)
+    per_token.sum().backward()
+    assert logps.grad.tolist() == pytest.approx([2.0 * math.log(2), 0.0], rel=1e-12)
+    unclipped = self_distillation_per_token(logps.detach(), teacher, old, None)
+    assert unclipped.tolist() == pytest.approx([math.log(2) * math.log(0.5), 0.0], rel=1e-12)
+
+
+def test_sdpo_is_grpo_plus_the_term_on_the_rollouts_with_a_self_teacher():
+    # on-policy (r = 1): GRPO's part is -A per token. Tokens 0-2 have a self-teacher (half as likely, as likely,
+    # twice as likely); token 3 has none (mask 0); token 4 is padding and must not count at all
+    p = [0.5, 0.25, 0.125, 0.6, 0.9]
+    pt = [0.25, 0.25, 0.25, 0.01, 0.01]
+    logp, logt = [math.log(x) for x in p], [math.log(x) for x in pt]
+    A, N = 0.7, 4
+    inputs = _inputs(logp, logp, logt, [1, 1, 1, 0, 1], [A], [1, 1, 1, 1, 0])
+    out = sdpo_loss(inputs, _args(self_distill_weight=0.5))
+    d = [math.log(2), 0.0, -math.log(2)]
+    assert out.loss.item() == pytest.approx(-A + 0.5 * sum(x * lp for x, lp in zip(d, logp)) / N, rel=1e-12)
+    out.loss.backward()
+    expected_grad = [(-A + 0.5 * x) / N for x in d] + [-A / N, 0.0]
+    assert inputs.logps.grad[0].tolist() == pytest.approx(expected_grad, rel=1e-12, abs=1e-15)
+    total, count = out.means["self_distill/log_ratio"]
+    assert float(count) == 3 and float(total) == pytest.approx(0.0, abs=1e-12)
+    reached, tokens = out.means["self_distill/tokens"]
+    assert (float(reached), float(tokens)) == (3.0, 4.0)
+
+
+def test_sdpo_keeps_grpos_clip_and_the_term_its_own_cap():
+    # token 0 at r = 1.5 with A > 0: GRPO's part is clipped (no gradient); the term pushes it with min(1.5, 2) d
+    logp, old, teacher = [math.log(0.6)], [math.log(0.4)], [math.log(0.3)]
+    inputs = _inputs(logp, old, teacher, [1], [1.0], [1])
+    out = sdpo_loss(inputs, _args())
+    assert out.loss.item() == pytest.approx(-1.28 + 1.5 * math.log(2) * math.log(0.6), rel=1e-12)
+    out.loss.backward()
+    assert float(inputs.logps.grad[0, 0]) == pytest.approx(1.5 * math.log(2), rel=1e-12)
+
+
+def test_a_batch_without_the_self_teachers_signal_trains_grpo_alone():
+    inputs = _inputs([-1.0], [-1.0], [-2.0], [1], [1.0], [1])
+    inputs.teacher_logps = inputs.teacher_mask = None  # TRL's evaluation batches
+    assert sdpo_loss(inputs, _args()).loss.item() == pytest.approx(-1.0)
+
+
+def test_rounds_without_the_self_teachers_fields_merge_as_rows_without_a_teacher():
+    def batch(rows: int, teacher: bool) -> dict:
+        out = {
+            "prompt_ids": torch.ones(rows, 2, dtype=torch.long),
+            "prompt_mask": torch.ones(rows, 2, dtype=torch.long),
+            "completion_ids": torch.ones(rows, 3, dtype=torch.long),
+            "completion_mask": torch.ones(rows, 3, dtype=torch.long),
+            "advantages": torch.zeros(rows),
+        }
+        if teacher:
+            out["self_teacher_logps"] = torch.full((rows, 3), -0.5)
+            out["self_teacher_mask"] = torch.ones(rows, 3, dtype=torch.long)
+        return out
+
+    merged = concat_batches([batch(2, True), batch(1, False)], pad_token_id=0)
+    assert merged["self_teacher_mask"].tolist() == [[1, 1, 1], [1, 1, 1], [0, 0, 0]]
+    assert merged["self_teacher_logps"][:2].eq(-0.5).all() and merged["self_teacher_logps"][2].eq(0).all()
+    with pytest.raises(ValueError, match="'old_per_token_logps' is present in some rounds"):
+        concat_batches([{**batch(1, False), "old_per_token_logps": torch.zeros(1, 3)}, batch(1, False)], 0)
+
+
+def test_sdpo_is_a_registered_objective_named_as_the_papers_table():
+    config = ZPPOConfig(policy_objective="sdpo", **CPU)
+    assert config.variant == "SDPO\u2020"
+    loss = loss_for(config)
+    assert loss.self_teacher and loss.trains_zero_advantage and not loss.needs_teacher_logps
+    assert not config.reads_teacher_logprobs  # no external teacher: the row needs no server
+    assert not any(policy_objectives()[o].self_teacher for o in ("grpo", "kdrl", "rlad"))
+    assert (config.self_distill_weight, config.sdpo_teacher_update_rate, config.sdpo_is_clip) == (1.0, 0.05, 2.0)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(sdpo_teacher_update_rate=1.5), "sdpo_teacher_update_rate must be a finite number in"),
+        (dict(self_distill_weight=-1.0), "self_distill_weight must be a finite number"),
+        (dict(sdpo_is_clip=0.0), "sdpo_is_clip must be a finite number > 0"),
+        (
+            dict(augmentations=["bcq"], teacher_base_url="http://127.0.0.1:1/v1", teacher_model="t"),
+            "policy_objective='sdpo' is a row on GRPO\u2020's pipeline",
+        ),
+    ],
+)
+def test_bad_settings_name_the_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        ZPPOConfig(**{**CPU, "policy_objective": "sdpo", **overrides})
+
+
+def test_its_settings_on_another_row_warn_that_nothing_reads_them():
+    with pytest.warns(UserWarning, match="sdpo_is_clip=3.0 has no effect on this row .*only policy_objective: sdpo"):
+        ZPPOConfig(sdpo_is_clip=3.0, **CPU)
