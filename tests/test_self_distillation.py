@@ -164,3 +164,75 @@ def test_bad_settings_name_the_field(overrides, message):
 def test_its_settings_on_another_row_warn_that_nothing_reads_them():
     with pytest.warns(UserWarning, match="sdpo_is_clip=3.0 has no effect on this row .*only policy_objective: sdpo"):
         ZPPOConfig(sdpo_is_clip=3.0, **CPU)
+
+
+def _every_other_rollout_right(completions, **kwargs):
+    """Rollouts 1 and 3 of each group of 4 are 'correct': every rollout has a correct sibling to learn from."""
+    return [float(n % 2) for n in range(len(completions))]
+
+
+def test_the_self_teacher_scores_image_rollouts_after_its_prompt_with_the_same_image(tmp_path):
+    """A tiny random Qwen3.5 VLM, one SDPO† rollout step: the self-teacher's log-probs of every sampled token equal
+    an independent forward of the initial weights on the processor's chat-templated self-teacher prompt (its image
+    included) followed by the completion."""
+    from datasets import Dataset
+
+    from zppo_trl import ZPPOTrainer
+
+    try:
+        from boxed_models import toy_rows
+        from tiny_models import tiny_processor, tiny_vlm
+    except ImportError:
+        from tests.boxed_models import toy_rows
+        from tests.tiny_models import tiny_processor, tiny_vlm
+
+    model, processor = tiny_vlm(seed=0), tiny_processor()
+    initial = tiny_vlm(seed=0)
+    args = ZPPOConfig(
+        **{**CPU, "output_dir": str(tmp_path / "out")},
+        policy_objective="sdpo",
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=6,
+        num_partitions=1,
+        max_steps=1,
+        replay_fraction=0.0,
+        save_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+    )
+    trainer = ZPPOTrainer(
+        model=model,
+        reward_funcs=_every_other_rollout_right,
+        args=args,
+        train_dataset=Dataset.from_list(toy_rows("vlm")),
+        processing_class=processor,
+    )
+    seen = []
+    scored = trainer._logps_under_prompts
+
+    def recorded(model, batch, rows, conversations):
+        logps = scored(model, batch, rows, conversations)
+        seen.append((batch, list(rows), conversations, logps))
+        return logps
+
+    trainer._logps_under_prompts = recorded
+    trainer.train()
+    ((batch, rows, conversations, logps),) = seen
+    assert rows == list(range(batch["completion_ids"].size(0)))  # every rollout has a correct sibling
+    for k, row in enumerate(rows):
+        parts = conversations[k][-1]["content"]
+        assert [p["type"] for p in parts] == ["image", "text"] and "\nCorrect solution:\n\n" in parts[1]["text"]
+        inputs = processor.apply_chat_template(
+            conversations[k], add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+        )
+        completion = batch["completion_ids"][row][batch["completion_mask"][row].bool()]
+        ids = torch.cat([inputs["input_ids"][0], completion])[None]
+        extra = {name: inputs[name] for name in ("pixel_values", "image_grid_thw") if name in inputs}
+        if "mm_token_type_ids" in inputs:
+            types = inputs["mm_token_type_ids"][0]
+            extra["mm_token_type_ids"] = torch.cat([types, torch.zeros_like(completion)])[None]
+        with torch.no_grad():
+            logits = initial(input_ids=ids, **extra).logits[0, inputs["input_ids"].size(1) - 1 : -1]
+        expected = torch.log_softmax(logits.float(), -1).gather(-1, completion[:, None]).squeeze(-1)
+        torch.testing.assert_close(logps[k, : completion.numel()], expected, atol=1e-5, rtol=1e-5)
