@@ -1070,20 +1070,20 @@ def test_sdpo_distils_each_rollout_towards_the_student_shown_a_correct_sibling(b
     assert trainer.args.variant.endswith("SDPO\u2020") and trainer.teacher is None
     initial = [p.detach().clone() for p in trainer.self_teacher.model.parameters()]
     calls = []
-    with_self_teacher, scored = trainer._with_self_teacher, trainer._logps_under_prompts
+    with_self_teacher, scored = trainer._with_self_teacher, trainer._self_teacher_signal
 
-    def recorded_round(plain, plain_round, metrics):
+    def recorded_round(teacher_future, plain, plain_round, metrics):
         calls.append(dict(plain=list(plain), round=plain_round))
-        out = with_self_teacher(plain, plain_round, metrics)
+        out = with_self_teacher(teacher_future, plain, plain_round, metrics)
         calls[-1]["out"] = out
         return out
 
-    def recorded_scores(model, batch, rows, conversations):
-        logps = scored(model, batch, rows, conversations)
-        calls[-1].update(rows=list(rows), conversations=conversations, logps=logps.clone())
-        return logps
+    def recorded_scores(batch, rows, conversations):
+        fields = scored(batch, rows, conversations)
+        calls[-1].update(rows=list(rows), conversations=conversations, logps=fields["self_teacher_logps"][rows])
+        return fields
 
-    trainer._with_self_teacher, trainer._logps_under_prompts = recorded_round, recorded_scores
+    trainer._with_self_teacher, trainer._self_teacher_signal = recorded_round, recorded_scores
     trainer.train()
     G = trainer.num_generations
     assert len(calls) == 2  # one per rollout step
@@ -1130,6 +1130,95 @@ def test_sdpo_distils_each_rollout_towards_the_student_shown_a_correct_sibling(b
     restored = EMAReference(AutoModelForCausalLM.from_pretrained(boxed_text_student_dir))
     restored.load_state_dict(saved)
     assert all(torch.equal(a, b) for a, b in zip(restored.model.parameters(), ema))
+
+
+def test_opsd_distils_towards_the_initial_student_shown_the_teachers_correct_reply(
+    boxed_text_student_dir, boxed_teacher_server, tmp_path
+):
+    """OPSD† (policy_objective: opsd), two rollout steps against the boxed teacher server: every rollout of a
+    question the teacher answered correctly that step (graded here, independently), and no other, is scored by the
+    self-teacher after OPSD's prompt around the teacher's first correct reply; that self-teacher is the initial
+    student, frozen (an independent forward of the checkpoint gives the same top-k); the divergence reaches the loss
+    and the student moves."""
+    from zppo_trl.self_distillation import opsd_context
+
+    teacher = _recording_teacher(boxed_teacher_server)
+    trainer = _trainer(
+        boxed_text_student_dir,
+        boxed_teacher_server,
+        tmp_path,
+        [],
+        Spy(),
+        teacher=teacher,
+        policy_objective="opsd",
+        prefetch_teacher_samples=False,  # each step's teacher replies are asked for within it
+    )
+    assert trainer.args.variant.endswith("OPSD\u2020")
+    initial = [p.detach().clone() for p in trainer.self_teacher.model.parameters()]
+    student_before = [p.detach().clone() for p in trainer.model.parameters()]
+    calls, asked_until = [], [0]
+    with_self_teacher, signal = trainer._with_self_teacher, trainer._self_teacher_signal
+
+    def recorded_round(teacher_future, plain, plain_round, metrics):
+        out = with_self_teacher(teacher_future, plain, plain_round, metrics)
+        calls.append(dict(plain=list(plain), out=out, exchanges=teacher.exchanges[asked_until[0] :], **calls_seen[-1]))
+        asked_until[0] = len(teacher.exchanges)
+        return out
+
+    calls_seen = []
+
+    def recorded_signal(batch, rows, conversations):
+        fields = signal(batch, rows, conversations)
+        calls_seen.append(dict(rows=list(rows), conversations=conversations, fields=fields))
+        return fields
+
+    trainer._with_self_teacher, trainer._self_teacher_signal = recorded_round, recorded_signal
+    trainer.train()
+    G = trainer.num_generations
+    assert len(calls) == 2
+    distilled = 0
+    for call in calls:
+        replies = {}  # question text -> this step's teacher replies
+        for messages, texts in call["exchanges"]:
+            replies[messages[-1]["content"]] = texts or []
+        expected_rows, expected_contexts = [], []
+        for i in range(len(call["plain"]) * G):
+            group = call["plain"][i // G]
+            if group.kind == "filler":
+                continue
+            texts = replies[compose_prompt(group.row["question"])]
+            right = [t for t, r in zip(texts, boxed_accuracy_reward(texts, [group.row["answer"]] * len(texts))) if r]
+            if right:
+                expected_rows.append(i)
+                expected_contexts.append(opsd_context(group.row["question"], right[0], RL_CLOSER))
+        assert call["rows"] == expected_rows
+        assert [c[-1]["content"] for c in call["conversations"]] == expected_contexts
+        batch = call["out"].batch
+        assert batch["self_teacher_mask"].sum() == batch["completion_mask"][expected_rows].sum()
+        distilled += len(expected_rows)
+    assert distilled > 0, "the teacher answered no question correctly: nothing was distilled"
+    # the self-teacher is the initial student, frozen: an independent forward of the checkpoint gives its top-k
+    call = next(c for c in calls if c["rows"])
+    reference = AutoModelForCausalLM.from_pretrained(boxed_text_student_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(boxed_text_student_dir)
+    batch, row = call["out"].batch, call["rows"][0]
+    prompt = tokenizer.apply_chat_template(
+        call["conversations"][0], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    completion = batch["completion_ids"][row][batch["completion_mask"][row].bool()].tolist()
+    with torch.no_grad():
+        logits = reference(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
+    expected = torch.log_softmax(logits.float(), -1).topk(trainer.args.opsd_top_k, dim=-1)
+    torch.testing.assert_close(
+        batch["self_teacher_topk_logps"][row, : len(completion)], expected.values, atol=1e-4, rtol=1e-4
+    )
+    assert torch.equal(batch["self_teacher_topk_ids"][row, : len(completion), 0], expected.indices[:, 0])
+    assert all(torch.equal(a, b) for a, b in zip(trainer.self_teacher.model.parameters(), initial))
+    assert any(not torch.equal(a, b) for a, b in zip(trainer.model.parameters(), student_before))
+    logs = _rollout_logs(trainer)
+    assert [log["self_distill_rollouts"] for log in logs] == [len(c["rows"]) for c in calls]
+    losses = [h for h in trainer.state.log_history if "self_distill/jsd" in h]
+    assert losses and any(h["self_distill/tokens"] > 0 and h["self_distill/jsd"] > 0 for h in losses)
 
 
 def test_grpo_care_adds_its_consistency_bonus_to_the_advantages_and_nothing_else(

@@ -122,6 +122,7 @@ ROWS = {
     "rstg_dagger": ("RSTG\u2020", dict(augmentations=[], zero_variance_signal="rstg")),
     "grpo_care_dagger": ("GRPO-CARE\u2020", dict(augmentations=[], reward_term="grpo_care")),
     "sdpo_dagger": ("SDPO\u2020", dict(augmentations=[], policy_objective="sdpo")),
+    "opsd_dagger": ("OPSD\u2020", dict(augmentations=[], policy_objective="opsd")),
     "perception_r1_dagger": ("Perception-R1\u2020", dict(augmentations=[], reward_term="perception_r1")),
     "kdrl_dagger": (
         "KDRL\u2020",

@@ -1,5 +1,5 @@
-"""The self-teacher row SDPO† (the paper's teacher-side table): the demonstration each rollout's self-teacher
-sees, its prompt, the named term on hand-computed values, and the configuration that selects it.
+"""The self-teacher rows SDPO† and OPSD† (the paper's teacher-side table): the privileged context each rollout's
+self-teacher sees, its prompt, each named term on hand-computed values, and the configuration that selects it.
 
 Written out independently of the code (minimize form, N the update's token count, A the rollout's advantage,
 r = pi / pi_old, d = log pi - log pi_T the gap to the self-teacher at the sampled token, m the self-teacher mask):
@@ -18,8 +18,17 @@ import torch
 
 from zppo_trl import ZPPOConfig
 from zppo_trl.batches import concat_batches
+from zppo_trl.distill import DistillInputs, TeacherTopK, top_k_logps
 from zppo_trl.losses import LossInputs, loss_for, policy_objectives
-from zppo_trl.self_distillation import sdpo_context, sdpo_demonstrations, sdpo_loss, self_distillation_per_token
+from zppo_trl.self_distillation import (
+    SELF_TEACHERS,
+    opsd_context,
+    opsd_loss,
+    sdpo_context,
+    sdpo_demonstrations,
+    sdpo_loss,
+    self_distillation_per_token,
+)
 
 CPU = dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[], augmentations=[])
 
@@ -209,14 +218,14 @@ def test_the_self_teacher_scores_image_rollouts_after_its_prompt_with_the_same_i
         processing_class=processor,
     )
     seen = []
-    scored = trainer._logps_under_prompts
+    scored = trainer._self_teacher_signal
 
-    def recorded(model, batch, rows, conversations):
-        logps = scored(model, batch, rows, conversations)
-        seen.append((batch, list(rows), conversations, logps))
-        return logps
+    def recorded(batch, rows, conversations):
+        fields = scored(batch, rows, conversations)
+        seen.append((batch, list(rows), conversations, fields["self_teacher_logps"][rows]))
+        return fields
 
-    trainer._logps_under_prompts = recorded
+    trainer._self_teacher_signal = recorded
     trainer.train()
     ((batch, rows, conversations, logps),) = seen
     assert rows == list(range(batch["completion_ids"].size(0)))  # every rollout has a correct sibling
@@ -236,3 +245,105 @@ def test_the_self_teacher_scores_image_rollouts_after_its_prompt_with_the_same_i
             logits = initial(input_ids=ids, **extra).logits[0, inputs["input_ids"].size(1) - 1 : -1]
         expected = torch.log_softmax(logits.float(), -1).gather(-1, completion[:, None]).squeeze(-1)
         torch.testing.assert_close(logps[k, : completion.numel()], expected, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------- OPSD
+
+
+def test_the_opsd_self_teachers_prompt_puts_opsds_reference_block_between_question_and_closer():
+    reference = "<think>draft</think>\n6 x 7 = 42.\n\\boxed{42}\n"
+    assert opsd_context("What is 6 x 7?", reference, "Put the final answer in \\boxed{}.") == (
+        "What is 6 x 7?\n\n"
+        "Here is a reference solution to this problem:\n=== Reference Solution Begin ===\n6 x 7 = 42.\n\\boxed{42}\n"
+        "=== Reference Solution End ===\n\n"
+        "After reading the reference solution above, make sure you truly understand the reasoning behind each step "
+        "\u2014 do not copy or paraphrase it. Now, using your own words and independent reasoning, derive the same "
+        "final answer to the problem above. Think step by step, explore different approaches, and don't be afraid "
+        "to backtrack or reconsider if something doesn't work out:\n\n"
+        "Put the final answer in \\boxed{}."
+    )
+    with pytest.raises(ValueError, match="non-empty solution"):
+        opsd_context("Q", "<think>only a draft</think>  ", None)
+
+
+def test_top_k_logps_are_the_k_largest_log_probs_in_rank_order():
+    torch.manual_seed(0)
+    states, head = torch.randn(2, 3, 4), torch.nn.Linear(4, 7, bias=False)
+    topk = top_k_logps(states, head, vocab=6, k=3, chunk_size=2)  # the head's 7th logit is past the vocabulary
+    full = torch.log_softmax(head(states)[..., :6].float(), dim=-1)
+    expected = full.topk(3, dim=-1)
+    assert topk.ids.shape == (2, 3, 3) and torch.equal(topk.ids, expected.indices)
+    torch.testing.assert_close(topk.logps, expected.values)
+
+
+def _kl(p: list[float], q: list[float]) -> float:
+    return sum(a * math.log(a / b) for a, b in zip(p, q))
+
+
+def test_opsd_is_grpo_plus_the_jsd_to_the_self_teachers_top_k_with_its_tail():
+    # a 3-token vocabulary, the self-teacher's top 2 (plus the tail bucket): at each of two positions the student's
+    # distribution is softmax(logits); position 1 has no self-teacher (mask 0) and must not count
+    logits = torch.tensor([[[1.0, 0.0, -1.0], [0.5, 0.5, 0.0]]], dtype=torch.float64)
+    states = logits.clone().requires_grad_(True)  # the head is the identity: states are the logits
+    topk = TeacherTopK(
+        torch.tensor([[[2, 0], [0, 1]]]),
+        torch.tensor([[[math.log(0.6), math.log(0.3)], [math.log(0.5), math.log(0.4)]]], dtype=torch.float64),
+    )
+    A, N, weight = 0.5, 2, 0.25
+    logps = torch.log_softmax(states, -1).gather(-1, torch.tensor([[[0], [1]]])).squeeze(-1)
+    inputs = LossInputs(
+        mask=torch.ones(1, 2, dtype=torch.float64),
+        normalizer=float(N),
+        logps=logps,
+        old_logps=logps.detach(),
+        advantages=torch.tensor([A], dtype=torch.float64),
+        entropies=torch.zeros(1, 2, dtype=torch.float64),
+        teacher_mask=torch.tensor([[1.0, 0.0]], dtype=torch.float64),
+        distill=DistillInputs(states, lambda x: x, 3, topk=topk),
+    )
+    out = opsd_loss(inputs, _args(self_distill_weight=weight, opsd_beta=0.5, distill_chunk_size=8))
+    p = torch.softmax(logits[0, 0], -1).tolist()
+    student = [p[2], p[0], 1 - p[2] - p[0]]  # on the teacher's support: its top 2, then the rest
+    teacher = [0.6, 0.3, 0.1]
+    mixture = [0.5 * s + 0.5 * t for s, t in zip(student, teacher)]
+    jsd = 0.5 * _kl(teacher, mixture) + 0.5 * _kl(student, mixture)
+    assert out.loss.item() == pytest.approx(-A + weight * jsd / N, rel=1e-9)
+    total, count = out.means["self_distill/jsd"]
+    assert float(count) == 1 and float(total) == pytest.approx(jsd, rel=1e-9)
+    forward = opsd_loss(inputs, _args(self_distill_weight=weight, opsd_beta=0.0, distill_chunk_size=8))
+    assert forward.loss.item() == pytest.approx(-A + weight * _kl(teacher, student) / N, rel=1e-9)
+
+
+def test_rounds_without_opsds_top_k_merge_as_rows_without_a_teacher():
+    def batch(rows: int, k: int | None) -> dict:
+        out = {
+            "prompt_ids": torch.ones(rows, 2, dtype=torch.long),
+            "prompt_mask": torch.ones(rows, 2, dtype=torch.long),
+            "completion_ids": torch.ones(rows, 2 if k else 4, dtype=torch.long),
+            "completion_mask": torch.ones(rows, 2 if k else 4, dtype=torch.long),
+            "advantages": torch.zeros(rows),
+        }
+        if k:
+            out["self_teacher_topk_ids"] = torch.full((rows, 2, k), 5)
+            out["self_teacher_topk_logps"] = torch.full((rows, 2, k), -0.5)
+        return out
+
+    merged = concat_batches([batch(1, 3), batch(1, None)], pad_token_id=0)
+    assert merged["self_teacher_topk_ids"].shape == (2, 4, 3)  # padded along the positions, the top-k kept
+    assert merged["self_teacher_topk_ids"][0, :2].eq(5).all() and merged["self_teacher_topk_ids"][0, 2:].eq(0).all()
+    assert merged["self_teacher_topk_logps"][1].eq(0).all()
+
+
+def test_opsd_is_a_registered_objective_that_needs_the_teacher_server():
+    teacher = dict(teacher_base_url="http://127.0.0.1:1/v1", teacher_model="t")
+    config = ZPPOConfig(policy_objective="opsd", **teacher, **CPU)
+    assert config.variant == "OPSD\u2020" and loss_for(config).self_teacher
+    assert (config.opsd_beta, config.opsd_top_k, config.self_distill_weight) == (0.5, 20, 1.0)
+    assert SELF_TEACHERS["opsd"].samples_teacher and not SELF_TEACHERS["opsd"].moves
+    assert not SELF_TEACHERS["sdpo"].samples_teacher and SELF_TEACHERS["sdpo"].moves
+    with pytest.raises(ValueError, match="set teacher_base_url and teacher_model"):
+        ZPPOConfig(policy_objective="opsd", **CPU)
+    with pytest.raises(ValueError, match="opsd_top_k must be an integer >= 1"):
+        ZPPOConfig(policy_objective="opsd", opsd_top_k=0, **teacher, **CPU)
+    with pytest.warns(UserWarning, match="opsd_beta=0.0 has no effect .*only policy_objective: opsd"):
+        ZPPOConfig(policy_objective="sdpo", opsd_beta=0.0, **CPU)

@@ -20,7 +20,15 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-__all__ = ["SELF_TEACHER_LOGPS", "SELF_TEACHER_MASK", "concat_batches", "num_rows", "select_rows"]
+__all__ = [
+    "SELF_TEACHER_LOGPS",
+    "SELF_TEACHER_MASK",
+    "SELF_TEACHER_TOPK_IDS",
+    "SELF_TEACHER_TOPK_LOGPS",
+    "concat_batches",
+    "num_rows",
+    "select_rows",
+]
 
 # (B, P) fields, left-padded like the prompts; value = padding (None: the tokenizer's pad id)
 _PROMPT_FIELDS = {"prompt_ids": None, "prompt_mask": 0}
@@ -35,10 +43,13 @@ _COMPLETION_FIELDS = {
     "importance_sampling_ratio": 1.0,  # (B, C) per token, or (B, 1) per sequence
     "self_teacher_logps": 0.0,  # SDPO's self-teacher log-prob of each sampled token
     "self_teacher_mask": 0,  # 1 on the rollouts that have a self-teacher
+    "self_teacher_topk_ids": 0,  # (B, C, k) OPSD's self-teacher top-k at each position
+    "self_teacher_topk_logps": 0.0,
 }
 SELF_TEACHER_LOGPS, SELF_TEACHER_MASK = "self_teacher_logps", "self_teacher_mask"
-# fields only some rounds carry (SDPO's, on the plain round): the others' rows take the padding value
-_OPTIONAL_FIELDS = (SELF_TEACHER_LOGPS, SELF_TEACHER_MASK)
+SELF_TEACHER_TOPK_IDS, SELF_TEACHER_TOPK_LOGPS = "self_teacher_topk_ids", "self_teacher_topk_logps"
+# fields only some rounds carry (the self-teacher rows', on the plain round): the others' rows take the padding value
+_OPTIONAL_FIELDS = (SELF_TEACHER_LOGPS, SELF_TEACHER_MASK, SELF_TEACHER_TOPK_IDS, SELF_TEACHER_TOPK_LOGPS)
 # (B, P + C) fields spanning prompt and completion
 _SEQUENCE_FIELDS = {"token_type_ids": 0, "mm_token_type_ids": 0}
 # one value per row
@@ -68,10 +79,11 @@ def _check_fields(batch: Mapping) -> None:
 
 
 def _pad_width(x: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
+    """``x`` padded along its second dimension (positions) to ``width``; trailing dimensions (a top-k) are kept."""
     missing = width - x.size(1)
     if missing <= 0:
         return x
-    return F.pad(x, (missing, 0) if left else (0, missing), value=value)
+    return F.pad(x, (0, 0) * (x.dim() - 2) + ((missing, 0) if left else (0, missing)), value=value)
 
 
 def _per_row_images(batch: Mapping) -> tuple[list, list, list[int], list] | None:
@@ -129,8 +141,12 @@ def concat_batches(batches: Sequence[Mapping], pad_token_id: int) -> dict:
         if not all(present) and name not in _OPTIONAL_FIELDS:
             raise ValueError(f"rollout field {name!r} is present in some rounds but not others")
         value = pad_token_id if pad is None else pad
+        example = next(b[name] for b in batches if name in b)  # a round without the field: rows without the signal
         parts = [
-            b[name] if name in b else torch.full_like(b["completion_ids"], value, dtype=torch.float32) for b in batches
+            b[name]
+            if name in b
+            else example.new_full((num_rows(b), b["completion_ids"].size(1), *example.shape[2:]), value)
+            for b in batches
         ]
         if all(p.dim() == 2 and p.size(1) == 1 for p in parts):  # per-sequence values
             out[name] = torch.cat(parts)

@@ -39,7 +39,7 @@ from .perception import PERCEPTION_REWARD_WEIGHT
 from .prompts import RL_CLOSER
 from .reformulate import KINDS, augment_limit
 from .replay import replay_count
-from .self_distillation import SDPO_IS_CLIP, SDPO_TEACHER_UPDATE_RATE
+from .self_distillation import OPSD_BETA, OPSD_TOP_K, SDPO_IS_CLIP, SDPO_TEACHER_UPDATE_RATE, SELF_TEACHERS
 from .zero_variance import ZERO_VARIANCE_SIGNALS
 
 __all__ = [
@@ -89,6 +89,7 @@ OBJECTIVE_SETTINGS: dict[str, dict[str, object]] = {
     "kdrl": {},
     "rlad": {},
     "sdpo": {},
+    "opsd": {},
 }
 
 
@@ -286,8 +287,9 @@ class ZPPOConfig(GRPOConfig):
             "importance weight, see cispo_weight_bound), 'dispo' (four-way clip, see dispo_*), or one of the "
             "teacher-side hybrid rows: 'kdrl' (GRPO plus an annealed reverse KL to the teacher, see kdrl_*) or "
             "'rlad' (the ratio taken against a mix of the old policy and the teacher, see rlad_*), or the "
-            "self-teacher row 'sdpo' (GRPO plus a distillation to an EMA copy of the student shown a correct sibling "
-            "rollout, see sdpo_* and self_distill_weight). Every other setting stays the paper's."
+            "self-teacher rows 'sdpo' (GRPO plus a distillation to an EMA copy of the student shown a correct sibling "
+            "rollout, see sdpo_*) and 'opsd' (GRPO plus a JSD to the initial student shown the teacher's correct "
+            "reply, see opsd_*), both weighted by self_distill_weight. Every other setting stays the paper's."
         },
     )
     gspo_settings: str = field(
@@ -369,12 +371,12 @@ class ZPPOConfig(GRPOConfig):
         },
     )
 
-    # SDPO's self-teacher (zppo_trl.self_distillation): the official code's defaults.
+    # The self-teacher rows (zppo_trl.self_distillation): SDPO's and OPSD's official defaults.
     self_distill_weight: float = field(
         default=1.0,
         metadata={
-            "help": "SDPO: the weight of the self-distillation term added to GRPO's objective. Only "
-            "policy_objective: sdpo reads it."
+            "help": "SDPO, OPSD: the weight of the self-distillation term added to GRPO's objective. Only "
+            "policy_objective: sdpo|opsd reads it."
         },
     )
     sdpo_teacher_update_rate: float = field(
@@ -390,6 +392,20 @@ class ZPPOConfig(GRPOConfig):
         metadata={
             "help": "SDPO: the cap on the stop-gradient importance ratio pi / pi_old weighting the term (its "
             "official 2). Only policy_objective: sdpo reads it."
+        },
+    )
+    opsd_beta: float = field(
+        default=OPSD_BETA,
+        metadata={
+            "help": "OPSD: beta of GKD's generalized JSD between the self-teacher and the student (0.5, OPSD's first "
+            "version; 0 is KL(teacher || student), its later forward KL). Only policy_objective: opsd reads it."
+        },
+    )
+    opsd_top_k: int = field(
+        default=OPSD_TOP_K,
+        metadata={
+            "help": "OPSD: the self-teacher's top-k tokens per position kept for the divergence (plus one bucket for "
+            "the rest of the vocabulary). Only policy_objective: opsd reads it."
         },
     )
 
@@ -829,9 +845,12 @@ class ZPPOConfig(GRPOConfig):
             )
 
     def _validate_self_teacher(self) -> None:
-        """SDPO's settings; the row is GRPO† with its term, on the plain rollouts."""
+        """SDPO's and OPSD's settings; each row is GRPO† with its term, on the plain rollouts."""
         _check_number("self_distill_weight", self.self_distill_weight)
         _check_number("sdpo_teacher_update_rate", self.sdpo_teacher_update_rate, high=1.0)
+        _check_number("opsd_beta", self.opsd_beta, high=1.0)
+        if isinstance(self.opsd_top_k, bool) or not isinstance(self.opsd_top_k, int) or self.opsd_top_k < 1:
+            raise ValueError(f"opsd_top_k must be an integer >= 1, got {self.opsd_top_k!r}")
         if not (isinstance(self.sdpo_is_clip, (int, float)) and not isinstance(self.sdpo_is_clip, bool)) or not (
             0.0 < self.sdpo_is_clip < float("inf")
         ):
@@ -843,6 +862,11 @@ class ZPPOConfig(GRPOConfig):
                 f"policy_objective={self.policy_objective!r} is a row on GRPO\u2020's pipeline: its self-teacher "
                 f"reads the plain rollouts; set augmentations: [] and no distillation (got augmentations="
                 f"{self.augmentations}, distillation={self.distillation!r})"
+            )
+        if SELF_TEACHERS[self.policy_objective].samples_teacher and not (self.teacher_base_url and self.teacher_model):
+            raise ValueError(
+                f"policy_objective={self.policy_objective!r} shows the self-teacher the teacher's graded-correct "
+                "reply: set teacher_base_url and teacher_model"
             )
 
     def _validate_reward_term(self) -> None:
@@ -953,8 +977,12 @@ class ZPPOConfig(GRPOConfig):
                 "distillation from the server",
             ),
             "distill_chunk_size": (
-                self.distillation is not None or rstg or (teacher_logps and bool(self.distill_teacher)),
-                "distillation: off|on, zero_variance_signal: rstg or policy_objective: kdrl|rlad with distill_teacher",
+                self.distillation is not None
+                or rstg
+                or (teacher_logps and bool(self.distill_teacher))
+                or self.policy_objective in SELF_TEACHERS,
+                "distillation: off|on, zero_variance_signal: rstg, policy_objective: sdpo|opsd or policy_objective: "
+                "kdrl|rlad with distill_teacher",
             ),
             **dict.fromkeys(DISPO_FIELDS, (self.policy_objective == "dispo", "policy_objective: dispo")),
             "gspo_settings": (self.policy_objective == "gspo", "policy_objective: gspo"),
@@ -969,9 +997,11 @@ class ZPPOConfig(GRPOConfig):
                 (self.policy_objective == "rlad", "policy_objective: rlad"),
             ),
             **dict.fromkeys(
-                ("self_distill_weight", "sdpo_teacher_update_rate", "sdpo_is_clip"),
+                ("sdpo_teacher_update_rate", "sdpo_is_clip"),
                 (self.policy_objective == "sdpo", "policy_objective: sdpo"),
             ),
+            **dict.fromkeys(("opsd_beta", "opsd_top_k"), (self.policy_objective == "opsd", "policy_objective: opsd")),
+            "self_distill_weight": (self.policy_objective in SELF_TEACHERS, "policy_objective: sdpo|opsd"),
             "zero_variance_alpha": (self.zero_variance_signal != "none", "zero_variance_signal"),
             **dict.fromkeys(
                 ("care_bonus_coefficient", "care_ema_decay", "care_ema_every", "care_margin"),
@@ -1187,9 +1217,11 @@ class ZPPOConfig(GRPOConfig):
             rollouts=G,
             updates=self.num_partitions,
             new_prompts_per_update=new / self.num_partitions,
-            # Correction-SFT samples no teacher rollouts; Off-Distill samples them on every question
+            # Correction-SFT samples no teacher rollouts; Off-Distill and OPSD sample them on every question
             teacher_rollouts=self.teacher_num_generations
-            if (self.augmentations and self.augmentations != ["correction"]) or self.distillation == "off"
+            if (self.augmentations and self.augmentations != ["correction"])
+            or self.distillation == "off"
+            or self.policy_objective == "opsd"
             else 0,
             rows_per_micro_batch=self.per_device_train_batch_size,
             micro_batches_per_update=self.gradient_accumulation_steps,

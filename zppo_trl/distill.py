@@ -164,6 +164,24 @@ def chosen_token_logps(
     return out.view(ids.shape)
 
 
+@torch.no_grad()
+def top_k_logps(
+    states: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], vocab: int, k: int, chunk_size: int
+) -> TeacherTopK:
+    """The top ``k`` next-token log-probs (and their ids) at each position of ``states`` (B, C, H), over the first
+    ``vocab`` entries, ``chunk_size`` positions at a time; float32, no gradient, in rank order. A local teacher's
+    signal kept for later micro-batches in the form a teacher server sends (OPSD's frozen self-teacher)."""
+    flat = states.reshape(-1, states.size(-1))
+    ids = torch.empty(flat.size(0), k, dtype=torch.long, device=flat.device)
+    logps = torch.empty(flat.size(0), k, dtype=torch.float32, device=flat.device)
+    for start in range(0, flat.size(0), chunk_size):
+        end = start + chunk_size
+        chunk = torch.log_softmax(_at_least_fp32(head(flat[start:end])[..., :vocab]), dim=-1).topk(k, dim=-1)
+        logps[start:end], ids[start:end] = chunk.values.float(), chunk.indices
+    shape = (*states.shape[:-1], k)
+    return TeacherTopK(ids.view(shape), logps.view(shape))
+
+
 def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
     """``x`` in float32, or as it is when wider: log-softmax and divergences are never taken in bf16."""
     return x if x.dtype == torch.float64 else x.float()

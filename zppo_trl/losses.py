@@ -18,8 +18,9 @@ it. Adding an objective is one function here (or in a module of its own) and its
 =========  =====================================================================================
 
 KDRL and RLAD, the teacher-side hybrid rows, register in :mod:`zppo_trl.hybrid_objectives` (listed in
-:data:`OBJECTIVE_MODULES`); they read the teacher's log-prob of every sampled token. SDPO, a self-teacher row,
-registers in :mod:`zppo_trl.self_distillation`; it reads a copy of the student's log-probs under another prompt.
+:data:`OBJECTIVE_MODULES`); they read the teacher's log-prob of every sampled token. SDPO and OPSD, the
+self-teacher rows, register in :mod:`zppo_trl.self_distillation`; they read a copy of the student under another
+prompt.
 
 Every loss divides a sum over the micro-batch's loss tokens by ``normalizer``, the partition's token
 count as the trainer carries it (a token mean per optimizer update); GSPO as its paper trains it divides
@@ -183,8 +184,9 @@ class LossInputs:
     gets ``distill`` (the student's completion states and LM head, and the teacher's signal). A loss
     registered with ``teacher_logps`` also gets ``teacher_logps`` (B, T), the frozen teacher's log-prob
     of each sampled token, and ``step``, the optimizer steps taken so far (for a coefficient's schedule). A loss
-    registered with ``self_teacher`` gets ``teacher_logps`` from the self-teacher (a copy of the student under a
-    privileged prompt) and ``teacher_mask`` (B, T), 1 on the rollouts that have one.
+    registered with ``self_teacher`` gets ``teacher_mask`` (B, T), 1 on the rollouts that have a self-teacher (a
+    copy of the student under a privileged prompt), and its signal: ``teacher_logps`` (SDPO) or, in ``distill``,
+    the student's completion states with the self-teacher's top-k (OPSD).
     """
 
     mask: torch.Tensor
@@ -251,8 +253,9 @@ def register_loss(
     the configuration checks it. ``teacher_logps`` says the loss reads the teacher's log-prob of every sampled
     token (``LossInputs.teacher_logps``), which the trainer then asks the teacher for. ``trains_zero_advantage``
     says the loss has a gradient on rollouts whose advantage is 0 (KDRL's reverse KL), so a partition without a
-    group of mixed rewards still trains rather than being skipped. ``self_teacher`` says the loss reads the
-    self-teacher's log-probs of the sampled tokens (SDPO), which the trainer computes with a copy of the student.
+    group of mixed rewards still trains rather than being skipped. ``self_teacher`` says the loss reads a
+    self-teacher's signal (SDPO, OPSD), which the trainer computes with a copy of the student
+    (:data:`zppo_trl.self_distillation.SELF_TEACHERS` says which).
     """
     if needs not in ("logps", "distributions"):
         raise ValueError(f"needs must be 'logps' or 'distributions', got {needs!r}")

@@ -143,11 +143,21 @@ def print_plan(script_args: ScriptArguments, args: ZPPOConfig, out: Callable[[st
             else f"{args.teacher_model} at {args.teacher_base_url} (prompt_logprobs)"
         )
         out(f"  teacher log-probs of every sampled token ({args.variant}): {source}")
-    if policy_objectives()[args.policy_objective].self_teacher:  # SDPO
+    if args.policy_objective == "sdpo":
         out(
             f"  self-teacher ({args.variant}): an EMA copy of the student on every rank, shown a correct sibling "
             f"rollout (rate {args.sdpo_teacher_update_rate:g} per update; term weight {args.self_distill_weight:g}; "
             "a second set of weights: ZeRO-2 or DDP, not FSDP/ZeRO-3)"
+        )
+    if args.policy_objective == "opsd":
+        out(
+            f"  self-teacher ({args.variant}): the initial student, frozen, on every rank, shown the teacher's "
+            f"graded-correct reply (JSD beta={args.opsd_beta:g} over its top {args.opsd_top_k}; term weight "
+            f"{args.self_distill_weight:g}; a second set of weights: ZeRO-2 or DDP, not FSDP/ZeRO-3)"
+        )
+        out(
+            f"  teacher: {args.teacher_model} at {args.teacher_base_url} (G_T={args.teacher_num_generations} on "
+            "every question, for the self-teacher's reference)"
         )
     if args.reward_term == "grpo_care":
         out(

@@ -54,11 +54,25 @@ from trl.trainer.utils import is_async_callable, nanmax, nanmin
 from . import data, host_memory
 from .augmentations import Augmentation, BuiltGroup, BuiltGroups, Evidence, make_augmentation, teacher_results
 from .backbones import backbone_family
-from .batches import SELF_TEACHER_LOGPS, SELF_TEACHER_MASK, concat_batches, select_rows
+from .batches import (
+    SELF_TEACHER_LOGPS,
+    SELF_TEACHER_MASK,
+    SELF_TEACHER_TOPK_IDS,
+    SELF_TEACHER_TOPK_LOGPS,
+    concat_batches,
+    select_rows,
+)
 from .callbacks import EMAReferenceCallback, QuietProgressCallback, RolloutSummaryCallback
 from .config import ZPPOConfig
 from .consistency import CARE_CAP, EMAReference, answer_likelihood, answer_token_span, consistency_bonus
-from .distill import DistillInputs, TeacherTopK, chosen_token_logps, completion_states, frozen_distill_teacher
+from .distill import (
+    DistillInputs,
+    TeacherTopK,
+    chosen_token_logps,
+    completion_states,
+    frozen_distill_teacher,
+    top_k_logps,
+)
 from .evaluation.condition import CONDITION_KEY, record_condition
 from .lm_head import score_loss_positions, use_full_logits
 from .losses import LossInputs, LossOutput, loss_for
@@ -85,7 +99,7 @@ from .rollout import (
     merge_lists,
     plain_accuracy,
 )
-from .self_distillation import sdpo_context, sdpo_demonstrations
+from .self_distillation import SELF_TEACHERS, opsd_context, sdpo_context, sdpo_demonstrations
 from .step_metrics import (
     accumulate_totals,
     admission_bins,
@@ -96,7 +110,7 @@ from .step_metrics import (
     timing_metrics,
 )
 from .student_server import stand_in_for_overlong, student_generation, student_server_errors, weight_syncs
-from .teacher import TeacherClient
+from .teacher import TeacherClient, strip_thinking
 from .trace_log import TRACE_LOG_NAME, TraceLog
 from .zero_variance import (
     MARK_FIELD,
@@ -114,7 +128,7 @@ logger = logging.getLogger(__name__)
 
 ZPPO_STATE_NAME = "zppo_state.json"
 CARE_REFERENCE_NAME = "care_reference.pt"  # GRPO-CARE's EMA weights in a checkpoint
-SELF_TEACHER_NAME = "self_teacher.pt"  # SDPO's EMA self-teacher in a checkpoint
+SELF_TEACHER_NAME = "self_teacher.pt"  # SDPO's / OPSD's self-teacher in a checkpoint
 # The micro-batch field with the teacher server's log-prob of each sampled token (KDRL, RLAD), (B, C).
 TEACHER_LOGPS_FIELD = "teacher_logps"
 _TOKEN_TYPE_FIELDS = ("token_type_ids", "mm_token_type_ids")  # per-token multimodal inputs
@@ -230,6 +244,9 @@ class ZPPOTrainer(GRPOTrainer):
         # The hybrid RL rows (KDRL, RLAD) read the teacher's log-prob of every sampled token: from its server, or
         # from the teacher loaded next to the student when one is given.
         scores_tokens = loss_for(args).needs_teacher_logps
+        # The self-teacher rows (SDPO, OPSD; zppo_trl.self_distillation): a copy of the student under a privileged
+        # prompt; OPSD's prompt carries the teacher's graded-correct reply, so that row samples the teacher.
+        self.self_teacher_spec = self_teacher = SELF_TEACHERS.get(args.policy_objective)
         local = args.reads_teacher_logprobs and (distill_teacher_model is not None or bool(args.distill_teacher))
         server_distill = args.distillation == "off" or (args.distillation == "on" and not local)
         if self.teacher is None and (
@@ -237,6 +254,7 @@ class ZPPOTrainer(GRPOTrainer):
             or server_distill
             or (zero_variance and zero_variance.needs_teacher)
             or (scores_tokens and not local)
+            or (self_teacher is not None and self_teacher.samples_teacher)
         ):
             self.teacher = TeacherClient.from_config(args)
         self.distill_teacher = self._prepare_distill_teacher(distill_teacher_model) if local else None
@@ -246,12 +264,15 @@ class ZPPOTrainer(GRPOTrainer):
             if args.reward_term == "grpo_care"
             else None
         )
-        # SDPO's self-teacher (zppo_trl.self_distillation): an EMA copy of the initial student, moved every update.
+        # The self-teacher's weights: SDPO's an EMA of the initial student moved every update, OPSD's the initial
+        # student, frozen.
         self.self_teacher = (
             self._prepare_ema_copy(
-                1.0 - args.sdpo_teacher_update_rate, 1, f"policy_objective={args.policy_objective!r}"
+                1.0 - args.sdpo_teacher_update_rate if self_teacher.moves else 1.0,
+                1,
+                f"policy_objective={args.policy_objective!r}",
             )
-            if loss_for(args).self_teacher
+            if self_teacher is not None
             else None
         )
         # Perception-R1's judge (zppo_trl.perception): whether each rollout states its question's visual annotations.
@@ -288,9 +309,10 @@ class ZPPOTrainer(GRPOTrainer):
         return self.accelerator.prepare_model(teacher, evaluation_mode=True)
 
     def _prepare_ema_copy(self, decay: float, every: int, row: str) -> EMAReference:
-        """An EMA copy of the student (GRPO-CARE's reference, SDPO's self-teacher): a full copy of its weights on
-        this rank's device, moved towards the student after every ``every``-th optimizer step (a callback). FSDP
-        and ZeRO-3 shard the weights it would copy: refused, naming the ``row``'s setting."""
+        """An EMA copy of the student (GRPO-CARE's reference, the self-teachers): a full copy of its weights on
+        this rank's device, moved towards the student after every ``every``-th optimizer step (a callback; none
+        when ``decay`` is 1, a frozen copy). FSDP and ZeRO-3 shard the weights it would copy: refused, naming the
+        ``row``'s setting."""
         deepspeed = getattr(self.accelerator.state, "deepspeed_plugin", None)
         if self.is_fsdp_enabled or (deepspeed is not None and deepspeed.zero_stage == 3):
             raise ValueError(
@@ -299,14 +321,15 @@ class ZPPOTrainer(GRPOTrainer):
             )
         reference = EMAReference(self.model, decay, every)
         reference.model.to(self.accelerator.device)
-        self.add_callback(EMAReferenceCallback(reference))
+        if decay < 1.0:
+            self.add_callback(EMAReferenceCallback(reference))
         return reference
 
     def _ema_copies(self) -> list[tuple[str, EMAReference, str]]:
         """The run's EMA copies of the student, each with its checkpoint file and what it is (for a warning)."""
         copies = [
             (CARE_REFERENCE_NAME, self.care_reference, "GRPO-CARE's reference"),
-            (SELF_TEACHER_NAME, self.self_teacher, "SDPO's self-teacher"),
+            (SELF_TEACHER_NAME, self.self_teacher, "the self-teacher"),
         ]
         return [(name, copy, what) for name, copy, what in copies if copy is not None]
 
@@ -708,9 +731,8 @@ class ZPPOTrainer(GRPOTrainer):
             if self.objective_loss.needs_teacher_logps:  # KDRL, RLAD
                 loss_inputs.teacher_logps = self._teacher_token_logps(inputs)
                 loss_inputs.step = self.state.global_step
-            if self.objective_loss.self_teacher:  # SDPO: computed at the rollout step (_with_self_teacher)
-                loss_inputs.teacher_logps = inputs.get(SELF_TEACHER_LOGPS)
-                loss_inputs.teacher_mask = inputs.get(SELF_TEACHER_MASK)
+            if self.objective_loss.self_teacher:  # SDPO, OPSD: computed at the rollout step (_with_self_teacher)
+                self._self_teacher_inputs(model, inputs, loss_inputs)
         out = self.objective_loss.fn(loss_inputs, self.args)
         term = teacher_target_term(  # ReLIFT's / RSTG's teacher-target term on the all-wrong questions
             self.args,
@@ -743,6 +765,22 @@ class ZPPOTrainer(GRPOTrainer):
             with torch.no_grad():
                 teacher_states, teacher_head = completion_states(self.distill_teacher, inputs, vocab)
         return DistillInputs(states, head, vocab, teacher_states=teacher_states, teacher_head=teacher_head)
+
+    def _self_teacher_inputs(self, model, inputs, loss_inputs: LossInputs) -> None:
+        """What a self-teacher row's term reads of a micro-batch, onto ``loss_inputs``: its mask, and SDPO's
+        log-probs of the sampled tokens, or OPSD's top-k with the student's completion states (a second student
+        forward, with gradient, for the divergence). Nothing on a batch ZPPO did not build (TRL's evaluation)."""
+        loss_inputs.teacher_mask = inputs.get(SELF_TEACHER_MASK)
+        if loss_inputs.teacher_mask is None:
+            return
+        if self.self_teacher_spec.signal == "token_logps":
+            loss_inputs.teacher_logps = inputs[SELF_TEACHER_LOGPS]
+            return
+        vocab = len(self._tokenizer)
+        with self.accelerator.autocast():
+            states, head = completion_states(model, inputs, vocab, fused=self.args.fused_lm_head)
+        topk = TeacherTopK(inputs[SELF_TEACHER_TOPK_IDS], inputs[SELF_TEACHER_TOPK_LOGPS])
+        loss_inputs.distill = DistillInputs(states, head, vocab, topk=topk)
 
     def _teacher_token_logps(self, inputs) -> torch.Tensor:
         """The teacher's log-prob of each sampled completion token of a micro-batch (B, C), from its raw
@@ -875,6 +913,7 @@ class ZPPOTrainer(GRPOTrainer):
             (self._augmenting and self.augmentation.needs_teacher_rollouts)
             or args.distillation == "off"
             or (self.zero_variance is not None and self.zero_variance.teacher_targets)
+            or (self.self_teacher_spec is not None and self.self_teacher_spec.samples_teacher)
         )
         teacher_future = self._start_teacher_sampling(draw.plain, metrics) if sampling else None
         # 3. Plain rollouts, scored; plain accuracy r_x per question over all ranks. TRL sends the student's
@@ -931,8 +970,8 @@ class ZPPOTrainer(GRPOTrainer):
         # 5. The student's group on each built instance; 6. partitions, two-step advantages, padded micro-batches.
         augmented_round = self._augmented_round(built, most_built, draw.plain[0].row, metrics)
         targets = self._zero_variance_targets(teacher_future, draw, plain_round, metrics)
-        if self.self_teacher is not None:  # SDPO: the self-teacher's log-probs of the plain rollouts
-            plain_round = self._with_self_teacher(draw.plain, plain_round, metrics)
+        if self.self_teacher is not None:  # SDPO, OPSD: the self-teacher's signal on the plain rollouts
+            plain_round = self._with_self_teacher(teacher_future, draw.plain, plain_round, metrics)
         if self.care_reference is not None:  # GRPO-CARE: the advantages see the bonus, the buffer does not
             plain_round = self._with_consistency_bonus(plain_round, metrics)
         if self.perception_judge is not None:  # Perception-R1: likewise its perception reward
@@ -1009,43 +1048,104 @@ class ZPPOTrainer(GRPOTrainer):
         shaped = rewards + self.args.perception_reward_weight * extra
         return Round(plain_round.batch, shaped.view(-1), plain_round.texts, plain_round.groups_per_rank)
 
-    def _with_self_teacher(self, plain: Sequence[Group], plain_round: Round, metrics: dict) -> Round:
-        """The plain round with SDPO's self-teacher signal on this rank's rows: each rollout's self-teacher prompt
-        is its plain prompt and its group's first other correct rollout (:func:`sdpo_context`); the self-teacher's
-        log-prob of each sampled token under it (``self_teacher_logps``), and ``self_teacher_mask`` 1 on the
-        rollouts that have one. A rollout without a correct sibling, and fillers, get none (counted)."""
+    def _with_self_teacher(
+        self, teacher_future: Any, plain: Sequence[Group], plain_round: Round, metrics: dict
+    ) -> Round:
+        """The plain round with the self-teacher's signal on this rank's rows: each rollout's privileged prompt
+        (:meth:`_sibling_contexts` for SDPO, :meth:`_reference_contexts` for OPSD), the self-teacher's signal
+        under it (:meth:`_self_teacher_signal`), and ``self_teacher_mask`` 1 on the rollouts that have one.
+        A rollout without a privileged prompt, and fillers, get none (counted)."""
+        G = self.num_generations
+        if self.self_teacher_spec.context == "sibling":
+            contexts = self._sibling_contexts(plain, plain_round)
+        else:
+            contexts = self._reference_contexts(teacher_future, plain, metrics)
+        rows = [i for i, context in enumerate(contexts) if context is not None]
+        real = sum(G for group in plain if group.kind != FILLER)
+        conversations = [self._teacher_conversation(plain[i // G].row, contexts[i]) for i in rows]
+        batch = dict(plain_round.batch)
+        mask = torch.zeros_like(batch["completion_mask"])
+        t0 = time.perf_counter()
+        batch.update(self._self_teacher_signal(batch, rows, conversations))
+        if rows:
+            mask[rows] = batch["completion_mask"][rows]
+            metrics["time/self_teacher_s"] = time.perf_counter() - t0
+        batch[SELF_TEACHER_MASK] = mask
+        metrics["self_distill_rollouts"] = self.ranks.total(len(rows))
+        metrics["self_distill_without_teacher"] = self.ranks.total(real - len(rows))
+        return Round(batch, plain_round.rewards, plain_round.texts, plain_round.groups_per_rank)
+
+    def _sibling_contexts(self, plain: Sequence[Group], plain_round: Round) -> list[str | None]:
+        """SDPO's privileged prompt per rollout of this rank: its plain prompt and its group's first other correct
+        rollout (:func:`sdpo_context`); None without one, and for fillers."""
         G = self.num_generations
         rank_rewards = plain_round.rewards.view(self.ranks.world, -1)[self.ranks.rank].tolist()
         correct = [reward > CORRECT and plain[i // G].kind != FILLER for i, reward in enumerate(rank_rewards)]
-        rows, conversations, without = [], [], 0
+        contexts: list[str | None] = []
         for i, demonstration in enumerate(sdpo_demonstrations(correct, G)):
             group = plain[i // G]
-            if group.kind == FILLER:
-                continue
-            if demonstration is None:
-                without += 1
+            if group.kind == FILLER or demonstration is None:
+                contexts.append(None)
                 continue
             prompt = compose_prompt(group.row[data.QUESTION], group.block, self.args.closer)
-            context = sdpo_context(prompt, plain_round.texts[demonstration])
-            conversations.append(self._teacher_conversation(group.row, context))
-            rows.append(i)
-        batch = dict(plain_round.batch)
-        logps = torch.zeros(batch["completion_ids"].shape, device=batch["completion_ids"].device)
-        mask = torch.zeros_like(batch["completion_mask"])
-        if rows:
-            t0 = time.perf_counter()
-            logps[rows] = self._logps_under_prompts(self.self_teacher.model, batch, rows, conversations)
-            mask[rows] = batch["completion_mask"][rows]
-            metrics["time/self_teacher_s"] = time.perf_counter() - t0
-        batch[SELF_TEACHER_LOGPS], batch[SELF_TEACHER_MASK] = logps, mask
-        metrics["self_distill_rollouts"] = self.ranks.total(len(rows))
-        metrics["self_distill_without_teacher"] = self.ranks.total(without)
-        return Round(batch, plain_round.rewards, plain_round.texts, plain_round.groups_per_rank)
+            contexts.append(sdpo_context(prompt, plain_round.texts[demonstration]))
+        return contexts
 
-    def _logps_under_prompts(self, model: Any, batch: dict, rows: list[int], conversations: list) -> torch.Tensor:
-        """``model``'s log-prob of each sampled completion token of ``batch``'s ``rows`` (len(rows), C), at the
-        sampling temperature, each teacher-forced after its own prompt ``conversations[k]`` in place of the one it
-        was sampled from (same images), ``per_device_train_batch_size`` rows per forward, no gradient."""
+    def _reference_contexts(self, teacher_future: Any, plain: Sequence[Group], metrics: dict) -> list[str | None]:
+        """OPSD's privileged prompt per rollout of this rank: its question with the teacher's first graded-correct
+        reply to it (:func:`opsd_context`), the same for the group's G rollouts; None where no reply was graded
+        correct (``opsd_questions_without_reference``, over ranks), and for fillers."""
+        G = self.num_generations
+        real = [group for group in plain if group.kind != FILLER]  # in the order the teacher was asked
+        replies = teacher_results(teacher_future, [[] for _ in real])
+        grades = self._grade_many([group.row for group in real], replies)
+        references = [
+            next((text for text, right in zip(texts, ok) if right), None) for texts, ok in zip(replies, grades)
+        ]
+        contexts: list[str | None] = []
+        for group, reference in zip(real, references):
+            context = None
+            if reference is not None and strip_thinking(reference).strip():
+                context = opsd_context(group.row[data.QUESTION], reference, self.args.closer)
+            contexts += [context] * G
+        contexts += [None] * G * (len(plain) - len(real))  # fillers come last
+        metrics["opsd_questions_without_reference"] = self.ranks.total(
+            sum(1 for i in range(0, len(contexts), G) if contexts[i] is None) - (len(plain) - len(real))
+        )
+        return contexts
+
+    def _self_teacher_signal(self, batch: dict, rows: list[int], conversations: list) -> dict[str, torch.Tensor]:
+        """The self-teacher's signal on ``batch``'s ``rows`` under their ``conversations``, as full-batch fields
+        (zero on the other rows): SDPO's log-prob of each sampled token at the sampling temperature
+        (``self_teacher_logps``), or OPSD's top ``opsd_top_k`` log-probs and ids at each position
+        (``self_teacher_topk_*``, the raw distribution as the distillation rows' teacher)."""
+        ids = batch["completion_ids"]
+        vocab, chunk = len(self._tokenizer), self.args.distill_chunk_size
+        if self.self_teacher_spec.signal == "token_logps":
+            logps = torch.zeros(ids.shape, device=ids.device)
+
+            def score(states, head, sub):
+                scaled = lambda hidden: head(hidden) / self.temperature  # noqa: E731  (as the student's log-probs)
+                return chosen_token_logps(states, scaled, vocab, sub["completion_ids"], chunk)
+
+            if rows:
+                logps[rows] = torch.cat(self._under_prompts(batch, rows, conversations, score))
+            return {SELF_TEACHER_LOGPS: logps}
+        k = self.args.opsd_top_k
+        top_ids = torch.zeros((*ids.shape, k), dtype=torch.long, device=ids.device)
+        top_logps = torch.zeros((*ids.shape, k), device=ids.device)
+        if rows:
+            parts = self._under_prompts(
+                batch, rows, conversations, lambda states, head, _sub: top_k_logps(states, head, vocab, k, chunk)
+            )
+            top_ids[rows] = torch.cat([part.ids for part in parts])
+            top_logps[rows] = torch.cat([part.logps for part in parts])
+        return {SELF_TEACHER_TOPK_IDS: top_ids, SELF_TEACHER_TOPK_LOGPS: top_logps}
+
+    def _under_prompts(self, batch: dict, rows: list[int], conversations: list, score: Callable) -> list:
+        """``score(states, head, sub)`` of the self-teacher on ``batch``'s ``rows``, each teacher-forced after its own
+        prompt ``conversations[k]`` in place of the one it was sampled from (same images),
+        ``per_device_train_batch_size`` rows per forward (``sub``), no gradient; one result per forward."""
         prompt_ids, _images, _fields = self._tokenize_prompts(conversations)
         pad_id, vocab, size = self._tokenizer.pad_token_id, len(self._tokenizer), self.args.per_device_train_batch_size
         per_row = concat_batches([batch], pad_id)  # images split per row, for select_rows
@@ -1064,12 +1164,9 @@ class ZPPOTrainer(GRPOTrainer):
                 for name in _TOKEN_TYPE_FIELDS:  # the new prompt's image placeholders
                     if name in sub:
                         sub[name] = self._token_types(torch.cat([sub["prompt_ids"], sub["completion_ids"]], dim=1))
-                states, head = completion_states(model, sub, vocab)
-                scaled = lambda hidden, head=head: head(hidden) / self.temperature  # noqa: E731  (as the student's)
-                out.append(
-                    chosen_token_logps(states, scaled, vocab, sub["completion_ids"], self.args.distill_chunk_size)
-                )
-        return torch.cat(out)
+                states, head = completion_states(self.self_teacher.model, sub, vocab)
+                out.append(score(states, head, sub))
+        return out
 
     def _answer_likelihoods(self, batch: dict) -> list[float]:
         """GRPO-CARE's ``p`` of each of this rank's rollouts: the reference's geometric-mean probability of the
