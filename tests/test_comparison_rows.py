@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -1044,6 +1045,31 @@ def test_relift_trains_one_graded_correct_teacher_solution_per_all_wrong_questio
     assert any(h.get("relift/nll", 0) > 0 for h in trainer.state.log_history)
 
 
+def _assert_ema_copy(copy, initial, trainer, student_dir, checkpoint) -> None:
+    """An EMA copy of the student (GRPO-CARE's reference, SDPO's self-teacher) moved from its ``initial`` weights
+    without becoming the student, and the ``checkpoint`` file holds it exactly."""
+    from zppo_trl.consistency import EMAReference
+
+    ema = list(copy.model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(ema, initial))
+    assert any(not torch.equal(a, b) for a, b in zip(ema, trainer.model.parameters()))
+    restored = EMAReference(AutoModelForCausalLM.from_pretrained(student_dir))
+    restored.load_state_dict(torch.load(checkpoint))
+    assert all(torch.equal(a, b) for a, b in zip(restored.model.parameters(), ema))
+
+
+def _checkpoint_log_probs(student_dir, conversation, completion: list[int]) -> torch.Tensor:
+    """An independent forward of the saved student: its next-token log-probs (C, V) at each completion position,
+    after ``conversation`` rendered by its tokenizer's chat template."""
+    tokenizer = AutoTokenizer.from_pretrained(student_dir)
+    prompt = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True, return_dict=True)
+    prompt = list(prompt["input_ids"])
+    with torch.no_grad():
+        model = AutoModelForCausalLM.from_pretrained(student_dir).eval()
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits.float(), -1)
+
+
 def test_sdpo_distils_each_rollout_towards_the_student_shown_a_correct_sibling(boxed_text_student_dir, tmp_path):
     """SDPO† (policy_objective: sdpo), two rollout steps, no teacher server: every rollout with another correct
     rollout in its group, and no other, is scored by the self-teacher after SDPO's prompt around the first such
@@ -1053,7 +1079,6 @@ def test_sdpo_distils_each_rollout_towards_the_student_shown_a_correct_sibling(b
     carries it."""
     from types import SimpleNamespace
 
-    from zppo_trl.consistency import EMAReference
     from zppo_trl.self_distillation import sdpo_context
 
     no_server = SimpleNamespace(base_url=None, model=None)
@@ -1107,29 +1132,18 @@ def test_sdpo_distils_each_rollout_towards_the_student_shown_a_correct_sibling(b
     first = calls[0]
     assert first["rows"], "the first step had no rollout with a correct sibling: nothing was distilled"
     # the first step's self-teacher is the initial student: an independent forward of the checkpoint must agree
-    reference = AutoModelForCausalLM.from_pretrained(boxed_text_student_dir).eval()
-    tokenizer = AutoTokenizer.from_pretrained(boxed_text_student_dir)
     batch = first["round"].batch
     for k, row in enumerate(first["rows"]):
-        prompt = tokenizer.apply_chat_template(
-            first["conversations"][k], add_generation_prompt=True, tokenize=True, return_dict=True
-        )["input_ids"]
         completion = batch["completion_ids"][row][batch["completion_mask"][row].bool()].tolist()
-        with torch.no_grad():
-            logits = reference(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
-        expected = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+        full = _checkpoint_log_probs(boxed_text_student_dir, first["conversations"][k], completion)
+        expected = full.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
         torch.testing.assert_close(first["logps"][k, : len(completion)], expected, atol=1e-4, rtol=1e-4)
     logs = _rollout_logs(trainer)
     assert [log["self_distill_rollouts"] for log in logs] == [len(c["rows"]) for c in calls]
     losses = [h for h in trainer.state.log_history if "self_distill/tokens" in h]
     assert losses and any(h["self_distill/tokens"] > 0 for h in losses)
-    ema = list(trainer.self_teacher.model.parameters())
-    assert any(not torch.equal(a, b) for a, b in zip(ema, initial))
-    assert any(not torch.equal(a, b) for a, b in zip(ema, trainer.model.parameters()))
-    saved = torch.load(tmp_path / "out" / "checkpoint-4" / "self_teacher.pt")
-    restored = EMAReference(AutoModelForCausalLM.from_pretrained(boxed_text_student_dir))
-    restored.load_state_dict(saved)
-    assert all(torch.equal(a, b) for a, b in zip(restored.model.parameters(), ema))
+    checkpoint = tmp_path / "out" / "checkpoint-4" / "self_teacher.pt"
+    _assert_ema_copy(trainer.self_teacher, initial, trainer, boxed_text_student_dir, checkpoint)
 
 
 def test_opsd_distils_towards_the_initial_student_shown_the_teachers_correct_reply(
@@ -1199,16 +1213,10 @@ def test_opsd_distils_towards_the_initial_student_shown_the_teachers_correct_rep
     assert distilled > 0, "the teacher answered no question correctly: nothing was distilled"
     # the self-teacher is the initial student, frozen: an independent forward of the checkpoint gives its top-k
     call = next(c for c in calls if c["rows"])
-    reference = AutoModelForCausalLM.from_pretrained(boxed_text_student_dir).eval()
-    tokenizer = AutoTokenizer.from_pretrained(boxed_text_student_dir)
     batch, row = call["out"].batch, call["rows"][0]
-    prompt = tokenizer.apply_chat_template(
-        call["conversations"][0], add_generation_prompt=True, tokenize=True, return_dict=True
-    )["input_ids"]
     completion = batch["completion_ids"][row][batch["completion_mask"][row].bool()].tolist()
-    with torch.no_grad():
-        logits = reference(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
-    expected = torch.log_softmax(logits.float(), -1).topk(trainer.args.opsd_top_k, dim=-1)
+    full = _checkpoint_log_probs(boxed_text_student_dir, call["conversations"][0], completion)
+    expected = full.topk(trainer.args.opsd_top_k, dim=-1)
     torch.testing.assert_close(
         batch["self_teacher_topk_logps"][row, : len(completion)], expected.values, atol=1e-4, rtol=1e-4
     )
@@ -1228,8 +1236,6 @@ def test_grpo_care_adds_its_consistency_bonus_to_the_advantages_and_nothing_else
     correct rollout of every group with one gets it (the most consistent is never below its group's mean), the
     plain accuracy and the buffer see the correctness reward alone, the EMA reference moves after the optimizer
     steps (every step here) without becoming the student, and a checkpoint carries it."""
-    from zppo_trl.consistency import EMAReference
-
     trainer = _trainer(
         boxed_text_student_dir,
         boxed_teacher_server,
@@ -1267,13 +1273,105 @@ def test_grpo_care_adds_its_consistency_bonus_to_the_advantages_and_nothing_else
     logs = _rollout_logs(trainer)
     assert sum(log["care_bonused"] for log in logs) == sum(int((a - b).gt(0).sum()) for b, a, _ in calls) > 0
     assert all(0.0 <= log["plain_accuracy"] <= 1.0 for log in logs)
-    ema = list(trainer.care_reference.model.parameters())
-    assert any(not torch.equal(a, b) for a, b in zip(ema, initial))
-    assert any(not torch.equal(a, b) for a, b in zip(ema, trainer.model.parameters()))
-    saved = torch.load(tmp_path / "out" / "checkpoint-4" / "care_reference.pt")
-    restored = EMAReference(AutoModelForCausalLM.from_pretrained(boxed_text_student_dir))
-    restored.load_state_dict(saved)
-    assert all(torch.equal(a, b) for a, b in zip(restored.model.parameters(), ema))
+    checkpoint = tmp_path / "out" / "checkpoint-4" / "care_reference.pt"
+    _assert_ema_copy(trainer.care_reference, initial, trainer, boxed_text_student_dir, checkpoint)
+
+
+def test_rlkd_adds_the_structure_reward_of_rollouts_of_questions_holding_a_teacher_trace(
+    boxed_text_student_dir, boxed_teacher_server, vllm_teacher_server, tmp_path
+):
+    """RLKD† (reward_term: rlkd): the boxed teacher server answers, vLLM's CPU server is the GSRM and the judge,
+    its every reply held by a regex (structured outputs) to a two-step decomposition whose lines read both "yes" and
+    "no". So every decomposition has two steps, each meta-reasoning is judged the same (yes), each sub-problem and
+    answer different (no): every rollout of a question holding a teacher trace gains exactly 2 x 0.25 = 0.5, the
+    others nothing. Pins the trace (the teacher's first reply graded correct, graded again here, held from the step
+    it appears), one GSRM request per new trace and per scored rollout on its reasoning, and that the plain accuracy
+    reads the correctness reward alone."""
+    from zppo_trl.structure_reward import GSRM_SYSTEM
+
+    steps = "".join(f"[sub-think {k}]: yes\n[Query {k}]: no\n[Answer {k}]: no\n" for k in (1, 2))
+    held = {"structured_outputs": {"regex": re.escape(steps)}}
+    teacher = _recording_teacher(boxed_teacher_server)
+    trainer = _trainer(
+        boxed_text_student_dir,
+        boxed_teacher_server,
+        tmp_path,
+        [],
+        Spy(),
+        teacher=teacher,
+        reward_term="rlkd",
+        judge_base_url=vllm_teacher_server.base_url,
+        judge_model=vllm_teacher_server.model,
+        judge_extra_body=held,
+        rlkd_gsrm_max_tokens=128,  # the tiny judge's context; the regex ends each reply well before
+        prefetch_teacher_samples=False,  # each step's teacher replies are asked for within it
+    )
+    assert trainer.args.variant.startswith("RLKD†")  # "(ρ_replay=0.50)": the fixture replays at 0.5
+    judge = trainer.structure_judge = RecordingTeacher(
+        vllm_teacher_server.base_url, vllm_teacher_server.model, extra_body=held
+    )
+    calls, original, asked_until = [], trainer._with_structure_reward, [0]
+
+    def recorded(teacher_future, plain, plain_round, metrics):
+        judged_before = len(judge.exchanges)
+        out = original(teacher_future, plain, plain_round, metrics)
+        calls.append(
+            dict(
+                before=plain_round.rewards.clone(),
+                after=out.rewards.clone(),
+                plain=list(plain),
+                texts=list(plain_round.texts),
+                replies=teacher.exchanges[asked_until[0] :],
+                gsrm=[m for m, _ in judge.exchanges[judged_before:] if m[0]["role"] == "system"],
+                traces=dict(trainer._structure_traces),
+            )
+        )
+        asked_until[0] = len(teacher.exchanges)
+        return out
+
+    trainer._with_structure_reward = recorded
+    trainer.train()
+    G, logs = trainer.num_generations, _rollout_logs(trainer)
+    assert len(calls) == len(logs) == 2
+    expected_traces: dict[str, str] = {}
+    scored = 0
+    for call, log in zip(calls, logs):
+        replies = {messages[-1]["content"]: texts or [] for messages, texts in call["replies"]}
+        new_traces = []
+        for group in call["plain"]:
+            if group.kind == "filler" or group.row["id"] in expected_traces:
+                continue
+            texts = replies[compose_prompt(group.row["question"])]
+            right = [t for t, r in zip(texts, boxed_accuracy_reward(texts, [group.row["answer"]] * len(texts))) if r]
+            if right:
+                expected_traces[group.row["id"]] = right[0]
+                new_traces.append(group.row)
+        assert call["traces"] == expected_traces  # the first correct reply, held from the step it appears
+        extra = call["after"] - call["before"]
+        expected_requests = [(row["question"], expected_traces[row["id"]].split("</think>")[0]) for row in new_traces]
+        for g, group in enumerate(call["plain"]):
+            rows_of_group = slice(g * G, (g + 1) * G)
+            if group.kind != "filler" and group.row["id"] in expected_traces:
+                torch.testing.assert_close(extra[rows_of_group], torch.full((G,), 0.5, dtype=extra.dtype))
+                expected_requests += [
+                    (group.row["question"], t.split("</think>")[0]) for t in call["texts"][rows_of_group]
+                ]
+                scored += G
+            else:
+                assert (extra[rows_of_group] == 0).all()
+        assert all(m[0]["content"] == GSRM_SYSTEM for m in call["gsrm"])
+        sent = sorted(m[1]["content"] for m in call["gsrm"])
+        assert sent == sorted(f"{q}\nYou should decompose this reasoning:\n{r}" for q, r in expected_requests)
+        assert (
+            log["rlkd_judged"]
+            == sum(1 for g in call["plain"] if g.kind != "filler" and g.row["id"] in expected_traces) * G
+        )
+        assert log["rlkd_failed"] == 0 and log["rlkd_reward_mean"] == pytest.approx(0.5)
+        real = [(g, group) for g, group in enumerate(call["plain"]) if group.kind != "filler"]
+        accuracy = [float(call["before"][g * G : (g + 1) * G].mean()) for g, _ in real]
+        assert log["plain_accuracy"] == pytest.approx(sum(accuracy) / len(accuracy))  # the correctness reward alone
+    assert scored > 0, "no question held a teacher trace: nothing was scored"
+    assert dict(trainer.zppo_state_dict()["structure_traces"]) == expected_traces  # checkpointed with the buffer
 
 
 def test_perception_r1_adds_the_judges_fraction_of_stated_annotations_to_the_advantages_rewards(

@@ -123,6 +123,7 @@ ROWS = {
     "grpo_care_dagger": ("GRPO-CARE\u2020", dict(augmentations=[], reward_term="grpo_care")),
     "sdpo_dagger": ("SDPO\u2020", dict(augmentations=[], policy_objective="sdpo")),
     "opsd_dagger": ("OPSD\u2020", dict(augmentations=[], policy_objective="opsd")),
+    "rlkd_dagger": ("RLKD\u2020", dict(augmentations=[], reward_term="rlkd")),
     "perception_r1_dagger": ("Perception-R1\u2020", dict(augmentations=[], reward_term="perception_r1")),
     "kdrl_dagger": (
         "KDRL\u2020",

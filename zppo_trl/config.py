@@ -40,6 +40,7 @@ from .prompts import RL_CLOSER
 from .reformulate import KINDS, augment_limit
 from .replay import replay_count
 from .self_distillation import OPSD_BETA, OPSD_TOP_K, SDPO_IS_CLIP, SDPO_TEACHER_UPDATE_RATE, SELF_TEACHERS
+from .structure_reward import GSRM_MAX_TOKENS, RLKD_REWARD_WEIGHT
 from .zero_variance import ZERO_VARIANCE_SIGNALS
 
 __all__ = [
@@ -117,7 +118,7 @@ GSPO_SETTINGS = ("gspo_paper", "zppo_table")
 DISPO_OUT_OF_BOUNDS = ("zero", "clamp")
 DISPO_FIELDS = ("dispo_epsilon_low_pos", "dispo_epsilon_high_pos", "dispo_epsilon_low_neg", "dispo_epsilon_high_neg")
 # The reward terms (reward_term) and how the paper's table prints each row.
-REWARD_TERMS = {"none": None, "grpo_care": "GRPO-CARE", "perception_r1": "Perception-R1"}
+REWARD_TERMS = {"none": None, "grpo_care": "GRPO-CARE", "perception_r1": "Perception-R1", "rlkd": "RLKD"}
 # How the paper's mistakes table prints the supervised controls (the dagger marks the replay buffer).
 _SUPERVISED_NAMES = {"correction": "Correction-SFT", "reflection": "Error-reflection-SFT"}
 # The paper's defaults that the appendix's controls vary, and that a row's name states when it differs from them:
@@ -438,8 +439,9 @@ class ZPPOConfig(GRPOConfig):
             "'grpo_care' (GRPO-CARE: a consistency bonus for correct rollouts whose answer an EMA copy of the student "
             "finds at least as likely, given their reasoning, as their group's correct peers do; see care_*), or "
             "'perception_r1' (Perception-R1: perception_reward_weight times the fraction of a question's "
-            "visual_annotations the judge finds stated in the rollout). On GRPO†'s pipeline (augmentations: []). See "
-            "docs/comparison_rows.md."
+            "visual_annotations the judge finds stated in the rollout), or 'rlkd' (RLKD: rlkd_reward_weight times "
+            "how many of the teacher's reasoning steps the rollout's reasoning follows, as the judge decomposes and "
+            "compares them). On GRPO†'s pipeline (augmentations: []). See docs/comparison_rows.md."
         },
     )
     care_bonus_coefficient: float = field(
@@ -869,11 +871,27 @@ class ZPPOConfig(GRPOConfig):
                 "reply: set teacher_base_url and teacher_model"
             )
 
+    rlkd_reward_weight: float = field(
+        default=RLKD_REWARD_WEIGHT,
+        metadata={
+            "help": "RLKD: the weight of its reasoning-structure reward beside the correctness reward (its code "
+            "weighs them equally). Only reward_term: rlkd reads it."
+        },
+    )
+    rlkd_gsrm_max_tokens: int = field(
+        default=GSRM_MAX_TOKENS,
+        metadata={
+            "help": "RLKD: the cap on a decomposition the GSRM (the judge endpoint) writes (its code's 10,000); the "
+            "judge server's --max-model-len must hold a whole rollout or teacher reply plus this. Only "
+            "reward_term: rlkd reads it."
+        },
+    )
+
     def _validate_reward_term(self) -> None:
-        """GRPO-CARE's and Perception-R1's settings; each row is GRPO† with its term (plain groups only)."""
+        """GRPO-CARE's, Perception-R1's and RLKD's settings; each row is GRPO† with its term (plain groups only)."""
         if self.reward_term not in REWARD_TERMS:
             raise ValueError(f"reward_term must be one of {list(REWARD_TERMS)}, got {self.reward_term!r}")
-        for name in ("care_bonus_coefficient", "care_margin", "perception_reward_weight"):
+        for name in ("care_bonus_coefficient", "care_margin", "perception_reward_weight", "rlkd_reward_weight"):
             _check_number(name, getattr(self, name))
         _check_number("care_ema_decay", self.care_ema_decay, high=1.0)
         if (
@@ -882,6 +900,12 @@ class ZPPOConfig(GRPOConfig):
             or self.care_ema_every < 1
         ):
             raise ValueError(f"care_ema_every must be an integer >= 1, got {self.care_ema_every!r}")
+        if (
+            isinstance(self.rlkd_gsrm_max_tokens, bool)
+            or not isinstance(self.rlkd_gsrm_max_tokens, int)
+            or self.rlkd_gsrm_max_tokens < 1
+        ):
+            raise ValueError(f"rlkd_gsrm_max_tokens must be an integer >= 1, got {self.rlkd_gsrm_max_tokens!r}")
         if self.reward_term == "none":
             return
         if self.augmentations or self.distillation is not None:
@@ -894,6 +918,11 @@ class ZPPOConfig(GRPOConfig):
             raise ValueError(
                 "reward_term='perception_r1' asks a judge whether each rollout states the question's visual "
                 "annotations: set judge_base_url and judge_model (or teacher_base_url and teacher_model)"
+            )
+        if self.reward_term == "rlkd" and not (self.teacher_base_url and self.teacher_model):
+            raise ValueError(
+                "reward_term='rlkd' compares each rollout's reasoning with the teacher's graded-correct reply: set "
+                "teacher_base_url and teacher_model (the judge, judge_base_url and judge_model, defaults to it)"
             )
 
     def _validate_zero_variance(self) -> None:
@@ -1008,6 +1037,9 @@ class ZPPOConfig(GRPOConfig):
                 (self.reward_term == "grpo_care", "reward_term: grpo_care"),
             ),
             "perception_reward_weight": (self.reward_term == "perception_r1", "reward_term: perception_r1"),
+            **dict.fromkeys(
+                ("rlkd_reward_weight", "rlkd_gsrm_max_tokens"), (self.reward_term == "rlkd", "reward_term: rlkd")
+            ),
         }
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for name, (used, reader) in readers.items():
@@ -1217,11 +1249,12 @@ class ZPPOConfig(GRPOConfig):
             rollouts=G,
             updates=self.num_partitions,
             new_prompts_per_update=new / self.num_partitions,
-            # Correction-SFT samples no teacher rollouts; Off-Distill and OPSD sample them on every question
+            # Correction-SFT samples no teacher rollouts; Off-Distill, OPSD and RLKD sample them on every question
             teacher_rollouts=self.teacher_num_generations
             if (self.augmentations and self.augmentations != ["correction"])
             or self.distillation == "off"
             or self.policy_objective == "opsd"
+            or self.reward_term == "rlkd"
             else 0,
             rows_per_micro_batch=self.per_device_train_batch_size,
             micro_batches_per_update=self.gradient_accumulation_steps,

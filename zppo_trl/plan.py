@@ -165,6 +165,14 @@ def print_plan(script_args: ScriptArguments, args: ZPPOConfig, out: Callable[[st
             f"copy of the student on every rank (decay {args.care_ema_decay:g} every {args.care_ema_every} updates; "
             "a second set of weights: ZeRO-2 or DDP, not FSDP/ZeRO-3)"
         )
+    if args.reward_term == "rlkd":
+        out(
+            f"  reward term: RLKD's structure reward ({args.rlkd_reward_weight:g} x the teacher's reasoning steps the "
+            f"rollout follows), the teacher sampling every question (G_T={args.teacher_num_generations}; a question "
+            f"keeps its first reply graded correct); {args.judge_model} at {args.judge_base_url} decomposes "
+            f"(replies <= {args.rlkd_gsrm_max_tokens:,} tokens: its --max-model-len must hold a reply plus that) and "
+            "judges"
+        )
     if args.reward_term == "perception_r1":
         out(
             f"  reward term: Perception-R1's perception reward ({args.perception_reward_weight:g} x the fraction of a "

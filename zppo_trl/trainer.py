@@ -109,6 +109,7 @@ from .step_metrics import (
     memory_metrics,
     timing_metrics,
 )
+from .structure_reward import decompose, judge_replies, reasoning_of, structure_rewards
 from .student_server import stand_in_for_overlong, student_generation, student_server_errors, weight_syncs
 from .teacher import TeacherClient, strip_thinking
 from .trace_log import TRACE_LOG_NAME, TraceLog
@@ -255,6 +256,7 @@ class ZPPOTrainer(GRPOTrainer):
             or (zero_variance and zero_variance.needs_teacher)
             or (scores_tokens and not local)
             or (self_teacher is not None and self_teacher.samples_teacher)
+            or args.reward_term == "rlkd"
         ):
             self.teacher = TeacherClient.from_config(args)
         self.distill_teacher = self._prepare_distill_teacher(distill_teacher_model) if local else None
@@ -277,6 +279,11 @@ class ZPPOTrainer(GRPOTrainer):
         )
         # Perception-R1's judge (zppo_trl.perception): whether each rollout states its question's visual annotations.
         self.perception_judge = self._prepare_perception_judge() if args.reward_term == "perception_r1" else None
+        # RLKD's GSRM and judge (zppo_trl.structure_reward), and each question's teacher trace, held once found
+        # (checkpointed) with its decomposition (found again after a resume: the GSRM is greedy).
+        self.structure_judge = TeacherClient.from_config(args, role="judge") if args.reward_term == "rlkd" else None
+        self._structure_traces: dict[Any, str] = {}
+        self._structure_steps: dict[Any, Any] = {}
         # Step 5's augmentation: ZPPO's BCQ/NCQ prompts, or a comparison row's; None for GRPO†.
         self.augmentation: Augmentation | None = make_augmentation(
             args.augmentations,
@@ -837,6 +844,7 @@ class ZPPOTrainer(GRPOTrainer):
             "admitted_at": [[key, r] for key, r in self._admitted_at.items()],
             "counters": dict(self.counters),
             "rng": [version, list(internal), gauss],
+            "structure_traces": [[key, trace] for key, trace in self._structure_traces.items()],
         }
 
     def load_zppo_state_dict(self, state: Mapping) -> None:
@@ -846,6 +854,7 @@ class ZPPOTrainer(GRPOTrainer):
         self.counters = defaultdict(float, state["counters"])
         version, internal, gauss = state["rng"]
         self._rng.setstate((version, tuple(internal), gauss))
+        self._structure_traces = dict(state.get("structure_traces", []))
 
     # ------------------------------------------------------------------ prompts and grading
 
@@ -914,6 +923,7 @@ class ZPPOTrainer(GRPOTrainer):
             or args.distillation == "off"
             or (self.zero_variance is not None and self.zero_variance.teacher_targets)
             or (self.self_teacher_spec is not None and self.self_teacher_spec.samples_teacher)
+            or args.reward_term == "rlkd"
         )
         teacher_future = self._start_teacher_sampling(draw.plain, metrics) if sampling else None
         # 3. Plain rollouts, scored; plain accuracy r_x per question over all ranks. TRL sends the student's
@@ -976,6 +986,8 @@ class ZPPOTrainer(GRPOTrainer):
             plain_round = self._with_consistency_bonus(plain_round, metrics)
         if self.perception_judge is not None:  # Perception-R1: likewise its perception reward
             plain_round = self._with_perception_reward(draw.plain, plain_round, metrics)
+        if self.structure_judge is not None:  # RLKD: likewise its structure reward
+            plain_round = self._with_structure_reward(teacher_future, draw.plain, plain_round, metrics)
         micro_batches = self._policy_batches(plain_round, augmented_round, metrics, targets)
         signal = self.zero_variance
         if signal is not None and signal.distills and self.distill_teacher is None:  # RSTG: the all-wrong rows
@@ -1097,13 +1109,8 @@ class ZPPOTrainer(GRPOTrainer):
         correct (``opsd_questions_without_reference``, over ranks), and for fillers."""
         G = self.num_generations
         real = [group for group in plain if group.kind != FILLER]  # in the order the teacher was asked
-        replies = teacher_results(teacher_future, [[] for _ in real])
-        grades = self._grade_many([group.row for group in real], replies)
-        references = [
-            next((text for text, right in zip(texts, ok) if right), None) for texts, ok in zip(replies, grades)
-        ]
         contexts: list[str | None] = []
-        for group, reference in zip(real, references):
+        for group, reference in zip(real, self._teacher_references(teacher_future, real)):
             context = None
             if reference is not None and strip_thinking(reference).strip():
                 context = opsd_context(group.row[data.QUESTION], reference, self.args.closer)
@@ -1167,6 +1174,65 @@ class ZPPOTrainer(GRPOTrainer):
                 states, head = completion_states(self.self_teacher.model, sub, vocab)
                 out.append(score(states, head, sub))
         return out
+
+    def _with_structure_reward(
+        self, teacher_future: Any, plain: Sequence[Group], plain_round: Round, metrics: dict
+    ) -> Round:
+        """The plain round with RLKD's structure reward, ``rlkd_reward_weight`` times
+        :func:`zppo_trl.structure_reward.structure_rewards`, added to every rank's rewards: each rank decomposes its
+        own rollouts of questions whose teacher trace has a decomposition and has them judged against it; the rewards
+        are gathered, so every rank shapes the same rewards. A question's trace is the teacher's first graded-correct
+        reply, held from the step it appears. Fillers, rollouts of questions without one and rollouts whose requests
+        failed (counted) get none."""
+        G, judge = self.num_generations, self.structure_judge
+        real = [group for group in plain if group.kind != FILLER]
+        held = lambda group: group.row[data.ID] in self._structure_traces  # noqa: E731
+        for group, reference in zip(real, self._teacher_references(teacher_future, real, skip=held)):
+            if reference is not None:
+                self._structure_traces.setdefault(group.row[data.ID], reference)
+        keys = list(dict.fromkeys(group.row[data.ID] for group in real))
+        new = [key for key in keys if key in self._structure_traces and key not in self._structure_steps]
+        traces = [(self._row(key)[data.QUESTION], reasoning_of(self._structure_traces[key])) for key in new]
+        cap = self.args.rlkd_gsrm_max_tokens
+        for key, (answered, steps) in zip(new, decompose(judge, traces, cap)):
+            if answered:  # a failed request is asked again next time
+                self._structure_steps[key] = steps
+        positions, teacher_steps = [], []
+        for g, group in enumerate(plain):
+            steps = self._structure_steps.get(group.row[data.ID]) if group.kind != FILLER else None
+            if steps is not None:
+                positions += range(g * G, (g + 1) * G)
+                teacher_steps += [steps] * G
+        items = [(plain[i // G].row[data.QUESTION], reasoning_of(plain_round.texts[i])) for i in positions]
+        rollouts = decompose(judge, items, cap)
+        scores = structure_rewards(
+            [(t, steps) for t, (_, steps) in zip(teacher_steps, rollouts)], judge_replies(judge)
+        )
+        scores = [score if answered else None for score, (answered, _) in zip(scores, rollouts)]
+        local = [0.0] * len(plain_round.texts)
+        for i, score in zip(positions, scores):
+            local[i] = score or 0.0
+        rewards = plain_round.rewards.view(self.ranks.world, -1)
+        extra = torch.tensor(self.ranks.gather(local), dtype=rewards.dtype, device=rewards.device)
+        judged = [score for score in scores if score is not None]
+        metrics["rlkd_judged"] = self.ranks.total(len(judged))
+        metrics["rlkd_failed"] = self.ranks.total(len(scores) - len(judged))
+        metrics["rlkd_without_trace"] = self.ranks.total(len(real) * G - len(positions))
+        metrics["rlkd_reward_mean"] = sum(judged) / max(len(judged), 1)
+        metrics["rlkd_traces"] = len(self._structure_traces)
+        shaped = rewards + self.args.rlkd_reward_weight * extra
+        return Round(plain_round.batch, shaped.view(-1), plain_round.texts, plain_round.groups_per_rank)
+
+    def _teacher_references(
+        self, teacher_future: Any, real: Sequence[Group], skip: Callable[[Group], bool] | None = None
+    ) -> list[str | None]:
+        """Per real group of this rank (in the order the teacher was asked), the teacher's first reply to its question
+        that the trainer's reward grades correct, or None (and None, ungraded, for a group ``skip`` marks): OPSD's
+        privileged trace and RLKD's teacher trace."""
+        replies = teacher_results(teacher_future, [[] for _ in real])
+        replies = [[] if skip is not None and skip(group) else texts for group, texts in zip(real, replies)]
+        grades = self._grade_many([group.row for group in real], replies)
+        return [next((text for text, right in zip(texts, ok) if right), None) for texts, ok in zip(replies, grades)]
 
     def _answer_likelihoods(self, batch: dict) -> list[float]:
         """GRPO-CARE's ``p`` of each of this rank's rollouts: the reference's geometric-mean probability of the
