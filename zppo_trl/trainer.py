@@ -1047,17 +1047,24 @@ class ZPPOTrainer(GRPOTrainer):
                 items.append((annotations, plain_round.texts[i]))
                 positions.append(i)
         scores = judge_perception(self.perception_judge, items)
-        local = [0.0] * len(plain_round.texts)
-        for i, score in zip(positions, scores):
-            local[i] = score or 0.0
-        rewards = plain_round.rewards.view(self.ranks.world, -1)
-        extra = torch.tensor(self.ranks.gather(local), dtype=rewards.dtype, device=rewards.device)
         judged = [score for score in scores if score is not None]
         metrics["perception_judged"] = len(judged)
         metrics["perception_judge_failed"] = len(scores) - len(judged)
         metrics["perception_unannotated"] = unannotated
         metrics["perception_reward_mean"] = sum(judged) / max(len(judged), 1)
-        shaped = rewards + self.args.perception_reward_weight * extra
+        return self._with_added_rewards(plain_round, positions, scores, self.args.perception_reward_weight)
+
+    def _with_added_rewards(
+        self, plain_round: Round, positions: Sequence[int], scores: Sequence[float | None], weight: float
+    ) -> Round:
+        """The plain round with ``weight`` times each score added to the reward of this rank's rollout at its
+        position (None: nothing), every rank's scores gathered, so every rank shapes the same rewards."""
+        local = [0.0] * len(plain_round.texts)
+        for i, score in zip(positions, scores):
+            local[i] = score or 0.0
+        rewards = plain_round.rewards.view(self.ranks.world, -1)
+        extra = torch.tensor(self.ranks.gather(local), dtype=rewards.dtype, device=rewards.device)
+        shaped = rewards + weight * extra
         return Round(plain_round.batch, shaped.view(-1), plain_round.texts, plain_round.groups_per_rank)
 
     def _with_self_teacher(
@@ -1209,19 +1216,13 @@ class ZPPOTrainer(GRPOTrainer):
             [(t, steps) for t, (_, steps) in zip(teacher_steps, rollouts)], judge_replies(judge)
         )
         scores = [score if answered else None for score, (answered, _) in zip(scores, rollouts)]
-        local = [0.0] * len(plain_round.texts)
-        for i, score in zip(positions, scores):
-            local[i] = score or 0.0
-        rewards = plain_round.rewards.view(self.ranks.world, -1)
-        extra = torch.tensor(self.ranks.gather(local), dtype=rewards.dtype, device=rewards.device)
         judged = [score for score in scores if score is not None]
         metrics["rlkd_judged"] = self.ranks.total(len(judged))
         metrics["rlkd_failed"] = self.ranks.total(len(scores) - len(judged))
         metrics["rlkd_without_trace"] = self.ranks.total(len(real) * G - len(positions))
         metrics["rlkd_reward_mean"] = sum(judged) / max(len(judged), 1)
         metrics["rlkd_traces"] = len(self._structure_traces)
-        shaped = rewards + self.args.rlkd_reward_weight * extra
-        return Round(plain_round.batch, shaped.view(-1), plain_round.texts, plain_round.groups_per_rank)
+        return self._with_added_rewards(plain_round, positions, scores, self.args.rlkd_reward_weight)
 
     def _teacher_references(
         self, teacher_future: Any, real: Sequence[Group], skip: Callable[[Group], bool] | None = None
