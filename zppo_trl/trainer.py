@@ -1116,16 +1116,18 @@ class ZPPOTrainer(GRPOTrainer):
         correct (``opsd_questions_without_reference``, over ranks), and for fillers."""
         G = self.num_generations
         real = [group for group in plain if group.kind != FILLER]  # in the order the teacher was asked
+        references = [
+            reference if reference is not None and strip_thinking(reference).strip() else None
+            for reference in self._teacher_references(teacher_future, real)
+        ]
         contexts: list[str | None] = []
-        for group, reference in zip(real, self._teacher_references(teacher_future, real)):
-            context = None
-            if reference is not None and strip_thinking(reference).strip():
-                context = opsd_context(group.row[data.QUESTION], reference, self.args.closer)
+        for group, reference in zip(real, references):
+            context = (
+                None if reference is None else opsd_context(group.row[data.QUESTION], reference, self.args.closer)
+            )
             contexts += [context] * G
         contexts += [None] * G * (len(plain) - len(real))  # fillers come last
-        metrics["opsd_questions_without_reference"] = self.ranks.total(
-            sum(1 for i in range(0, len(contexts), G) if contexts[i] is None) - (len(plain) - len(real))
-        )
+        metrics["opsd_questions_without_reference"] = self.ranks.total(references.count(None))
         return contexts
 
     def _self_teacher_signal(self, batch: dict, rows: list[int], conversations: list) -> dict[str, torch.Tensor]:
@@ -1189,14 +1191,18 @@ class ZPPOTrainer(GRPOTrainer):
         :func:`zppo_trl.structure_reward.structure_rewards`, added to every rank's rewards: each rank decomposes its
         own rollouts of questions whose teacher trace has a decomposition and has them judged against it; the rewards
         are gathered, so every rank shapes the same rewards. A question's trace is the teacher's first graded-correct
-        reply, held from the step it appears. Fillers, rollouts of questions without one and rollouts whose requests
-        failed (counted) get none."""
+        reply, held from the step it appears by every rank (a replayed question may land on another rank). Fillers,
+        rollouts of questions without one and rollouts whose requests failed (counted) get none."""
         G, judge = self.num_generations, self.structure_judge
         real = [group for group in plain if group.kind != FILLER]
         held = lambda group: group.row[data.ID] in self._structure_traces  # noqa: E731
+        found: dict[Any, str] = {}
         for group, reference in zip(real, self._teacher_references(teacher_future, real, skip=held)):
             if reference is not None:
-                self._structure_traces.setdefault(group.row[data.ID], reference)
+                found.setdefault(group.row[data.ID], reference)
+        for part in self.ranks.gather(found):  # every rank keeps the same traces (and checkpoints them all)
+            for key, trace in part.items():
+                self._structure_traces.setdefault(key, trace)
         keys = list(dict.fromkeys(group.row[data.ID] for group in real))
         new = [key for key in keys if key in self._structure_traces and key not in self._structure_steps]
         traces = [(self._row(key)[data.QUESTION], reasoning_of(self._structure_traces[key])) for key in new]
