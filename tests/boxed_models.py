@@ -42,11 +42,15 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "COMPRESSION_REPLY",
+    "MODELS",
     "STUDENT_ACCURACY",
     "TEACHER_ACCURACY",
     "TOY_QUESTIONS",
+    "boxed_model",
+    "cached_model_dir",
     "completion",
     "distractors",
+    "recipe_key",
     "toy_conversation",
     "toy_image",
     "toy_rows",
@@ -145,13 +149,15 @@ def train_boxed_model(
     kind: str = "text",
     seed: int = 0,
     seconds_budget: float | None = None,
+    teacher_dir: str | Path | None = None,
 ) -> Path:
     """Fine-tune a tiny model to answer the toy questions as ``role`` would; save it to ``directory``.
 
     A teacher is trained from :mod:`tiny_models`' random model; a student is fine-tuned from
-    that teacher (whose weights are kept in memory, once per process, kind and seed), which
-    is several times faster than from scratch since the format and the questions are learnt
-    already. Each stage stops once its loss is close to its minimum (:data:`TOLERANCE`), after
+    that teacher, which is several times faster than from scratch since the format and the
+    questions are learnt already: from the teacher saved in ``teacher_dir`` when given, else from
+    the one trained in this process (its weights are kept in memory, once per process, kind and
+    seed). Each stage stops once its loss is close to its minimum (:data:`TOLERANCE`), after
     :data:`MAX_STEPS`, or when ``seconds_budget`` (per stage) runs out; the last two are
     logged as warnings (the model may be under-trained). Without a budget the result depends
     only on ``role``, ``kind`` and ``seed``. ``directory`` ends up loadable by
@@ -166,7 +172,9 @@ def train_boxed_model(
     model = tiny_text_model(seed) if kind == "text" else tiny_vlm(seed)
     processing = _save_and_reload_processing(directory, model.config)
     with _single_threaded():
-        if (kind, seed) in _TEACHER_WEIGHTS:
+        if role == "student" and teacher_dir is not None:
+            model = type(model).from_pretrained(teacher_dir)
+        elif (kind, seed) in _TEACHER_WEIGHTS:
             model.load_state_dict(_TEACHER_WEIGHTS[kind, seed])
         else:
             _fit(model, processing, kind, "teacher", seed, seconds_budget, warmup_steps=20)
@@ -177,6 +185,88 @@ def train_boxed_model(
             _fit(model, processing, kind, "student", seed, seconds_budget, warmup_steps=5)
     model.save_pretrained(directory)
     return directory
+
+
+# ---------------------------------------------------------------- the on-disk cache
+
+# What a boxed model is a function of: this file (the data, the targets, the fit), the tiny models, the prompt
+# templates and the processor loading the training renders with, and the libraries that run the fit.
+_RECIPE_FILES = [
+    Path(__file__),
+    Path(__file__).with_name("tiny_models.py"),
+    Path(__file__).resolve().parents[1] / "zppo_trl" / "prompts.py",
+    Path(__file__).resolve().parents[1] / "zppo_trl" / "processing.py",
+]
+DEFAULT_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "boxed-models"
+MODELS = [("text", "teacher"), ("text", "student"), ("vlm", "teacher"), ("vlm", "student")]
+
+
+def recipe_key() -> str:
+    """A content hash of everything a boxed model is trained from (files and library versions)."""
+    import hashlib
+
+    import tokenizers
+    import torch
+    import transformers
+
+    digest = hashlib.sha256()
+    for path in _RECIPE_FILES:
+        digest.update(path.read_bytes())
+    digest.update(f"{torch.__version__} {transformers.__version__} {tokenizers.__version__}".encode())
+    return digest.hexdigest()[:16]
+
+
+def cached_model_dir(role: str, kind: str, seed: int = 0, cache_dir: str | Path | None = None) -> Path:
+    """Where :func:`boxed_model` keeps ``role``/``kind``/``seed`` (it may not exist yet)."""
+    return Path(cache_dir or DEFAULT_CACHE) / recipe_key() / f"{kind}-{role}-seed{seed}"
+
+
+def boxed_model(role: str, kind: str, seed: int = 0, cache_dir: str | Path | None = None) -> Path:
+    """The boxed ``role``/``kind`` model from the cache under ``cache_dir``, trained into it first if absent.
+
+    Entries are keyed by :func:`recipe_key`, so a change to the recipe trains afresh and a second run on
+    the same machine reuses the first's models. A file lock per entry lets several processes ask at once
+    (the test session and its background pre-training): one trains, the others wait for it. An entry
+    appears whole or not at all (trained beside it, then renamed). A student's lock is taken before its
+    teacher's, by every caller, so two callers never wait on each other.
+    """
+    from filelock import FileLock
+
+    target = cached_model_dir(role, kind, seed, cache_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if not target.is_dir():
+            teacher = boxed_model("teacher", kind, seed, cache_dir) if role == "student" else None
+            scratch = target.with_name(f"{target.name}.partial")
+            if scratch.exists():  # left by a process killed mid-fit
+                import shutil
+
+                shutil.rmtree(scratch)
+            start = time.monotonic()
+            train_boxed_model(scratch, role=role, kind=kind, seed=seed, teacher_dir=teacher)
+            scratch.rename(target)
+            logger.info("boxed %s %s: trained into %s in %.1f s", kind, role, target, time.monotonic() - start)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python tests/boxed_models.py [--cache-dir DIR] [KIND-ROLE ...]``: train the boxed models into the cache.
+
+    The test session runs this in the background while its other tests run (tests/conftest.py); by hand it
+    fills the cache ahead of a run. Prints each model's directory as it is ready.
+    """
+    import argparse
+
+    names = [f"{kind}-{role}" for kind, role in MODELS]
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("models", nargs="*", choices=names, default=names, metavar="KIND-ROLE", help=str(names))
+    parser.add_argument("--cache-dir", default=str(DEFAULT_CACHE))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    for name in args.models:
+        kind, role = name.split("-")
+        print(boxed_model(role, kind, cache_dir=args.cache_dir), flush=True)
+    return 0
 
 
 @contextlib.contextmanager
@@ -203,31 +293,37 @@ def _fit(model, processing, kind: str, role: str, seed: int, seconds_budget: flo
 
     Linear warm-up, gradient norm clipped to 1, the loss on completion tokens only and
     weighted per sequence (see :func:`_training_batches`); the floor is the entropy of the
-    answer mixture. Leaves ``model`` in eval mode.
+    answer mixture. The text teacher's revision requests (the last batch: three fifths of its
+    tokens, in prompts four times as long) join once the rest is fitted: the answers it
+    writes there are the ones it has learnt by then, and full-batch steps over everything
+    from the start cost about twice the time. Leaves ``model`` in eval mode.
     """
     import torch
 
     rows = toy_rows(kind)
     batches = _training_batches(processing, rows, role, kind)
+    stages = [batches[:-1], batches] if role == "teacher" and kind == "text" else [batches]
     floor = -sum(w * math.log(w) for row in rows for _, w in _targets(row, role)) / len(rows)
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.99), weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup_steps))
     model.train()
     start, step, loss = time.monotonic(), 0, float("inf")
-    while loss - floor > TOLERANCE[role]:
-        if step == MAX_STEPS or (seconds_budget is not None and time.monotonic() - start > seconds_budget):
-            logger.warning(
-                "boxed %s %s: stopped early after %d steps, loss %.3f (floor %.3f)", kind, role, step, loss, floor
-            )
-            break
-        loss = sum(_weighted_loss(model, batch, weights, len(rows)) for batch, weights in batches)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        loss, step = loss.item(), step + 1
+    for stage in stages:
+        loss = float("inf")
+        while loss - floor > TOLERANCE[role]:
+            if step == MAX_STEPS or (seconds_budget is not None and time.monotonic() - start > seconds_budget):
+                logger.warning(
+                    "boxed %s %s: stopped early after %d steps, loss %.3f (floor %.3f)", kind, role, step, loss, floor
+                )
+                break
+            loss = sum(_weighted_loss(model, batch, weights, len(rows)) for batch, weights in stage)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            loss, step = loss.item(), step + 1
     model.eval()
     logger.info(
         "boxed %s %s: %d steps, %.1f s, loss %.3f (floor %.3f)",
@@ -258,9 +354,13 @@ def _training_batches(processing, rows: list[dict], role: str, kind: str) -> lis
     """The (batch, weights) pairs to fit: the answers, and for a teacher also the compressions.
 
     A teacher also serves BCQ/NCQ compression, so it learns to answer the paper's compression
-    prompt with a non-empty ``<summary>`` (an empty one would drop the instance), the Hint
-    control's hint prompt with one fixed answer-free sentence, and the supervised controls'
-    correction and refinement prompts with the right answer. Copying
+    prompt with a non-empty ``<summary>`` (an empty one would drop the instance); the text
+    teacher, which the text rows' tests also send their requests, learns the Hint control's hint
+    prompt with one fixed answer-free sentence and the supervised controls' correction and
+    refinement prompts with the right answer. The VLM teacher is only ever sent rollout and
+    compression requests (BCQ/NCQ and Prefix), so it learns only those: the hint and revision
+    prompts are long, and through the VLM's linear-attention layers (their PyTorch fallback here)
+    they would cost most of its fit. Copying
     the answer into the summary is beyond a model this size, so the summary is one fixed
     sentence, learnt from a few responses in two forms: a completion decoded as the trainer and
     the test servers (raw replies, as vLLM without a reasoning parser) read it back, and a bare
@@ -281,23 +381,26 @@ def _training_batches(processing, rows: list[dict], role: str, kind: str) -> lis
         for row in rows[:4]:
             for answer in (row["answer"], distractors(row)[0]):
                 responses += [decode(completion(answer)), f"\\boxed{{{answer}}}"]
-        for render, reply in ((render_compression, COMPRESSION_REPLY), (render_hint, HINT_REPLY)):
+        requests = [(render_compression, COMPRESSION_REPLY)] + ([(render_hint, HINT_REPLY)] if kind == "text" else [])
+        for render, reply in requests:
             rewrites = []
             for response in responses:
                 conversation = [{"role": "user", "content": render(response)}]
                 prompt = processing.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
                 rewrites.append((prompt + reply, [], reply, len(rows) / len(responses) / 4))
             batches.append(_training_batch(processing, rewrites, with_images=False))
+        if kind == "vlm":
+            return batches
         fixes = []
         for row in rows:
             right, wrong = (decode(completion(a)) for a in (row["answer"], distractors(row)[0]))
             # A revision request carries every wrong plain rollout of a hard question: 3 or 4 of G = 4
-            # with both distractors among them, as the trainer sends it (and 2, as a lighter case).
+            # with both distractors among them, as the trainer sends it.
             wrongs = [decode(completion(d)) for d in distractors(row)]
             requests = [(render_correction(row["question"], wrong), 1 / 8)]
             requests += [
-                (render_reflection(row["question"], right, [wrongs[i % 2] for i in range(n)]), 1 / 8 / 3)
-                for n in (2, 3, 4)
+                (render_reflection(row["question"], right, [wrongs[i % 2] for i in range(n)]), 1 / 8 / 2)
+                for n in (3, 4)
             ]
             for request, weight in requests:
                 conversation = [{"role": "user", "content": request}]
@@ -343,3 +446,7 @@ def _weighted_loss(model, batch: dict, weights, n_questions: int):
         logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100, reduction="none"
     )
     return (token_loss.view(labels.shape).sum(1) * weights).sum() / n_questions
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
