@@ -67,6 +67,13 @@ sys.exit(main())
 """
 
 
+# The judge of the evaluation tests is a random model: its replies never parse and never end, so each
+# would run to the judge's 512 tokens, on a server that decodes one request at a time. Passed as
+# `--judge-extra-body`, this cuts a verdict off at 16 tokens: the same unparsed noise, scored the same
+# way, with every other field of the harness's requests as in production.
+SHORT_JUDGE = '{"max_tokens": 16}'
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as sock:

@@ -18,6 +18,11 @@ from zppo_trl.evaluation.cli import main
 from zppo_trl.trace_log import TRACE_LOG_NAME, TraceLog, read_trace_log
 
 try:
+    from conftest import SHORT_JUDGE
+except ImportError:  # tests/ imported as a package
+    from tests.conftest import SHORT_JUDGE
+
+try:
     from boxed_models import toy_rows
 except ImportError:  # tests/ imported as a package
     from tests.boxed_models import toy_rows
@@ -36,6 +41,7 @@ def test_the_audit_asks_every_judge_about_every_pair_and_resumes(teacher_server,
         judges += ["--judge-base-url", teacher_server.base_url, "--judge-model", teacher_server.model,
                    "--judge-name", name]  # fmt: skip
     argv = ["audit-traces", str(run), *judges, "--concurrency", "2", "--max-retries", "0"]
+    argv += ["--judge-extra-body", SHORT_JUDGE]
     assert main(argv) == 0
     out = run / "trace_audit"
     for name in ("a", "b", "c"):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import free_port
+from conftest import SHORT_JUDGE, free_port
 from eval_fixtures import write_fixture
 
 from zppo_trl.evaluation.cli import main
@@ -58,7 +58,7 @@ def test_a_judge_sweep_re_asks_only_the_zero_credit_shared_judge_items(
         "--judge-base-url", teacher_server.base_url, "--judge-model", teacher_server.model,
         "--tasks", ",".join(SETTINGS), "--data-dir", str(data_dir), "--output-dir", str(run_dir),
         "--max-new-tokens", "12", "--max-frames", "4", "--concurrency", "4", "--passes", "2",
-        "--sampling-fields", "openai", "--max-retries", "1",
+        "--sampling-fields", "openai", "--max-retries", "1", "--judge-extra-body", SHORT_JUDGE,
     ]  # fmt: skip
     assert main(run) == 0, capsys.readouterr().err[-3000:]
     results = json.loads((run_dir / "results.json").read_text())
@@ -69,7 +69,7 @@ def test_a_judge_sweep_re_asks_only_the_zero_credit_shared_judge_items(
     out = tmp_path / "sweep"
     sweep = ["rejudge", str(run_dir), "--output-dir", str(out), "--judge-base-url", other.base_url,
              "--judge-model", other.model, "--judge-name", "judge b", "--concurrency", "4",
-             "--max-retries", "1"]  # fmt: skip
+             "--max-retries", "1", "--judge-extra-body", SHORT_JUDGE]  # fmt: skip
     assert main(sweep) == 0, capsys.readouterr().err[-3000:]
     printed = capsys.readouterr().out
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import VLLMServer, require_vllm
+from conftest import SHORT_JUDGE, VLLMServer, require_vllm
 from eval_fixtures import write_fixture
 from transformers import AutoConfig
 
@@ -55,7 +55,7 @@ def _run_args(student, judge, data_dir: Path, out: Path, tasks: str, *extra: str
         "--tasks", tasks, "--data-dir", str(data_dir), "--output-dir", str(out),
         "--max-new-tokens", "12", "--max-frames", "4", "--concurrency", "4",
         "--sampling-fields", "openai",  # transformers serve rejects vLLM's extra sampling fields
-        "--max-retries", "1", *extra,
+        "--max-retries", "1", "--judge-extra-body", SHORT_JUDGE, *extra,
     ]  # fmt: skip
 
 
