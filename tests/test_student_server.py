@@ -305,6 +305,10 @@ def test_a_student_server_lost_mid_run_stops_training_naming_it(boxed_text_stude
             processing_class=AutoTokenizer.from_pretrained(boxed_text_student_dir),
             callbacks=[KillServer(server)],
         )
+        # TRL's client retries a refused connection five times, backing off 2, 4, 8, 16 and 32 s: the same
+        # five retries without the minute of waiting between them
+        for adapter in trainer.vllm_generation.vllm_client.session.adapters.values():
+            adapter.max_retries = adapter.max_retries.new(backoff_factor=0)
         with pytest.raises(RuntimeError, match=f"student vLLM server at {server.root_url} stopped answering "
                                                "\\(at rollout step 2\\)"):  # fmt: skip
             trainer.train()
