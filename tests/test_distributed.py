@@ -117,98 +117,95 @@ def _groups(record: dict, step: int, round_: int = 0) -> list[list]:
 # ---------------------------------------------------------------------- GRPO† (no teacher)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def grpo_run(tiny_text_model_dir, tmp_path_factory) -> list[dict]:
     outdir = tmp_path_factory.mktemp("distributed-grpo")
     return _launch(outdir, [str(tiny_text_model_dir), "--mode", "grpo", "--max-steps", str(3 * STEPS_PER_ROLLOUT)])
 
 
-def test_two_gloo_processes(grpo_run):
-    assert [r["rank"] for r in grpo_run] == [0, 1]
-    assert all(
-        r["world"] == WORLD and r["backend"] == "gloo" and r["distributed_type"] == "DistributedType.MULTI_CPU"
-        for r in grpo_run
-    )
-    assert all(len(r["rollout_steps"]) == 3 and len(r["micro_steps"]) == 3 * STEPS_PER_ROLLOUT for r in grpo_run)
+class TestGRPORun:
+    """Everything read off one two-process GRPO† run (a class: one pytest-xdist worker runs all of it)."""
 
-
-def test_replicated_state_is_identical(grpo_run):
-    rank0, rank1 = grpo_run
-    assert rank0["residents"] and rank0["residents"] == rank1["residents"]
-    assert rank0["counters"] == rank1["counters"]
-    assert rank0["counters"]["rollout_steps"] == 3
-    assert rank0["rng"] == rank1["rng"]
-    for s0, s1 in zip(rank0["rollout_steps"], rank1["rollout_steps"]):
-        assert s0["buffer_before"] == s1["buffer_before"]
-        assert s0["metrics"] == s1["metrics"]  # every ZPPO metric of every step (timings left out)
-    assert rank0["log_history"] == rank1["log_history"]
-
-
-def test_equal_rows_per_rank_at_every_micro_step(grpo_run):
-    rank0, rank1 = grpo_run
-    for s0, s1 in zip(rank0["rollout_steps"], rank1["rollout_steps"]):
-        # every scoring round: the same number of groups on both ranks
-        assert [len(r) for r in s0["rounds"]] == [len(r) for r in s1["rounds"]]
-        assert [_rows(m) for m in s0["micro_batches"]] == [_rows(m) for m in s1["micro_batches"]]
-        # TRL's token-mean divisor of a partition is the partition's token count over both ranks
-        assert [m.get("num_items_in_batch") for m in s0["micro_batches"]] == [
-            m.get("num_items_in_batch") for m in s1["micro_batches"]
-        ]
-    # what the training loop consumed, micro-step by micro-step
-    assert [_rows(m) for m in rank0["micro_steps"]] == [_rows(m) for m in rank1["micro_steps"]]
-    for record in grpo_run:
-        assert record["micro_steps"] == [m for s in record["rollout_steps"] for m in s["micro_batches"]]
-
-
-def test_odd_replay_split_uses_a_filler_and_padding(grpo_run):
-    fillers = padding = odd = 0
-    for step in range(3):
-        replay = [[key for kind, key, _ in _groups(r, step) if kind == "replay"] for r in grpo_run]
-        count = len(replay[0]) + len(replay[1])
-        assert len(set(replay[0]) | set(replay[1])) == count, "a resident replayed twice in one step"
-        assert len(replay[0]) - len(replay[1]) in (0, 1), "replays are dealt round-robin, rank 0 first"
-        rank_fillers = [sum(kind == "filler" for kind, _, _ in _groups(r, step)) for r in grpo_run]
-        assert rank_fillers == [0, count % 2], "a rank short of a replay group scores exactly one filler"
-        odd += count % 2
-        fillers += sum(rank_fillers)
-        padding += sum(m.get("padding", 0) for r in grpo_run for m in r["rollout_steps"][step]["micro_batches"])
-    assert odd and fillers, "no step replayed an odd number of residents: the uneven split was not exercised"
-    assert padding, "no partition was padded with zero-weight rows"
-    # fillers are never trained: padding rows carry no loss tokens, and real rows are at most the non-filler groups
-    for record in grpo_run:
-        for step in record["rollout_steps"]:
-            real = sum(m["rows"] - m["padding"] for m in step["micro_batches"] if not m["skip"])
-            assert real <= G * sum(kind != "filler" for kind, _, _ in step["rounds"][0])
-
-
-def test_replayed_count_over_both_ranks(grpo_run):
-    rank0 = grpo_run[0]
-    logged = [h for h in rank0["log_history"] if "zppo/replayed" in h]
-    assert len(logged) == 3
-    for step, log in enumerate(logged):
-        new = sum(kind == "new" for r in grpo_run for kind, _, _ in _groups(r, step))
-        assert new == 2 * 3 and log["zppo/new"] == new  # |X_new| counted over both ranks
-        buffer = rank0["rollout_steps"][step]["buffer_before"]
-        expected = min(int(REPLAY_FRACTION * new), len(buffer))
-        assert log["zppo/replayed"] == expected
-        replayed = [key for r in grpo_run for kind, key, _ in _groups(r, step) if kind == "replay"]
-        assert len(replayed) == expected and set(replayed) <= set(buffer)
-    assert any(log["zppo/replayed"] for log in logged)
-
-
-def test_parameters_identical_and_skips_change_nothing(grpo_run):
-    rank0, rank1 = grpo_run
-    assert rank0["initial_params"] == rank1["initial_params"]
-    assert rank0["params_after_step"] == rank1["params_after_step"]
-    assert rank0["final_params"] == rank1["final_params"] != rank0["initial_params"]
-    before = [rank0["initial_params"], *rank0["params_after_step"][:-1]]
-    for micro, b, a in zip(rank0["micro_steps"], before, rank0["params_after_step"]):
-        assert (a == b) == micro["skip"], (
-            "an optimizer step must change the parameters exactly when its partition has signal"
+    def test_two_gloo_processes(self, grpo_run):
+        assert [r["rank"] for r in grpo_run] == [0, 1]
+        assert all(
+            r["world"] == WORLD and r["backend"] == "gloo" and r["distributed_type"] == "DistributedType.MULTI_CPU"
+            for r in grpo_run
         )
+        assert all(len(r["rollout_steps"]) == 3 and len(r["micro_steps"]) == 3 * STEPS_PER_ROLLOUT for r in grpo_run)
 
+    def test_replicated_state_is_identical(self, grpo_run):
+        rank0, rank1 = grpo_run
+        assert rank0["residents"] and rank0["residents"] == rank1["residents"]
+        assert rank0["counters"] == rank1["counters"]
+        assert rank0["counters"]["rollout_steps"] == 3
+        assert rank0["rng"] == rank1["rng"]
+        for s0, s1 in zip(rank0["rollout_steps"], rank1["rollout_steps"]):
+            assert s0["buffer_before"] == s1["buffer_before"]
+            assert s0["metrics"] == s1["metrics"]  # every ZPPO metric of every step (timings left out)
+        assert rank0["log_history"] == rank1["log_history"]
 
-# ---------------------------------------------------------------------- ZPPO (BCQ/NCQ, teacher server)
+    def test_equal_rows_per_rank_at_every_micro_step(self, grpo_run):
+        rank0, rank1 = grpo_run
+        for s0, s1 in zip(rank0["rollout_steps"], rank1["rollout_steps"]):
+            # every scoring round: the same number of groups on both ranks
+            assert [len(r) for r in s0["rounds"]] == [len(r) for r in s1["rounds"]]
+            assert [_rows(m) for m in s0["micro_batches"]] == [_rows(m) for m in s1["micro_batches"]]
+            # TRL's token-mean divisor of a partition is the partition's token count over both ranks
+            assert [m.get("num_items_in_batch") for m in s0["micro_batches"]] == [
+                m.get("num_items_in_batch") for m in s1["micro_batches"]
+            ]
+        # what the training loop consumed, micro-step by micro-step
+        assert [_rows(m) for m in rank0["micro_steps"]] == [_rows(m) for m in rank1["micro_steps"]]
+        for record in grpo_run:
+            assert record["micro_steps"] == [m for s in record["rollout_steps"] for m in s["micro_batches"]]
+
+    def test_odd_replay_split_uses_a_filler_and_padding(self, grpo_run):
+        fillers = padding = odd = 0
+        for step in range(3):
+            replay = [[key for kind, key, _ in _groups(r, step) if kind == "replay"] for r in grpo_run]
+            count = len(replay[0]) + len(replay[1])
+            assert len(set(replay[0]) | set(replay[1])) == count, "a resident replayed twice in one step"
+            assert len(replay[0]) - len(replay[1]) in (0, 1), "replays are dealt round-robin, rank 0 first"
+            rank_fillers = [sum(kind == "filler" for kind, _, _ in _groups(r, step)) for r in grpo_run]
+            assert rank_fillers == [0, count % 2], "a rank short of a replay group scores exactly one filler"
+            odd += count % 2
+            fillers += sum(rank_fillers)
+            padding += sum(m.get("padding", 0) for r in grpo_run for m in r["rollout_steps"][step]["micro_batches"])
+        assert odd and fillers, "no step replayed an odd number of residents: the uneven split was not exercised"
+        assert padding, "no partition was padded with zero-weight rows"
+        # fillers are never trained: padding rows carry no loss tokens, and real rows are at most the non-filler groups
+        for record in grpo_run:
+            for step in record["rollout_steps"]:
+                real = sum(m["rows"] - m["padding"] for m in step["micro_batches"] if not m["skip"])
+                assert real <= G * sum(kind != "filler" for kind, _, _ in step["rounds"][0])
+
+    def test_replayed_count_over_both_ranks(self, grpo_run):
+        rank0 = grpo_run[0]
+        logged = [h for h in rank0["log_history"] if "zppo/replayed" in h]
+        assert len(logged) == 3
+        for step, log in enumerate(logged):
+            new = sum(kind == "new" for r in grpo_run for kind, _, _ in _groups(r, step))
+            assert new == 2 * 3 and log["zppo/new"] == new  # |X_new| counted over both ranks
+            buffer = rank0["rollout_steps"][step]["buffer_before"]
+            expected = min(int(REPLAY_FRACTION * new), len(buffer))
+            assert log["zppo/replayed"] == expected
+            replayed = [key for r in grpo_run for kind, key, _ in _groups(r, step) if kind == "replay"]
+            assert len(replayed) == expected and set(replayed) <= set(buffer)
+        assert any(log["zppo/replayed"] for log in logged)
+
+    def test_parameters_identical_and_skips_change_nothing(self, grpo_run):
+        rank0, rank1 = grpo_run
+        assert rank0["initial_params"] == rank1["initial_params"]
+        assert rank0["params_after_step"] == rank1["params_after_step"]
+        assert rank0["final_params"] == rank1["final_params"] != rank0["initial_params"]
+        before = [rank0["initial_params"], *rank0["params_after_step"][:-1]]
+        for micro, b, a in zip(rank0["micro_steps"], before, rank0["params_after_step"]):
+            assert (a == b) == micro["skip"], (
+                "an optimizer step must change the parameters exactly when its partition has signal"
+            )
+
+    # ---------------------------------------------------------------------- ZPPO (BCQ/NCQ, teacher server)
 
 
 @pytest.fixture(scope="module", params=["trainer", "student-server"])
