@@ -3,12 +3,19 @@ bad input is named, and a real run trains, checkpoints, resumes and writes its c
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib.util
+import io
 import json
 import os
 import socket
 import subprocess
 import sys
+import traceback
+import warnings
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import yaml
@@ -28,9 +35,44 @@ PAPER_STEP = (
 
 
 def _recipe(*args, timeout=300, env=None) -> subprocess.CompletedProcess:
+    """`python recipes/zppo.py ARGS` in a process of its own, as a user runs it."""
     env = env or {**os.environ, "HF_HUB_OFFLINE": "1"}  # no Hub here: fail its lookups at once instead of retrying
     command = [sys.executable, "recipes/zppo.py", *map(str, args)]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@functools.cache
+def _recipe_module():
+    spec = importlib.util.spec_from_file_location("recipe_zppo", REPO / "recipes" / "zppo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _dry_run(*args) -> subprocess.CompletedProcess:
+    """The recipe's ``main(ARGS)`` in this process, from the repository's root with the Hub offline, its output and
+    exit code as `_recipe` gives them (an uncaught exception: its traceback and exit code 1, as the interpreter).
+
+    For what returns before training (dry runs, ``--help``, bad recipes and fields): the script's process costs
+    about 10 s of imports each time, and the script is run as a user runs it by the tests that train, by the Hub
+    probe's test and by tests/test_launch.py's plans.
+    """
+    out, err = io.StringIO(), io.StringIO()
+    with (
+        contextlib.chdir(REPO),
+        mock.patch.dict(os.environ, HF_HUB_OFFLINE="1"),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+        warnings.catch_warnings(),
+    ):
+        try:
+            code = _recipe_module().main([str(arg) for arg in args])
+        except SystemExit as exit_:  # argparse's --help and usage errors
+            code = exit_.code if isinstance(exit_.code, int) else 1
+        except Exception:  # noqa: BLE001 - what the interpreter would print and exit with
+            traceback.print_exc(file=err)
+            code = 1
+    return subprocess.CompletedProcess(["recipes/zppo.py", *map(str, args)], code, out.getvalue(), err.getvalue())
 
 
 @pytest.mark.parametrize("scale", SCALES)
@@ -80,7 +122,7 @@ def test_scale_yaml_is_the_papers_table(scale):
 
 @pytest.mark.parametrize("scale", SCALES)
 def test_dry_run_prints_the_papers_composition(scale):
-    run = _recipe("--config", f"recipes/qwen35_{scale}.yaml", "--dry_run")
+    run = _dry_run("--config", f"recipes/qwen35_{scale}.yaml", "--dry_run")
     assert run.returncode == 0, run.stderr[-3000:]
     out = run.stdout
     assert PAPER_STEP in out
@@ -176,17 +218,17 @@ def test_every_row_recipe_is_the_0_8b_recipe_changed_only_where_the_row_differs(
 
 
 def test_a_row_recipe_dry_runs_through_its_base(tmp_path):
-    run = _recipe("--config", "recipes/rows/grpo_dagger_prefix.yaml", "--dry_run")
+    run = _dry_run("--config", "recipes/rows/grpo_dagger_prefix.yaml", "--dry_run")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "ZPPO dry run: GRPO\u2020+Prefix" in run.stdout and "response prefix alpha=0.4" in run.stdout
     assert "output_dir outputs/grpo-dagger-prefix-qwen35-0.8b" in run.stdout
     cycle = tmp_path / "a.yaml"
     cycle.write_text("base: b.yaml\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")
-    run = _recipe("--config", cycle, "--dry_run")
+    run = _dry_run("--config", cycle, "--dry_run")
     assert run.returncode == 2 and "form a cycle" in run.stderr, run.stderr[-2000:]
     (tmp_path / "c.yaml").write_text("base: missing.yaml\n")
-    run = _recipe("--config", tmp_path / "c.yaml", "--dry_run")
+    run = _dry_run("--config", tmp_path / "c.yaml", "--dry_run")
     assert run.returncode == 2 and "missing.yaml does not exist" in run.stderr, run.stderr[-2000:]
 
 
@@ -214,7 +256,7 @@ def test_an_unreachable_hub_is_asked_once_and_the_dry_run_goes_on_offline(tmp_pa
 
 
 def test_command_line_overrides_the_yaml():
-    run = _recipe(
+    run = _dry_run(
         "--config",
         "recipes/qwen35_0.8b.yaml",
         "--dry_run",
@@ -237,7 +279,7 @@ def test_bad_config_and_bad_rows_are_named(tmp_path, tiny_text_model_dir):
     config = yaml.safe_load((REPO / "recipes" / "qwen35_0.8b.yaml").read_text())
     bad_yaml = tmp_path / "bad.yaml"
     bad_yaml.write_text(yaml.safe_dump({**config, "bogus_field": 3}))
-    run = _recipe("--config", bad_yaml, "--dry_run")
+    run = _dry_run("--config", bad_yaml, "--dry_run")
     assert run.returncode != 0 and "bogus_field" in run.stderr
 
     # a bad value: one line naming the field, no traceback, a usage-error exit code
@@ -245,12 +287,12 @@ def test_bad_config_and_bad_rows_are_named(tmp_path, tiny_text_model_dir):
         (["--hard_threshold", "1.5"], "error: hard_threshold must be a number in [0, 1], got 1.5"),
         (["--loss_type", "grpo"], "error: loss_type='grpo' changes ZPPO's objective"),
     ):
-        run = _recipe("--config", "recipes/qwen35_0.8b.yaml", "--dry_run", *flags)
+        run = _dry_run("--config", "recipes/qwen35_0.8b.yaml", "--dry_run", *flags)
         lines = [line for line in run.stderr.splitlines() if line.strip()]
         assert run.returncode == 2 and len(lines) == 1 and lines[0].startswith(message), run.stderr[-2000:]
 
     # a dataset path that does not exist fails the dry run (it is not taken for a Hub id)
-    run = _recipe("--config", "recipes/qwen35_0.8b.yaml", "--dry_run", "--dataset_name", "recipes/data/nope.jsonl")
+    run = _dry_run("--config", "recipes/qwen35_0.8b.yaml", "--dry_run", "--dataset_name", "recipes/data/nope.jsonl")
     assert (
         run.returncode == 1
         and "FAIL  dataset recipes/data/nope.jsonl: dataset 'recipes/data/nope.jsonl': no such file" in run.stdout
@@ -269,10 +311,10 @@ def test_bad_config_and_bad_rows_are_named(tmp_path, tiny_text_model_dir):
         "--model_name_or_path",
         tiny_text_model_dir,
     ]
-    run = _recipe(*common)
+    run = _dry_run(*common)
     assert run.returncode == 1
     assert "FAIL  dataset" in run.stdout and "row 2: field 'answer' must be a non-empty string" in run.stdout
-    run = _recipe(*common, "--skip_invalid", "true")
+    run = _dry_run(*common, "--skip_invalid", "true")
     assert run.returncode == 0, run.stdout
     assert "3 valid rows, 1 invalid rows would be skipped" in run.stdout
     assert (
@@ -388,7 +430,7 @@ def test_recipe_trains_checkpoints_resumes_and_writes_its_card(boxed_text_studen
 
 
 def test_help_lists_the_zppo_fields_first():
-    run = _recipe("--help")
+    run = _dry_run("--help")
     assert run.returncode == 0, run.stderr[-2000:]
     titles = [line[:-1] for line in run.stdout.splitlines() if line and not line[0].isspace() and line.endswith(":")]
     assert titles[:5] == [
@@ -406,7 +448,7 @@ def test_help_lists_the_zppo_fields_first():
     [("internvl35_2b", "InternVL3.5-2B", True), ("ovis25_2b", "Ovis2.5-2B", False)],
 )
 def test_a_backbone_recipe_names_its_family_and_keeps_the_2b_recipe(recipe, family, trainable):
-    run = _recipe("--config", f"recipes/{recipe}.yaml", "--dry_run")
+    run = _dry_run("--config", f"recipes/{recipe}.yaml", "--dry_run")
     assert f"ZPPO dry run: ZPPO ({family})" in run.stdout, run.stdout + run.stderr[-2000:]
     assert PAPER_STEP in run.stdout  # the Qwen3.5-2B recipe's composition, unchanged
     if trainable:
