@@ -92,18 +92,69 @@ def _slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
+# Runs each Python command of SCRIPTS (`python X --help`, `python -m M ... --help`) in turn in one interpreter, as
+# the interpreter would run it (its own globals, `__main__`, its argv, its directory first on sys.path), and
+# writes {name: [exit code, stdout, stderr]} as JSON: a process each would import torch and transformers again,
+# about 5-10 s apiece, for 20 commands.
+_PYTHON_HELPS = r"""
+import contextlib, io, json, os, runpy, sys, traceback
+commands, results = json.loads(sys.argv[1]), {}
+for name, argv in commands.items():
+    out, err, path = io.StringIO(), io.StringIO(), list(sys.path)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            if argv[0] == "-m":
+                sys.argv = [argv[1], *argv[2:]]
+                runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = list(argv)
+                sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+                runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as exit_:
+        code = 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:
+        err.write(traceback.format_exc())
+        code = 1
+    finally:
+        sys.path[:] = path
+    results[name] = [code, out.getvalue(), err.getvalue()]
+with open(os.environ["HELP_RESULTS"], "w") as handle:
+    json.dump(results, handle)
+"""
+_ENV = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+
+
+@cache
+def _python_helps() -> dict[str, list]:
+    """Every Python command's ``--help`` (see _PYTHON_HELPS), from one process."""
+    import json
+    import tempfile
+
+    commands = {name: argv[1:] for name, argv in SCRIPTS.items() if argv[0] == sys.executable}
+    with tempfile.TemporaryDirectory() as scratch:
+        results = Path(scratch) / "helps.json"
+        run = subprocess.run(
+            [sys.executable, "-c", _PYTHON_HELPS, json.dumps(commands)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**_ENV, "HELP_RESULTS": str(results)},
+        )
+        assert run.returncode == 0 and results.exists(), run.stderr[-2000:]
+        return json.loads(results.read_text())
+
+
 @cache
 def _help(script: str) -> str:
-    run = subprocess.run(
-        SCRIPTS[script],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
-    )
-    assert run.returncode == 0, f"{script} --help failed: {run.stderr[-1000:]}"
-    return run.stdout
+    if SCRIPTS[script][0] == sys.executable:
+        code, stdout, stderr = _python_helps()[script]
+    else:
+        run = subprocess.run(SCRIPTS[script], cwd=REPO, capture_output=True, text=True, timeout=180, env=_ENV)
+        code, stdout, stderr = run.returncode, run.stdout, run.stderr
+    assert code == 0, f"{script} --help failed: {stderr[-1000:]}"
+    return stdout
 
 
 def test_the_docs_exist_and_the_readme_links_every_page():
