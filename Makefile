@@ -32,7 +32,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 
 # Ends with the 15 slowest tests, so that the next slow one is seen the day it lands.
 test: env vllm-env-or-skip
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --durations=15 $(PYTEST_ARGS)
 
 # The formatter and linter, as configured in pyproject.toml (CI runs it before the tests).
 lint: env
