@@ -37,7 +37,7 @@ from bench_teacher import _NOOP_SERVER, _listening  # noqa: E402
 from eval_fixtures import write_fixture  # noqa: E402
 from tiny_models import save_tiny_text_model, save_tiny_vlm  # noqa: E402
 
-from tests.conftest import Server, VLLMServer, free_port, vllm_unavailable  # noqa: E402
+from tests.servers import Server, VLLMServer, free_port, vllm_unavailable  # noqa: E402
 from zppo_trl.evaluation.data import load_setting  # noqa: E402
 from zppo_trl.evaluation.prompting import build_requests  # noqa: E402
 from zppo_trl.evaluation.runner import EvalOptions, run_suite, sampling_extra_body  # noqa: E402

@@ -282,7 +282,7 @@ def rss_part(steps: int, teacher: str, model: Path, workdir: Path, num_generatio
     import shutil
     import time
 
-    from conftest import SERVERS, VLLM_PYTHON, VLLMServer, vllm_unavailable
+    from servers import SERVERS, VLLM_PYTHON, VLLMServer, vllm_unavailable
 
     from zppo_trl.recipe import parse_recipe_args
 

@@ -14,7 +14,7 @@
    completion), where TeacherClient minus httpx2 and minus bare openai show.
 
 Numbers depend on the machine; `transformers serve` runs with one intra-op thread, vLLM binds
-its own (see tests/conftest.py).
+its own (see tests/servers.py).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import httpx2  # noqa: E402  (openai's HTTP library)
 import openai  # noqa: E402
 from tiny_models import save_tiny_text_model  # noqa: E402
 
-from tests.conftest import Server, VLLMServer, free_port, vllm_unavailable  # noqa: E402
+from tests.servers import Server, VLLMServer, free_port, vllm_unavailable  # noqa: E402
 from zppo_trl.teacher import TeacherClient  # noqa: E402
 
 _REPLY = {

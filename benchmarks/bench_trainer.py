@@ -214,7 +214,7 @@ def main() -> None:
     options = parser.parse_args()
     options.workdir.mkdir(parents=True, exist_ok=True)
 
-    from conftest import SERVERS, vllm_unavailable
+    from servers import SERVERS, vllm_unavailable
 
     if "vllm" in (options.teacher, options.student) and vllm_unavailable():
         parser.error(f"{vllm_unavailable()}; run `make vllm-env` or pass --teacher/--student transformers")

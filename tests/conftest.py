@@ -1,19 +1,17 @@
-"""Shared fixtures: real OpenAI-compatible servers on 127.0.0.1 serving the tiny models.
+"""Shared fixtures: real OpenAI-compatible servers on 127.0.0.1 serving the tiny models, and the boxed models.
 
-Two servers: `transformers serve` (`Server`, in this environment) and vLLM's CPU engine
-(`VLLMServer`, from the environment `make vllm-env` builds; the production teacher server).
-`teacher_server` / `vllm_teacher_server` (session) serve the tiny text model and
-`live_teacher` is each of them in turn; `vlm_server` serves the tiny VLM (`transformers serve`
-only: vLLM's Qwen-VL code needs torchvision, which CPU torch cannot have here); `make_server`
-starts throwaway servers of either kind that a test may kill and restart on the same port
-(`Server.kill`, `Server.restart`). Every server runs on CPU with the Hub offline and is
-stopped at teardown, whatever the test did. A vLLM fixture skips, naming the reason, where
-vLLM is not installed.
+The server processes themselves are servers.py's (`Server` is `transformers serve`, `VLLMServer` vLLM's CPU
+engine, the production teacher server). `teacher_server` / `vllm_teacher_server` (session) serve the tiny
+text model and `live_teacher` is each of them in turn; `vlm_server` serves the tiny VLM (`transformers serve`
+only: vLLM's Qwen-VL code needs torchvision, which CPU torch cannot have here); `make_server` starts
+throwaway servers of either kind that a test may kill and restart on the same port (`Server.kill`,
+`Server.restart`). Every server runs on CPU with the Hub offline and is stopped at teardown, whatever the
+test did. A vLLM fixture skips, naming the reason, where vLLM is not installed.
 
 The `boxed_*` fixtures (session, each built only when a test asks for it) are tiny models
 fine-tuned to answer the toy arithmetic rows of boxed_models.py as ``<think> ...
 </think> \\boxed{N}``: students with a mix of right and wrong answers, teachers right about
-80% of the time, and servers for the two teachers.
+80% of the time, and servers for the two teachers. tests/README.md lists every fixture with its cost.
 """
 
 from __future__ import annotations
@@ -21,12 +19,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,39 +39,12 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 try:  # tests/ is on sys.path under pytest's default (rootdir-less, prepend) import mode
     from boxed_models import DEFAULT_CACHE, MODELS, boxed_model, cached_model_dir
+    from servers import REPO_ROOT, SERVERS, Server, VLLMStudentServer, vllm_unavailable
     from tiny_models import save_tiny_text_model, save_tiny_vlm
 except ImportError:  # tests/ imported as a package
     from tests.boxed_models import DEFAULT_CACHE, MODELS, boxed_model, cached_model_dir
+    from tests.servers import REPO_ROOT, SERVERS, Server, VLLMStudentServer, vllm_unavailable
     from tests.tiny_models import save_tiny_text_model, save_tiny_vlm
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-STARTUP_TIMEOUT = 180.0
-
-# `transformers serve`; for a VL checkpoint (saved as a standard Qwen3VLProcessor) the standard
-# class resolves to the image-only one first: torchvision is missing here, so the standard class
-# cannot be built and the server would treat the tiny VLM as text-only (silently dropping images).
-# With `--raw-replies` the server sends the reply's raw decode, as vLLM without a reasoning parser
-# (production) does: transformers >= 5.23 parses a Qwen reply into `reasoning_content` and strips the
-# whitespace around it, and the tiny boxed models, trained on exact strings, then read the teacher's
-# drafts back in a form they never saw. The client's handling of a split reply has its own test.
-_LAUNCHER = """
-import json, pathlib, sys
-if "vision_config" in json.loads((pathlib.Path(sys.argv[1]) / "config.json").read_text()):
-    import transformers.models.qwen3_vl as qwen3_vl
-    from zppo_trl.processing import ImageOnlyQwen3VLProcessor
-    qwen3_vl.Qwen3VLProcessor = ImageOnlyQwen3VLProcessor  # what AutoProcessor looks the name up in
-if "--raw-replies" in sys.argv:
-    sys.argv.remove("--raw-replies")
-    try:
-        import transformers.cli.serving.utils as serving_utils
-        serving_utils._RESPONSE_TEMPLATE_FALLBACKS = {}  # no template: the raw decode is the content
-    except ImportError:  # releases before the response parser send the raw decode anyway
-        pass
-from transformers.cli.transformers import main
-sys.argv = ["transformers", "serve", *sys.argv[1:]]
-sys.exit(main())
-"""
-
 
 # The judge of the evaluation tests is a random model: its replies never parse and never end, so each
 # would run to the judge's 512 tokens, on a server that decodes one request at a time. Passed as
@@ -86,230 +53,11 @@ sys.exit(main())
 SHORT_JUDGE = '{"max_tokens": 16}'
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Server:
-    """One `transformers serve` process for ``model_dir`` on 127.0.0.1:``port``."""
-
-    name = "transformers serve"
-
-    def __init__(
-        self,
-        model_dir: str | Path,
-        port: int | None = None,
-        log_dir: str | Path | None = None,
-        split_reasoning: bool = False,
-    ):
-        self.model_dir = Path(model_dir)
-        self.split_reasoning = split_reasoning  # True: the server's own reply parser (reasoning_content) stays on
-        self.port = port or free_port()
-        self.log_dir = Path(log_dir or self.model_dir.parent)
-        self.log_path = self.log_dir / f"serve-{self.port}.log"
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def base_url(self) -> str:
-        """The OpenAI base URL (``.../v1``)."""
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    @property
-    def model(self) -> str:
-        """The model name requests must carry (the server is pinned to this directory)."""
-        return str(self.model_dir)
-
-    def start(self, timeout: float = STARTUP_TIMEOUT) -> Server:
-        """Start the process and return once ``/health`` answers 200 (raises with the log tail otherwise)."""
-        if self.process is not None and self.process.poll() is None:
-            raise RuntimeError(f"server on port {self.port} is already running")
-        (self.log_dir / "hf-cache").mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.environment(), start_new_session=True
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log_tail()}")
-            if self.healthy():
-                return self
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"{self.name} did not become healthy in {timeout:.0f}s:\n{self.log_tail()}")
-
-    def command(self) -> list[str]:
-        """The server's command line."""
-        command = [
-            sys.executable,
-            "-c",
-            _LAUNCHER,
-            str(self.model_dir),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-        ]
-        return (
-            command + ["--device", "cpu", "--log-level", "info"] + ([] if self.split_reasoning else ["--raw-replies"])
-        )
-
-    def environment(self) -> dict[str, str]:
-        """The server's environment: CPU only, the Hub offline."""
-        return dict(
-            os.environ,
-            HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1",
-            HF_HUB_CACHE=str(self.log_dir / "hf-cache"),  # an empty cache keeps /v1/models working
-            CUDA_VISIBLE_DEVICES="",
-            # One intra-op thread: with more, concurrent requests to a tiny model oversubscribe the
-            # cores and throughput collapses (about 5 req/s at 16 in flight on 2 cores, 80 with this).
-            OMP_NUM_THREADS="1",
-            PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-        )
-
-    def healthy(self) -> bool:
-        """Whether ``GET /health`` answers 200 now."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def kill(self) -> None:
-        """SIGKILL the server's process group: a crash, not a shutdown."""
-        self._signal(signal.SIGKILL)
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 10 s; a no-op when not running."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self._signal(signal.SIGTERM, wait=10.0)
-        if self.process.poll() is None:
-            self.kill()
-
-    def restart(self, timeout: float = STARTUP_TIMEOUT) -> Server:
-        """Stop (if running) and start again on the same port."""
-        self.stop()
-        return self.start(timeout)
-
-    def log_tail(self, chars: int = 4000) -> str:
-        """The end of the server's log."""
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def _signal(self, sig: int, wait: float = 30.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        try:
-            os.killpg(self.process.pid, sig)  # the server's own session: start_new_session=True
-        except ProcessLookupError:
-            pass
-        try:
-            self.process.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-# vLLM's CPU engine lives in an environment of its own (`make vllm-env`): it pins its own torch
-# and transformers. ZPPO_VLLM_PYTHON points elsewhere.
-VLLM_PYTHON = Path(os.environ.get("ZPPO_VLLM_PYTHON", REPO_ROOT / ".venv-vllm" / "bin" / "python"))
-
-
-def vllm_unavailable(python: Path = VLLM_PYTHON, log: Path = REPO_ROOT / ".venv-vllm.log") -> str | None:
-    """Why a vLLM server cannot start here, or None when it can (quoting the install's error line)."""
-    if python.exists() and (python.parent.parent / ".installed").exists():
-        return None
-    errors = (
-        [line for line in log.read_text(errors="replace").splitlines() if line.startswith("error:")]
-        if log.exists()
-        else []
-    )
-    why = f": {errors[-1]} (see {log.name})" if errors else f" (`make vllm-env` was not run, or see {log.name})"
-    return f"vLLM's CPU build is not installed at {python}{why}"
-
-
-class VLLMServer(Server):
-    """vLLM's OpenAI-compatible server (CPU engine) for ``model_dir``: the production teacher server.
-
-    Its CPU attention needs a head_dim it has kernels for (the tiny models use 64); its
-    Qwen-VL model code imports torchvision, which cannot be installed next to CPU torch here,
-    so it serves text models only. ``n`` is honoured (no top-up requests).
-    """
-
-    name = "vLLM server"
-
-    def command(self) -> list[str]:
-        return [
-            str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
-            "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", "4096", "--seed", "0",
-            # float32 as the tiny models were trained; eager mode starts in about 16 s instead of 27 s
-            "--dtype", "float32", "--enforce-eager",
-        ]  # fmt: skip
-
-    def environment(self) -> dict[str, str]:
-        return dict(
-            os.environ,
-            HF_HUB_OFFLINE="1",
-            HF_HUB_CACHE=str(self.log_dir / "hf-cache"),
-            CUDA_VISIBLE_DEVICES="",
-            # KV cache in GiB: on CPU, vLLM otherwise reserves 92% of the NUMA node's memory and
-            # refuses to start when other processes hold some of it.
-            VLLM_CPU_KVCACHE_SPACE="1",
-            VLLM_NO_USAGE_STATS="1",
-            # vLLM's own switch: the model worker runs inside the engine-core process instead of a third
-            # process that imports vLLM and torch once more. A start takes 27 s instead of 48 s on 2 idle
-            # cores; the HTTP API, the engine and the worker extension are the same code.
-            VLLM_ENABLE_V1_MULTIPROCESSING="0",
-        )
-
-
-class VLLMStudentServer(VLLMServer):
-    """vLLM's CPU server as the student's rollout server (TRL's server mode): dev mode and the
-    shared-memory reload extension (``zppo_trl.vllm_worker``), the flags TRL's client needs, and a
-    context of ``max_model_len`` tokens."""
-
-    name = "student vLLM server"
-
-    def __init__(self, model_dir: str | Path, port: int | None = None, log_dir: str | Path | None = None,
-                 max_model_len: int = 4096):  # fmt: skip
-        super().__init__(model_dir, port, log_dir)
-        self.max_model_len = max_model_len
-
-    @property
-    def root_url(self) -> str:
-        """What TRL's ``vllm_server_base_url`` takes (no ``/v1``)."""
-        return f"http://127.0.0.1:{self.port}"
-
-    def command(self) -> list[str]:
-        command = super().command()
-        command[command.index("--max-model-len") + 1] = str(self.max_model_len)
-        return command + [
-            "--worker-extension-cls", "zppo_trl.vllm_worker.SharedMemoryWeightReload",
-            "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1",
-        ]  # fmt: skip
-
-    def environment(self) -> dict[str, str]:
-        return dict(
-            super().environment(),
-            VLLM_SERVER_DEV_MODE="1",  # /collective_rpc and /server_info
-            PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-        )
-
-
 def require_vllm() -> None:
     """Skip the calling test, naming why, when vLLM's CPU build is not installed."""
     reason = vllm_unavailable()
     if reason:
         pytest.skip(reason)
-
-
-SERVERS = {"transformers": Server, "vllm": VLLMServer, "vllm-student": VLLMStudentServer}
 
 
 def _serve(model_dir: Path, backend: str = "transformers") -> Iterator[Server]:

@@ -11,7 +11,7 @@ import json
 import logging
 
 import pytest
-from conftest import free_port
+from servers import free_port
 from transformers import AutoConfig
 
 from zppo_trl.evaluation.cli import main

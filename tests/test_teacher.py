@@ -18,8 +18,8 @@ import time
 from concurrent.futures import CancelledError, Future
 
 import pytest
-from conftest import free_port
 from PIL import Image
+from servers import free_port
 
 from zppo_trl.prompts import render_compression
 from zppo_trl.teacher import TeacherClient, extract_summary, parse_verdict, to_openai_messages
@@ -487,7 +487,7 @@ def test_a_server_that_splits_out_the_reasoning_still_gives_the_whole_reply(boxe
     import urllib.request
 
     from boxed_models import TOY_QUESTIONS, toy_conversation
-    from conftest import Server
+    from servers import Server
 
     from zppo_trl.rewards import extract_boxed
     from zppo_trl.teacher import strip_thinking

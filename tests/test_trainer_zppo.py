@@ -27,10 +27,12 @@ from zppo_trl.teacher import TeacherClient
 
 try:
     from boxed_models import toy_rows
-    from conftest import SERVERS, require_vllm
+    from conftest import require_vllm
+    from servers import SERVERS
 except ImportError:  # tests/ imported as a package
     from tests.boxed_models import toy_rows
-    from tests.conftest import SERVERS, require_vllm
+    from tests.conftest import require_vllm
+    from tests.servers import SERVERS
 
 pytestmark = pytest.mark.integration
 
