@@ -195,6 +195,13 @@ def vllm_unavailable(python: Path = VLLM_PYTHON, log: Path = REPO_ROOT / ".venv-
     return f"vLLM's CPU build is not installed at {python}{why}"
 
 
+# vLLM's own switch: the model worker runs inside the engine-core process instead of a third process that
+# imports vLLM and torch once more. A start takes 27 s instead of 48 s on 2 idle cores; the HTTP API, the
+# engine and the worker extension are the same code. Every vLLM server the tests start has it, the launch
+# scripts' included (test_launch.py).
+VLLM_WORKER_IN_ENGINE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
 class VLLMServer(Server):
     """vLLM's OpenAI-compatible server (CPU engine) for ``model_dir``: the production teacher server.
 
@@ -223,10 +230,7 @@ class VLLMServer(Server):
             # refuses to start when other processes hold some of it.
             VLLM_CPU_KVCACHE_SPACE="1",
             VLLM_NO_USAGE_STATS="1",
-            # vLLM's own switch: the model worker runs inside the engine-core process instead of a third
-            # process that imports vLLM and torch once more. A start takes 27 s instead of 48 s on 2 idle
-            # cores; the HTTP API, the engine and the worker extension are the same code.
-            VLLM_ENABLE_V1_MULTIPROCESSING="0",
+            **VLLM_WORKER_IN_ENGINE,
         )
 
 
