@@ -236,7 +236,7 @@ def _boxing_student(family: str, steps: int = 120):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_zppo_step_trains_bcq_and_ncq_groups_with_images_for_the_family(family, boxed_vlm_teacher_server, tmp_path):
     """GRPO+Both with a student of ``family`` that boxes its answers, and the Qwen VLM teacher of the Qwen tests (the
-    same teacher, as in the paper), two rollout steps over six image questions: the hard ones get BCQ and NCQ
+    same teacher, as in the paper), one rollout step over six image questions: the hard ones get BCQ and NCQ
     instances, the student samples a group on each reformulated prompt with the question's image in it, and the
     step's partitions (BCQ/NCQ groups dealt in with the plain ones) train the weights."""
     from zppo_trl.rewards import boxed_accuracy_reward
@@ -265,7 +265,7 @@ def test_a_zppo_step_trains_bcq_and_ncq_groups_with_images_for_the_family(family
             teacher_max_tokens=32,
             compression_max_tokens=48,
             save_strategy="no",
-            max_steps=4,
+            max_steps=2,  # one rollout step: its two partitions
         ),
         train_dataset=Dataset.from_list(rows),
         processing_class=processor,
@@ -274,7 +274,7 @@ def test_a_zppo_step_trains_bcq_and_ncq_groups_with_images_for_the_family(family
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     logs = [h for h in trainer.state.log_history if "zppo/hard" in h]
-    assert len(logs) == 2 and all(h["zppo/hard"] > 0 for h in logs), logs
+    assert len(logs) == 1 and all(h["zppo/hard"] > 0 for h in logs), logs
     assert sum(h["zppo/hard_bcq_possible"] + h["zppo/hard_ncq_only"] for h in logs) > 0, logs  # boxed wrong answers
     trained = sum(h.get("zppo/bcq_trained", 0) + h.get("zppo/ncq_trained", 0) for h in logs)
     assert trained > 0 and sum(h.get("zppo/bcq", 0) for h in logs) > 0, logs
@@ -284,5 +284,5 @@ def test_a_zppo_step_trains_bcq_and_ncq_groups_with_images_for_the_family(family
         parts = prompt[-1]["content"]
         assert any(part.get("type") == "image" for part in parts), parts
         assert any(part.get("type") == "text" and "<candidate>" in part["text"] for part in parts), parts
-    assert sum(h["zppo/skipped_partitions"] for h in logs) < 4, logs  # at least one update had a signal
+    assert sum(h["zppo/skipped_partitions"] for h in logs) < 2, logs  # at least one update had a signal
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
