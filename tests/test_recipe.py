@@ -53,9 +53,9 @@ def _dry_run(*args) -> subprocess.CompletedProcess:
     """The recipe's ``main(ARGS)`` in this process, from the repository's root with the Hub offline, its output and
     exit code as `_recipe` gives them (an uncaught exception: its traceback and exit code 1, as the interpreter).
 
-    For what returns before training (dry runs, ``--help``, bad recipes and fields): the script's process costs
-    about 10 s of imports each time, and the script is run as a user runs it by the tests that train, by the Hub
-    probe's test and by tests/test_launch.py's plans.
+    For what returns before training (dry runs, ``--help``, bad recipes and fields, a teacher that does not
+    answer): the script's process costs about 10 s of imports each time, and the script is run as a user runs it
+    by the tests that train, by the Hub probe's test and by tests/test_launch.py's plans.
     """
     out, err = io.StringIO(), io.StringIO()
     with (
@@ -67,7 +67,9 @@ def _dry_run(*args) -> subprocess.CompletedProcess:
     ):
         try:
             code = _recipe_module().main([str(arg) for arg in args])
-        except SystemExit as exit_:  # argparse's --help and usage errors
+        except SystemExit as exit_:  # argparse's --help and usage errors, a run stopped with its reason
+            if exit_.code is not None and not isinstance(exit_.code, int):
+                print(exit_.code, file=err)  # what the interpreter prints for SystemExit("...")
             code = exit_.code if isinstance(exit_.code, int) else 1
         except Exception:  # noqa: BLE001 - what the interpreter would print and exit with
             traceback.print_exc(file=err)
@@ -327,7 +329,7 @@ def test_bad_config_and_bad_rows_are_named(tmp_path, tiny_text_model_dir):
 def test_a_missing_teacher_stops_the_run_naming_the_fields(tmp_path, tiny_text_model_dir):
     data = tmp_path / "toy.jsonl"
     write_jsonl(toy_rows("text"), data)
-    run = _recipe(
+    run = _dry_run(
         "--config", "recipes/demo.yaml", "--dataset_name", data, "--model_name_or_path", tiny_text_model_dir,
         "--teacher_base_url", "http://127.0.0.1:9/v1", "--teacher_wait_s", "1", "--output_dir", tmp_path / "out",
         "--bf16", "false",

@@ -332,7 +332,7 @@ def wait_for_servers(script_args: ScriptArguments, args: ZPPOConfig) -> None:
                         f"teacher_wait_s={script_args.teacher_wait_s:g} s; start it (recipes/launch/) or fix {fields}"
                     )
                 logger.info("waiting for the %s at %s ...", role, url)
-                time.sleep(5.0)
+                time.sleep(min(5.0, max(0.1, deadline - time.monotonic())))  # no longer than teacher_wait_s asks
         finally:
             client.close()
         logger.info("%s at %s is up (model %s)", role, url, model)
