@@ -20,7 +20,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "tests" / "README.md"]
+
+
+def _doc_id(doc: Path) -> str:
+    return "tests/README.md" if doc.parent.name == "tests" else doc.name  # two READMEs
+
+
 ROOTS = ("recipes/", "zppo_trl/", "tests/", "benchmarks/", "docs/", "evaluation/", ".ci/", ".github/")
 PRODUCED = ("outputs/", ".cache/", "logs/", "data/")  # written by runs, not in the repository
 # Flags of other programs the docs show (vLLM, TRL's vllm-serve, accelerate, pip, transformers serve),
@@ -47,6 +53,7 @@ SCRIPTS = {
         f"benchmarks/{p.name}": [sys.executable, f"benchmarks/{p.name}", "--help"]
         for p in (REPO / "benchmarks").glob("*.py")
     },
+    "tests/boxed_models.py": [sys.executable, "tests/boxed_models.py", "--help"],
     "evaluation/run.py": [sys.executable, "evaluation/run.py", "--help"],
     "evaluation/compare.py": [sys.executable, "evaluation/compare.py", "--help"],
     "zppo-eval run": [sys.executable, "-m", "zppo_trl.evaluation.cli", "run", "--help"],
@@ -166,7 +173,7 @@ def test_the_docs_exist_and_the_readme_links_every_page():
     assert len(readme.splitlines()) < 150, "the README is an overview; reference belongs in docs/"
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", DOCS, ids=_doc_id)
 def test_links_and_anchors_resolve(doc):
     for target in re.findall(r"\]\(([^)\s]+)\)", _text(doc)):
         if target.startswith(("http://", "https://", "mailto:")):
@@ -179,7 +186,7 @@ def test_links_and_anchors_resolve(doc):
             assert anchor in headings, f"{doc.name}: no heading #{anchor} in {file.name}"
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", DOCS, ids=_doc_id)
 def test_repository_paths_exist(doc):
     for token in [t for t in _inline_code(_text(doc)) if " " not in t] + re.findall(
         r"(?<![\w/.-])((?:" + "|".join(map(re.escape, ROOTS)) + r")[\w./*-]+)", "\n".join(_code_lines(_text(doc)))
