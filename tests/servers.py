@@ -197,8 +197,8 @@ def vllm_unavailable(python: Path = VLLM_PYTHON, log: Path = REPO_ROOT / ".venv-
 
 # vLLM's own switch: the model worker runs inside the engine-core process instead of a third process that
 # imports vLLM and torch once more. A start takes 27 s instead of 48 s on 2 idle cores; the HTTP API, the
-# engine and the worker extension are the same code. Every vLLM server the tests start has it, the launch
-# scripts' included (test_launch.py).
+# engine and the worker extension are the same code. Every vLLM server the tests start has it, serve_teacher.sh's
+# included, but for serve_student.sh's, whose test checks the worker's own core binding (test_launch.py).
 VLLM_WORKER_IN_ENGINE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 

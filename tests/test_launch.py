@@ -195,7 +195,7 @@ def test_serve_student_cpu_mode_takes_the_trainers_weights(tiny_text_model_dir, 
     extension; after a sync it scores with the trainer's weights (a changed model, tied head included)."""
     import torch
     from conftest import require_vllm
-    from servers import VLLM_PYTHON, VLLM_WORKER_IN_ENGINE, free_port
+    from servers import VLLM_PYTHON, free_port
     from transformers import AutoModelForCausalLM
 
     from zppo_trl.student_server import SharedMemoryVLLMClient
@@ -208,8 +208,7 @@ def test_serve_student_cpu_mode_takes_the_trainers_weights(tiny_text_model_dir, 
         "--max-model-len", "2048", "--kv-cache-gib", "1", "--cpu-cores", str(core), "--timeout", "300", "--log", log,
         "--",
         "--enforce-eager", "--dtype", "float32",
-        env={"VLLM_PYTHON": str(VLLM_PYTHON), "HF_HUB_CACHE": str(tmp_path / "hf"), **VLLM_WORKER_IN_ENGINE},
-        timeout=360,
+        env={"VLLM_PYTHON": str(VLLM_PYTHON), "HF_HUB_CACHE": str(tmp_path / "hf")}, timeout=360,
     )  # fmt: skip
     pid = int((tmp_path / "student.log.pid").read_text())
     try:
