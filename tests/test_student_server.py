@@ -219,7 +219,9 @@ def test_zppo_rollouts_come_from_the_student_server_and_it_follows_every_update(
     assert max(in_sync.differences) < TOLERANCE, in_sync.differences
     assert in_sync.skipped[-2:] == [True, True] and not all(in_sync.skipped[:4]), in_sync.skipped
     moved = float((in_sync.server_logps[4] - in_sync.server_logps[0]).abs().max())
-    assert moved > 50 * TOLERANCE, moved
+    # well past the sync tolerance (how far depends on how many of the first four updates had a signal: 0.09 to
+    # over 0.1 seen on the same code)
+    assert moved > 20 * TOLERANCE, moved
     torch.testing.assert_close(in_sync.server_logps[-1], in_sync.server_logps[4], atol=TOLERANCE, rtol=0)
 
     # Each sync is timed: one per check here (before training, after each update) and TRL's own, once
