@@ -26,6 +26,7 @@ envs: env boxed-models vllm-env-or-skip
 # The tests' boxed models (tests/boxed_models.py) start training in a background process as soon as .venv
 # exists, so that their fit overlaps the vLLM environment's install; the test session waits for the ones it
 # needs, or trains them itself where that process failed (tests/README.md). Seconds once they are cached.
+# `make test` with PYTEST_ARGS (a subset) leaves it to the session, which trains only what the subset needs.
 boxed-models: env
 	$(PY) tests/boxed_models.py --detach
 
@@ -37,7 +38,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 # Ends with the 15 slowest tests, so that the next slow one is seen the day it lands.
-test: env boxed-models vllm-env-or-skip
+test: env $(if $(PYTEST_ARGS),,boxed-models) vllm-env-or-skip
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --durations=15 $(PYTEST_ARGS)
 
 # The formatter and linter, as configured in pyproject.toml (CI runs it before the tests).
