@@ -204,17 +204,18 @@ def test_grpo_dagger_trains_with_images_and_its_checkpoint_reloads(family, tmp_p
         assert torch.equal(model.eval()(**inputs).logits, trainer.model.eval()(**inputs).logits)
 
 
-def _boxing_student(family: str, steps: int = 120):
-    """A tiny ``family`` student fine-tuned (about half a minute) to answer every toy image question in the paper's
-    format with ``\\boxed{42}`` or ``\\boxed{0}``, one time in two each: a random student never boxes an answer, and
-    a BCQ or NCQ instance needs a wrong student answer whose box parses. Two toy questions have the answer 42, so
-    their plain groups are right about half the time (a signal to train on); the others are all wrong, and hard.
+def _boxing_student(family: str, rows: list[dict], steps: int = 120):
+    """A tiny ``family`` student fine-tuned (about half a minute) to answer each of ``rows`` (toy image questions) in
+    the paper's format with ``\\boxed{42}`` or ``\\boxed{0}``, one time in two each: a random student never boxes an
+    answer, and a BCQ or NCQ instance needs a wrong student answer whose box parses. Two toy questions have the
+    answer 42, so their plain groups are right about half the time (a signal to train on); the others are all wrong,
+    and hard. Fitted on the rows the test trains on only, since it samples on no others (the cost is per row).
     One sequence at a time (no padding), gradients summed; 120 steps reach the mixture's entropy."""
     import torch.nn.functional as F
 
     model, processor = tiny_family_vlm(family), tiny_family_processor(family)
     examples = []
-    for row in toy_rows("vlm"):
+    for row in rows:
         prompt = processor.apply_chat_template(toy_conversation(row), tokenize=False, add_generation_prompt=True)
         for answer in ("42", "0"):
             target = completion(answer)
@@ -247,9 +248,9 @@ def test_a_zppo_step_trains_bcq_and_ncq_groups_with_images_for_the_family(family
         calls.append(prompts)
         return boxed_accuracy_reward(completions, answer)
 
-    model, processor = _boxing_student(family)
     rows = toy_rows("vlm")[:6]  # all six drawn in each rollout step; toy-00 and toy-02 have the answer 42
     assert [row["answer"] for row in rows].count("42") == 2
+    model, processor = _boxing_student(family, rows)
     trainer = ZPPOTrainer(
         model=model,
         reward_funcs=reward,
