@@ -5,8 +5,10 @@ engine, the production teacher server). `teacher_server` / `vllm_teacher_server`
 text model and `live_teacher` is each of them in turn; `vlm_server` serves the tiny VLM (`transformers serve`
 only: vLLM's Qwen-VL code needs torchvision, which CPU torch cannot have here); `make_server` starts
 throwaway servers of either kind that a test may kill and restart on the same port (`Server.kill`,
-`Server.restart`). Every server runs on CPU with the Hub offline and is stopped at teardown, whatever the
-test did. A vLLM fixture skips, naming the reason, where vLLM is not installed.
+`Server.restart`). Every server runs on CPU with the Hub offline. The session servers that serve a model no test
+changes are shared by the pytest-xdist workers (one process each per session) and stopped when the session ends;
+the others are stopped at teardown, whatever the test did. A vLLM fixture skips, naming the reason, where vLLM is
+not installed.
 
 The `boxed_*` fixtures (session, each built only when a test asks for it) are tiny models
 fine-tuned to answer the toy arithmetic rows of boxed_models.py as ``<think> ...
@@ -16,10 +18,12 @@ fine-tuned to answer the toy arithmetic rows of boxed_models.py as ``<think> ...
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,11 +42,11 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 try:  # tests/ is on sys.path under pytest's default (rootdir-less, prepend) import mode
     from boxed_models import DEFAULT_CACHE, MODELS, boxed_model, cached_model_dir, start_background
-    from servers import REPO_ROOT, SERVERS, Server, VLLMStudentServer, vllm_unavailable
+    from servers import REPO_ROOT, SERVERS, Server, VLLMStudentServer, stop_group, vllm_unavailable
     from tiny_models import save_tiny_text_model, save_tiny_vlm
 except ImportError:  # tests/ imported as a package
     from tests.boxed_models import DEFAULT_CACHE, MODELS, boxed_model, cached_model_dir, start_background
-    from tests.servers import REPO_ROOT, SERVERS, Server, VLLMStudentServer, vllm_unavailable
+    from tests.servers import REPO_ROOT, SERVERS, Server, VLLMStudentServer, stop_group, vllm_unavailable
     from tests.tiny_models import save_tiny_text_model, save_tiny_vlm
 
 # The judge of the evaluation tests is a random model: its replies never parse and never end, so each
@@ -59,15 +63,51 @@ def require_vllm() -> None:
         pytest.skip(reason)
 
 
-def _serve(model_dir: Path, backend: str = "transformers") -> Iterator[Server]:
-    """A started server for a session fixture, stopped at teardown."""
+# ---------------------------------------------------------------- session servers, one for every worker
+
+# The session servers serve models the tests never change, so the pytest-xdist workers share them: the first
+# worker to ask for one starts it and records it here, under the controller's temporary directory; a worker
+# asking later talks to the same process; the controller (the one process without xdist) stops them all when
+# the session ends (pytest_sessionfinish), once no worker can still be using one. Each is started once per
+# session instead of once per worker: a vLLM server is about 30 s of a core and 2.4 GB.
+SHARED_SERVERS_ENV = "ZPPO_SHARED_SERVERS"
+
+
+def pytest_configure(config):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller; workers inherit its environment
+        os.environ[SHARED_SERVERS_ENV] = tempfile.mkdtemp(prefix="zppo-shared-servers-")
+
+
+def _serve(name: str, model_dir: Path, backend: str = "transformers") -> Server:
+    """The session's ``name`` server (``backend`` serving ``model_dir``): started here where no worker has
+    started it yet, else the one a worker started (this worker's copy of ``model_dir`` is then not the one
+    served: the same model, copied from the same cache). Stopped when the session ends, not here."""
+    from filelock import FileLock
+
     if backend.startswith("vllm"):
         require_vllm()
-    server = SERVERS[backend](model_dir).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    record = Path(os.environ[SHARED_SERVERS_ENV]) / f"{name}.json"
+    with FileLock(f"{record}.lock"):
+        if not record.exists():
+            server = SERVERS[backend](model_dir).start()
+            fields = {"pid": server.process.pid, "model_dir": str(server.model_dir), "port": server.port}
+            record.write_text(json.dumps({**fields, "log_dir": str(server.log_dir)}))
+            return server
+        fields = json.loads(record.read_text())
+    server = SERVERS[backend](fields["model_dir"], port=fields["port"], log_dir=fields["log_dir"])
+    if not server.healthy():
+        raise RuntimeError(f"the session's {name} (pid {fields['pid']}) does not answer:\n{server.log_tail()}")
+    return server
+
+
+def _stop_shared_servers() -> None:
+    """Stop every server a worker recorded (the controller, at the session's end)."""
+    registry = Path(os.environ.get(SHARED_SERVERS_ENV, ""))
+    if not os.environ.get(SHARED_SERVERS_ENV) or not registry.is_dir():
+        return
+    for record in registry.glob("*.json"):
+        stop_group(json.loads(record.read_text())["pid"])
+    shutil.rmtree(registry, ignore_errors=True)
 
 
 # The paper is the spec. Tests that check code against it read the shared checkout's copy where
@@ -96,15 +136,15 @@ def tiny_vlm_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def teacher_server(tiny_text_model_dir) -> Iterator[Server]:
+def teacher_server(tiny_text_model_dir) -> Server:
     """`transformers serve` with the tiny text model; use ``.base_url`` and ``.model``. Do not kill it."""
-    yield from _serve(tiny_text_model_dir)
+    return _serve("teacher_server", tiny_text_model_dir)
 
 
 @pytest.fixture(scope="session")
-def vllm_teacher_server(tiny_text_model_dir) -> Iterator[Server]:
+def vllm_teacher_server(tiny_text_model_dir) -> Server:
     """vLLM's CPU server with the tiny text model (skips, naming why, where vLLM is not installed)."""
-    yield from _serve(tiny_text_model_dir, "vllm")
+    return _serve("vllm_teacher_server", tiny_text_model_dir, "vllm")
 
 
 @pytest.fixture(scope="session", params=["transformers", "vllm"])
@@ -114,9 +154,9 @@ def live_teacher(request) -> Server:
 
 
 @pytest.fixture(scope="session")
-def vlm_server(tiny_vlm_dir) -> Iterator[Server]:
+def vlm_server(tiny_vlm_dir) -> Server:
     """`transformers serve` with the tiny VLM (images reach the model)."""
-    yield from _serve(tiny_vlm_dir)
+    return _serve("vlm_server", tiny_vlm_dir)
 
 
 # ---------------------------------------------------------------- the boxed models, trained beside the other tests
@@ -215,6 +255,8 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # every worker is done with the shared servers
+        _stop_shared_servers()
     failure = _PRETRAINING.stop()
     if failure:
         session.config._boxed_pretraining_failure = failure
@@ -259,15 +301,15 @@ def boxed_vlm_teacher_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def boxed_teacher_server(boxed_text_teacher_dir) -> Iterator[Server]:
+def boxed_teacher_server(boxed_text_teacher_dir) -> Server:
     """`transformers serve` with the boxed text teacher. Do not kill it."""
-    yield from _serve(boxed_text_teacher_dir)
+    return _serve("boxed_teacher_server", boxed_text_teacher_dir)
 
 
 @pytest.fixture(scope="session")
-def vllm_boxed_teacher_server(boxed_text_teacher_dir) -> Iterator[Server]:
+def vllm_boxed_teacher_server(boxed_text_teacher_dir) -> Server:
     """vLLM's CPU server with the boxed text teacher, as production serves the teacher. Do not kill it."""
-    yield from _serve(boxed_text_teacher_dir, "vllm")
+    return _serve("vllm_boxed_teacher_server", boxed_text_teacher_dir, "vllm")
 
 
 @pytest.fixture(scope="session")
@@ -285,9 +327,9 @@ def vllm_boxed_student_server(boxed_text_student_dir) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="session")
-def boxed_vlm_teacher_server(boxed_vlm_teacher_dir) -> Iterator[Server]:
+def boxed_vlm_teacher_server(boxed_vlm_teacher_dir) -> Server:
     """`transformers serve` with the boxed VLM teacher (images reach the model). Do not kill it."""
-    yield from _serve(boxed_vlm_teacher_dir)
+    return _serve("boxed_vlm_teacher_server", boxed_vlm_teacher_dir)
 
 
 @pytest.fixture

@@ -177,6 +177,34 @@ class Server:
             pass
 
 
+def stop_group(pid: int, wait: float = 10.0) -> None:
+    """SIGTERM the process group of the server whose process is ``pid`` (started with start_new_session), and
+    SIGKILL what is left after ``wait`` s: for a server another process started, so no `Server.stop` can wait on it."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and _running(pid):
+        time.sleep(0.1)
+    try:
+        os.killpg(pid, signal.SIGKILL)  # what did not exit in time, and any child left in the group
+    except ProcessLookupError:
+        pass
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs: not gone, and not a zombie that only its parent can reap."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)  # where there is no /proc
+        except OSError:
+            return False
+        return True
+
+
 # vLLM's CPU engine lives in an environment of its own (`make vllm-env`): it pins its own torch
 # and transformers. ZPPO_VLLM_PYTHON points elsewhere.
 VLLM_PYTHON = Path(os.environ.get("ZPPO_VLLM_PYTHON", REPO_ROOT / ".venv-vllm" / "bin" / "python"))

@@ -407,9 +407,7 @@ def test_compression_cut_off_inside_thinking_is_a_failure_not_a_candidate(backen
 
 
 @pytest.mark.integration
-def test_token_logprobs_from_vllm_are_the_models_own_log_prob_of_each_sampled_token(
-    vllm_teacher_server, tiny_text_model_dir
-):
+def test_token_logprobs_from_vllm_are_the_models_own_log_prob_of_each_sampled_token(vllm_teacher_server):
     """What the hybrid RL rows read: the server's prompt_logprobs entry of each completion token, teacher-forced,
     equal to the model's own log-softmax at the position that predicts it, and to the same token's entry in the
     top-k where it ranks there."""
@@ -422,7 +420,7 @@ def test_token_logprobs_from_vllm_are_the_models_own_log_prob_of_each_sampled_to
         got = client.token_logprobs_async(sequences, prompt_lengths).result()
         top = client.sequence_logprobs_async(sequences, prompt_lengths, top_k=5).result()
         assert client.stats()["failed"] == 0
-    model = AutoModelForCausalLM.from_pretrained(tiny_text_model_dir).eval()
+    model = AutoModelForCausalLM.from_pretrained(vllm_teacher_server.model_dir).eval()
     for sequence, n, logps, (ids, top_logps) in zip(sequences, prompt_lengths, got, top):
         assert len(logps) == len(sequence) - n
         with torch.no_grad():
