@@ -214,14 +214,25 @@ class _BoxedPretraining:
 _PRETRAINING = _BoxedPretraining()
 
 
+# The fixtures that make a test an integration test whether or not it is marked so: a server.
+SERVER_FIXTURES = {"teacher_server", "vllm_teacher_server", "live_teacher", "vlm_server", "make_server"}
+
+
+def _integration(item) -> bool:
+    """Whether ``item`` starts servers or trains models (minutes in all), rather than taking seconds."""
+    return item.get_closest_marker("integration") is not None or bool(SERVER_FIXTURES & set(item.fixturenames))
+
+
 @pytest.hookimpl(trylast=True)  # after -m/-k have deselected
 def pytest_collection_modifyitems(session, config, items):
-    """Run the tests that need no boxed model first, then the text ones, then the VLM ones, so that the
-    background training (pytest_collection_finish) is ahead of the first test that waits for it."""
+    """Run the integration tests that need no boxed model first, then the text ones, then the VLM ones, so that
+    the background training (pytest_collection_finish) is ahead of the first test that waits for it; then the
+    unit tests, so that the session ends on tests of seconds: a worker that runs out of work waits for the
+    other's last test, and that is then short (xdist gives each worker its next two or three tests ahead)."""
 
     def tier(item) -> int:
         kinds = {kind for kind, _ in _boxed_needs(item)}
-        return 2 if "vlm" in kinds else 1 if kinds else 0
+        return 2 if "vlm" in kinds else 1 if kinds else 0 if _integration(item) else 3
 
     items.sort(key=tier)  # stable: the file order holds within each tier
 
