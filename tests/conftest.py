@@ -102,12 +102,11 @@ def _serve(name: str, model_dir: Path, backend: str = "transformers") -> Server:
 
 def _stop_shared_servers() -> None:
     """Stop every server a worker recorded (the controller, at the session's end)."""
-    registry = Path(os.environ.get(SHARED_SERVERS_ENV, ""))
-    if not os.environ.get(SHARED_SERVERS_ENV) or not registry.is_dir():
-        return
-    for record in registry.glob("*.json"):
-        stop_group(json.loads(record.read_text())["pid"])
-    shutil.rmtree(registry, ignore_errors=True)
+    registry = os.environ.get(SHARED_SERVERS_ENV)
+    if registry:
+        for record in Path(registry).glob("*.json"):
+            stop_group(json.loads(record.read_text())["pid"])
+        shutil.rmtree(registry, ignore_errors=True)
 
 
 # The paper is the spec. Tests that check code against it read the shared checkout's copy where
