@@ -1,12 +1,12 @@
 """The whole CI run from a fresh clone, timed by phase: what `bash .ci/run` costs a contributor and CI.
 
 Clones the repository (its committed HEAD, or ``--ref``) into a new folder, runs ``bash .ci/run`` there as CI
-does, with an empty pip cache and no boxed-model cache (a cold run: nothing this machine built before is
+does, with empty pip and uv caches and no boxed-model cache (a cold run: nothing this machine built before is
 reused), and prints the phases `.ci/run` reports (``ci: <phase> <seconds> s``), the pytest summary line, the
 slowest tests `make test` lists, the machine's CPU use over the run (busy, idle, and steal: time the hypervisor
 took), and on its last line ``suite: <total> s cold (environments <E> s, lint <L> s, tests <T> s)``. Target:
-20 minutes on the reference machine (2 cores), measured twice. ``--warm`` keeps the pip cache and the
-boxed-model cache of ``--workdir`` between runs: what a second run on one machine costs.
+20 minutes on the reference machine (2 cores), measured twice. ``--warm`` keeps the pip, uv and
+boxed-model caches of ``--workdir`` between runs: what a second run on one machine costs.
 
     python benchmarks/bench_suite.py [--ref HEAD] [--workdir /tmp/zppo-bench-suite] [--warm] [--keep]
 
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ref", default="HEAD", help="the commit to clone and run (default: HEAD)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/zppo-bench-suite"))
-    parser.add_argument("--warm", action="store_true", help="keep the pip and boxed-model caches of --workdir")
+    parser.add_argument("--warm", action="store_true", help="keep the pip, uv and boxed-model caches of --workdir")
     parser.add_argument("--keep", action="store_true", help="keep the clone (its environments) afterwards")
     args = parser.parse_args(argv)
 
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH", "ZPPO_", "PYTEST"))}
     env["PIP_CACHE_DIR"] = str(caches / "pip")
+    env["UV_CACHE_DIR"] = str(caches / "uv")  # the Makefile installs with uv after torch (pip)
     env["ZPPO_BOXED_CACHE"] = str(caches / "boxed-models")  # empty unless --warm
     log_path = args.workdir / "ci.log"
     print(f"bash .ci/run on {commit.stdout.strip()} in {clone} (log: {log_path})", flush=True)
