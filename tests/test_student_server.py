@@ -249,14 +249,40 @@ def _grpo_dagger(tmp_path, server, **overrides) -> ZPPOConfig:
     return ZPPOConfig(**settings)
 
 
-@pytest.mark.integration
-def test_a_prompt_beyond_the_servers_context_costs_its_group_not_the_step(boxed_text_student_dir, tmp_path, caplog):
+@pytest.fixture(scope="class")
+def small_student_server(boxed_text_student_dir, tmp_path_factory):
+    """The boxed student on a student vLLM server with a 192-token context, for the tests of one class (the last of
+    them kills it): a server start is half a minute of a core, and neither test needs a server of its own."""
     from conftest import require_vllm
     from servers import VLLMStudentServer
 
     require_vllm()
-    server = VLLMStudentServer(boxed_text_student_dir, log_dir=tmp_path, max_model_len=192).start()
+    log_dir = tmp_path_factory.mktemp("small-student-server")
+    server = VLLMStudentServer(boxed_text_student_dir, log_dir=log_dir, max_model_len=192).start()
     try:
+        yield server
+    finally:
+        server.stop()
+
+
+class KillServer(TrainerCallback):
+    def __init__(self, server):
+        self.server = server
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == args.num_partitions:  # the first rollout step is trained
+            self.server.kill()
+
+
+@pytest.mark.integration
+class TestASmallStudentServer:
+    """Two runs on one student server (a class: one pytest-xdist worker runs both, in this order; the second
+    kills it)."""
+
+    def test_a_prompt_beyond_the_servers_context_costs_its_group_not_the_step(
+        self, small_student_server, boxed_text_student_dir, tmp_path, caplog
+    ):
+        server = small_student_server
         tokenizer = AutoTokenizer.from_pretrained(boxed_text_student_dir)
         rows = toy_rows("text")[:7]
         long_row = {**rows[0], "id": "long", "question": "Think it over. " * 60 + rows[0]["question"]}
@@ -281,30 +307,14 @@ def test_a_prompt_beyond_the_servers_context_costs_its_group_not_the_step(boxed_
         assert "fill the student server's whole context (vllm_max_model_length=192)" in caplog.text
         assert "question ids ['long']" in caplog.text
         assert trainer.state.global_step == 2  # the step trained on the other seven questions
-    finally:
-        server.stop()
 
-
-class KillServer(TrainerCallback):
-    def __init__(self, server):
-        self.server = server
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == args.num_partitions:  # the first rollout step is trained
-            self.server.kill()
-
-
-@pytest.mark.integration
-def test_a_student_server_lost_mid_run_stops_training_naming_it(boxed_text_student_dir, tmp_path):
-    from conftest import require_vllm
-    from servers import VLLMStudentServer
-
-    require_vllm()
-    server = VLLMStudentServer(boxed_text_student_dir, log_dir=tmp_path, max_model_len=1024).start()
-    try:
+    def test_a_student_server_lost_mid_run_stops_training_naming_it(
+        self, small_student_server, boxed_text_student_dir, tmp_path
+    ):
+        server = small_student_server
         trainer = ZPPOTrainer(
             model=AutoModelForCausalLM.from_pretrained(boxed_text_student_dir),
-            args=_grpo_dagger(tmp_path, server, max_steps=4, max_prompt_length=512),
+            args=_grpo_dagger(tmp_path, server, max_steps=4),
             train_dataset=Dataset.from_list(toy_rows("text")),
             processing_class=AutoTokenizer.from_pretrained(boxed_text_student_dir),
             callbacks=[KillServer(server)],
@@ -317,5 +327,3 @@ def test_a_student_server_lost_mid_run_stops_training_naming_it(boxed_text_stude
                                                "\\(at rollout step 2\\)"):  # fmt: skip
             trainer.train()
         assert trainer.state.global_step == 2  # nothing trained after the loss, with or without rollouts
-    finally:
-        server.stop()
