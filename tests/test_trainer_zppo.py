@@ -11,6 +11,7 @@ teacher is a real server on 127.0.0.1: vLLM's CPU engine (the production server)
 from __future__ import annotations
 
 import re
+import time
 from collections import defaultdict
 
 import pytest
@@ -349,18 +350,38 @@ def test_vlm_student_sees_question_image_block_closer(boxed_vlm_student_dir, box
     assert all("<|image_pad|>" in p for p in trained.prompts)
 
 
+def _kill_mid_batch(server, client: TeacherClient) -> tuple[list, dict, bool]:
+    """SIGKILL ``server`` once three of 200 requests ``client`` sends have been answered: (the 200 replies, the
+    client's statistics since, whether it still calls the server healthy)."""
+    future = client.sample_async([f"Question {i}" for i in range(200)], n=1, max_tokens=64)
+    deadline = time.monotonic() + 60
+    while client.stats()["succeeded"] < 3:
+        assert time.monotonic() < deadline, "timed out waiting for the first replies"
+        time.sleep(0.005)
+    server.kill()
+    replies = future.result(timeout=120)  # no exception
+    return replies, client.stats(reset=True), client.health()
+
+
 @pytest.mark.parametrize("backend", ["vllm", "transformers"])
 def test_teacher_outage_degrades_and_recovers(boxed_text_student_dir, boxed_text_teacher_dir, backend, tmp_path):
+    """The teacher server is SIGKILLed after the first rollout step, in the middle of a batch of a second client's
+    requests, and restarted on the same port after the second: the run trains on without it, and both clients
+    (the trainer's and the second) recover. One server of each kind for both: a vLLM start is half a minute."""
     if backend == "vllm":
         require_vllm()
     server = SERVERS[backend](boxed_text_teacher_dir, log_dir=tmp_path).start()
+    other = TeacherClient(
+        server.base_url, server.model, max_concurrency=2, max_retries=1, backoff_base=0.01, backoff_max=0.05
+    )
+    killed = {}
 
     class Outage(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == 2:
-                server.kill()  # the second rollout step runs without a teacher
+            if state.global_step == 2:  # the second rollout step runs without a teacher
+                killed["replies"], killed["stats"], killed["healthy"] = _kill_mid_batch(server, other)
             elif state.global_step == 4:
-                server.restart()
+                server.restart()  # same port, same clients
 
     teacher = TeacherClient(
         server.base_url, server.model, max_retries=1, timeout=30, backoff_base=0.05, backoff_max=0.1
@@ -376,8 +397,13 @@ def test_teacher_outage_degrades_and_recovers(boxed_text_student_dir, boxed_text
             teacher=teacher,
         )
         trainer.train()
+        # the second client after the restart
+        assert other.health()
+        assert [len(r) for r in other.sample(["a", "b", "c"], n=2, max_tokens=4)] == [2, 2, 2]
+        assert other.stats()["failed"] == 0
     finally:
         teacher.close()
+        other.close()
         server.stop()
     up, down, back = _rollout_logs(trainer)
     assert up["teacher/failures"] == 0 and up["bcq_trained"] + up["ncq_trained"] > 0
@@ -386,3 +412,10 @@ def test_teacher_outage_degrades_and_recovers(boxed_text_student_dir, boxed_text
     # The third step's samples, asked for ahead while the server was down, failed; the step asked again
     assert back["teacher_prefetched"] == 0 and back["bcq"] > 0 and back["bcq_trained"] > 0
     assert trainer.state.global_step == 6
+    # the second client, killed mid-batch: every request answered or counted as failed, none raised
+    replies, stats = killed["replies"], killed["stats"]
+    assert len(replies) == 200
+    assert 3 <= sum(len(r) == 1 for r in replies) < 200
+    assert stats["failed"] == 200 - stats["succeeded"] > 0
+    assert stats["retries"] >= stats["failed"] and stats["in_flight"] == 0
+    assert not killed["healthy"]
