@@ -142,8 +142,9 @@ def teacher_server(tiny_text_model_dir) -> Server:
 
 @pytest.fixture(scope="session")
 def vllm_teacher_server(tiny_text_model_dir) -> Server:
-    """vLLM's CPU server with the tiny text model (skips, naming why, where vLLM is not installed)."""
-    return _serve("vllm_teacher_server", tiny_text_model_dir, "vllm")
+    """vLLM's CPU server with the tiny text model (skips, naming why, where vLLM is not installed), started as a user
+    starts the teacher on a CPU: ``serve_teacher.sh --cpu`` (servers.LaunchedVLLMServer; test_launch.py reads it)."""
+    return _serve("vllm_teacher_server", tiny_text_model_dir, "vllm-launched")
 
 
 @pytest.fixture(scope="session", params=["transformers", "vllm"])

@@ -262,6 +262,65 @@ class VLLMServer(Server):
         )
 
 
+class LaunchedVLLMServer(VLLMServer):
+    """`VLLMServer` as a user starts the teacher on a CPU: ``recipes/launch/serve_teacher.sh --cpu``, which starts
+    the server in the background (in this process group: ``pid`` is the script's, the group's id), waits for
+    ``/health`` and exits 0. The script's own output is ``log_path``; the server's log is ``server_log_path``.
+    The same server command line and environment as `VLLMServer`."""
+
+    name = "serve_teacher.sh --cpu"
+    script = REPO_ROOT / "recipes" / "launch" / "serve_teacher.sh"
+
+    @property
+    def server_log_path(self) -> Path:
+        return self.log_dir / f"serve-{self.port}.vllm.log"
+
+    def command(self) -> list[str]:
+        served = super().command()
+        extra = served[served.index("--seed") :]  # what the script has no option for: seed, dtype, eager mode
+        return [
+            "bash", str(self.script), "--cpu", "--model", str(self.model_dir), "--host", "127.0.0.1",
+            "--port", str(self.port), "--max-model-len", served[served.index("--max-model-len") + 1],
+            "--kv-cache-gib", self.environment()["VLLM_CPU_KVCACHE_SPACE"], "--timeout", str(int(STARTUP_TIMEOUT)),
+            "--log", str(self.server_log_path), "--", *extra,
+        ]  # fmt: skip
+
+    def environment(self) -> dict[str, str]:
+        return dict(super().environment(), VLLM_PYTHON=str(VLLM_PYTHON))
+
+    def start(self, timeout: float = STARTUP_TIMEOUT) -> Server:
+        """Run the script; return once it has exited 0 (the server answers), raise with both logs' ends otherwise."""
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(), cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=self.environment(),
+                start_new_session=True,
+            )  # fmt: skip
+        try:
+            code = self.process.wait(timeout=timeout + 30)
+        except subprocess.TimeoutExpired:
+            code = None
+        if code != 0 or not self.healthy():
+            self.stop()
+            raise RuntimeError(f"{self.name} exited with {code}:\n{self.log_tail()}")
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM the script's process group (the server and its engine), SIGKILL what is left after 10 s."""
+        if self.process is not None:
+            stop_group(self.process.pid)
+            self.process = None
+
+    def kill(self) -> None:
+        raise NotImplementedError("a launched server is the session's: start a VLLMServer to kill one")
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            server = self.server_log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            server = ""
+        return super().log_tail(chars) + ("\n--- the server's log ---\n" + server if server else "")
+
+
 class VLLMStudentServer(VLLMServer):
     """vLLM's CPU server as the student's rollout server (TRL's server mode): dev mode and the
     shared-memory reload extension (``zppo_trl.vllm_worker``), the flags TRL's client needs, and a
@@ -295,4 +354,9 @@ class VLLMStudentServer(VLLMServer):
         )
 
 
-SERVERS = {"transformers": Server, "vllm": VLLMServer, "vllm-student": VLLMStudentServer}
+SERVERS = {
+    "transformers": Server,
+    "vllm": VLLMServer,
+    "vllm-launched": LaunchedVLLMServer,
+    "vllm-student": VLLMStudentServer,
+}

@@ -164,29 +164,16 @@ def _stop(pid: int) -> None:
 
 
 @pytest.mark.integration
-def test_serve_teacher_cpu_mode_serves_chat_completions(tiny_text_model_dir, tmp_path):
-    from conftest import require_vllm
-    from servers import VLLM_PYTHON, VLLM_WORKER_IN_ENGINE, free_port
+def test_serve_teacher_cpu_mode_serves_chat_completions(vllm_teacher_server):
+    """The session's vLLM teacher is the one ``serve_teacher.sh --cpu`` starts (servers.LaunchedVLLMServer: the
+    script exited 0 once the server answered); it serves the teacher client's chat completions, n at once."""
+    from zppo_trl.teacher import TeacherClient
 
-    require_vllm()
-    port, log = free_port(), tmp_path / "teacher.log"
-    started = _run(
-        LAUNCH / "serve_teacher.sh", "--cpu", "--model", tiny_text_model_dir, "--host", "127.0.0.1", "--port", port,
-        "--max-model-len", "2048", "--kv-cache-gib", "1", "--timeout", "300", "--log", log, "--", "--enforce-eager",
-        env={"VLLM_PYTHON": str(VLLM_PYTHON), "HF_HUB_CACHE": str(tmp_path / "hf"), **VLLM_WORKER_IN_ENGINE},
-        timeout=360,
-    )  # fmt: skip
-    pid = int((tmp_path / "teacher.log.pid").read_text())
-    try:
-        assert started.returncode == 0, started.stdout + started.stderr + log.read_text()[-3000:]
-        assert "teacher vLLM server is up" in started.stdout
-        from zppo_trl.teacher import TeacherClient
-
-        with TeacherClient(f"http://127.0.0.1:{port}/v1", str(tiny_text_model_dir)) as client:
-            replies = client.sample(["What is 2 + 2?"], n=3, max_tokens=4)
-            assert [len(r) for r in replies] == [3] and client.stats()["top_ups"] == 0
-    finally:
-        _stop(pid)
+    assert "teacher vLLM server is up" in vllm_teacher_server.log_path.read_text()
+    assert vllm_teacher_server.server_log_path.is_file()  # the server's own log, where --log put it
+    with TeacherClient(vllm_teacher_server.base_url, vllm_teacher_server.model) as client:
+        replies = client.sample(["What is 2 + 2?"], n=3, max_tokens=4)
+        assert [len(r) for r in replies] == [3] and client.stats()["top_ups"] == 0
 
 
 @pytest.mark.integration
