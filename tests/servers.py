@@ -305,7 +305,8 @@ class LaunchedVLLMServer(VLLMServer):
         return self
 
     def stop(self) -> None:
-        """SIGTERM the script's process group (the server and its engine), SIGKILL what is left after 10 s."""
+        """SIGTERM the script's process group (the server and its engine), then SIGKILL it: the group's leader, the
+        script, has exited, so `stop_group` has no process to wait on and sends both at once."""
         if self.process is not None:
             stop_group(self.process.pid)
             self.process = None
