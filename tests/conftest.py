@@ -42,11 +42,11 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 try:  # tests/ is on sys.path under pytest's default (rootdir-less, prepend) import mode
     from boxed_models import DEFAULT_CACHE, MODELS, boxed_model, cached_model_dir, start_background
-    from servers import REPO_ROOT, SERVERS, Server, VLLMStudentServer, stop_group, vllm_unavailable
+    from servers import REPO_ROOT, SERVERS, Server, stop_group, vllm_unavailable
     from tiny_models import save_tiny_text_model, save_tiny_vlm
 except ImportError:  # tests/ imported as a package
     from tests.boxed_models import DEFAULT_CACHE, MODELS, boxed_model, cached_model_dir, start_background
-    from tests.servers import REPO_ROOT, SERVERS, Server, VLLMStudentServer, stop_group, vllm_unavailable
+    from tests.servers import REPO_ROOT, SERVERS, Server, stop_group, vllm_unavailable
     from tests.tiny_models import save_tiny_text_model, save_tiny_vlm
 
 # The judge of the evaluation tests is a random model: its replies never parse and never end, so each
@@ -321,20 +321,6 @@ def boxed_teacher_server(boxed_text_teacher_dir) -> Server:
 def vllm_boxed_teacher_server(boxed_text_teacher_dir) -> Server:
     """vLLM's CPU server with the boxed text teacher, as production serves the teacher. Do not kill it."""
     return _serve("vllm_boxed_teacher_server", boxed_text_teacher_dir, "vllm")
-
-
-@pytest.fixture(scope="session")
-def vllm_boxed_student_server(boxed_text_student_dir) -> Iterator[Server]:
-    """The boxed text student on vLLM's CPU server in TRL's server mode (shared-memory weight sync).
-    Every trainer pushes its weights before its first generation, so tests can share it."""
-    require_vllm()
-    # ZPPOConfig.context_lengths().student at max_prompt_length 1,024 and max_completion_length 32 is 1,769
-    # (what serve_student.sh would size); the tiny models have 4,096 positions
-    server = VLLMStudentServer(boxed_text_student_dir, max_model_len=2048).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,30 +1,35 @@
-"""One rank of a 2-process ZPPO run, for ``tests/test_distributed.py`` (launched by `accelerate launch`).
+"""One rank of 2-process ZPPO runs, for ``tests/two_ranks.py`` (launched by `accelerate launch`).
 
 Usage::
 
     accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no \\
-        --dynamo_backend no --main_process_port PORT tests/distributed_worker.py OUTDIR MODEL_DIR \\
-        [--mode grpo|zppo] [--max-steps N] [--teacher-url URL --teacher-model NAME] [--student-url URL]
+        --dynamo_backend no --main_process_port PORT tests/distributed_worker.py OUTDIR RUNS.json
 
 (``--multi_gpu`` selects accelerate's torchrun launcher; the config sets ``use_cpu=True``, so
 the processes run on CPU with the gloo backend. ``--cpu`` would start one process only.)
 
-``--mode grpo`` trains GRPO† (``augmentations=[]``) on synthetic questions with a
-deterministic pseudo-random reward; ``--mode zppo`` trains with BCQ/NCQ against a teacher
-server on the boxed toy questions of :mod:`boxed_models`, graded by the real boxed reward.
-``--student-url`` generates the rollouts on that student vLLM server (TRL's server mode, weights
-synced through shared memory) instead of in the trainer: both ranks share it.
+``RUNS.json`` is a list of runs, trained one after the other in the same two processes (a launch
+costs each rank ten seconds of a core in imports alone): ``{"name", "mode", "model_dir",
+"max_steps"}`` and, for the modes that ask a teacher, ``"teacher_url"``/``"teacher_model"``;
+``"distill_teacher"`` (on-distill: the teacher directory loaded for its logits); ``"student_url"``.
+Mode ``grpo`` trains GRPO† (``augmentations=[]``) on synthetic questions with a deterministic
+pseudo-random reward; ``zppo`` trains with BCQ/NCQ against a teacher server on the boxed toy
+questions of :mod:`boxed_models`, graded by the real boxed reward; ``correction`` and
+``on-distill`` are those rows on the same questions. ``student_url`` generates the rollouts on
+that student vLLM server (TRL's server mode, weights synced through shared memory) instead of
+in the trainer: both ranks share it.
 
-Each rank writes ``OUTDIR/rank{R}.json`` with what the test compares across ranks: the
-buffer residents, counters and ZPPO RNG state at the end, per rollout step the groups this
+Each rank writes ``OUTDIR/NAME/rank{R}.json`` per run with what the tests compare across ranks:
+the buffer residents, counters and ZPPO RNG state at the end, per rollout step the groups this
 rank scored in each round (kind and key), the micro-batches it built (rows, padding rows,
-skipped) and the ZPPO metrics of the step, per micro-step the rows it trained on, per
-optimizer step a parameter checksum, and the final parameter checksum.
+skipped) and the ZPPO metrics of the step, per micro-step the rows it trained on, per optimizer
+step a parameter checksum, and the final parameter checksum.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -141,19 +146,8 @@ def instrument(trainer: ZPPOTrainer) -> dict:
     return record
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("outdir")
-    parser.add_argument("model_dir")
-    parser.add_argument("--mode", choices=["grpo", "zppo", "correction", "on-distill"], default="grpo")
-    parser.add_argument("--distill-teacher", help="on-distill: the teacher model directory loaded for its logits")
-    parser.add_argument("--max-steps", type=int, default=9)
-    parser.add_argument("--teacher-url")
-    parser.add_argument("--teacher-model")
-    parser.add_argument("--student-url", help="a student vLLM server (serve_student.sh --cpu) for the rollouts")
-    cli = parser.parse_args()
-    outdir = Path(cli.outdir)
-
+def _settings(run: dict, outdir: Path) -> tuple[dict, list[dict], object]:
+    """The run's ZPPOConfig fields, its rows and its reward function."""
     settings = dict(
         output_dir=str(outdir / "trainer"),
         use_cpu=True,
@@ -170,13 +164,13 @@ def main() -> None:
         learning_rate=1e-2,
         logging_steps=1,
         save_strategy="no",
-        max_steps=cli.max_steps,
+        max_steps=run["max_steps"],
         seed=0,
         data_seed=0,
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    if cli.mode == "grpo":
+    if run["mode"] == "grpo":
         settings.update(augmentations=[])
         rows, reward = QUESTIONS, CoinReward()
     else:
@@ -186,33 +180,37 @@ def main() -> None:
         from zppo_trl.rewards import boxed_accuracy_reward
 
         settings.update(
-            augmentations={"zppo": ["bcq", "ncq"], "correction": ["correction"], "on-distill": []}[cli.mode],
+            augmentations={"zppo": ["bcq", "ncq"], "correction": ["correction"], "on-distill": []}[run["mode"]],
             learning_rate=1e-4,  # keep the boxed student answering in format for the next steps
             augment_fraction=0.5,  # at most floor(0.5 * 6) = 3 instances per step: an odd number to deal over 2 ranks
-            teacher_base_url=cli.teacher_url,
-            teacher_model=cli.teacher_model,
+            teacher_base_url=run["teacher_url"],
+            teacher_model=run["teacher_model"],
             teacher_num_generations=4,
             teacher_max_tokens=32,
             compression_max_tokens=32,
             max_completion_length=32,
         )
-        if cli.mode == "on-distill":
-            settings.update(distillation="on", distill_teacher=cli.distill_teacher)
+        if run["mode"] == "on-distill":
+            settings.update(distillation="on", distill_teacher=run["distill_teacher"])
         rows, reward = toy_rows("text"), boxed_accuracy_reward
-
-    if cli.student_url:
+    if run.get("student_url"):
         settings.update(
-            use_vllm=True, vllm_mode="server", vllm_server_base_url=cli.student_url, vllm_server_timeout=60,
+            use_vllm=True, vllm_mode="server", vllm_server_base_url=run["student_url"], vllm_server_timeout=60,
             vllm_max_model_length=2048, max_prompt_length=1024,  # the test server's context
         )  # fmt: skip
-    args = ZPPOConfig(**settings)
-    model = AutoModelForCausalLM.from_pretrained(cli.model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(cli.model_dir)
+    return settings, rows, reward
+
+
+def train_and_record(run: dict, outdir: Path) -> None:
+    """Train ``run`` on this rank; write its record to ``outdir/rank{R}.json``."""
+    settings, rows, reward = _settings(run, outdir)
+    model = AutoModelForCausalLM.from_pretrained(run["model_dir"])
+    tokenizer = AutoTokenizer.from_pretrained(run["model_dir"])
     checksums = ParamChecksums()
     trainer = ZPPOTrainer(
         model=model,
         reward_funcs=reward,
-        args=args,
+        args=ZPPOConfig(**settings),
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
         callbacks=[checksums],
@@ -250,7 +248,17 @@ def main() -> None:
     )
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / f"rank{acc.process_index}.json").write_text(json.dumps(record, indent=1, sort_keys=True))
-    acc.wait_for_everyone()
+    acc.wait_for_everyone()  # both ranks are done with this run before either starts the next
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("outdir")
+    parser.add_argument("runs", help="a JSON file: the runs to train, in order (see the module docstring)")
+    cli = parser.parse_args()
+    for run in json.loads(Path(cli.runs).read_text()):
+        train_and_record(run, Path(cli.outdir) / run["name"])
+        gc.collect()  # the finished trainer and its model
     # Skip interpreter teardown: every result is on disk and both ranks are past the barrier. At
     # teardown a rank sometimes aborts in C++ ("terminate called without an active exception",
     # SIGABRT), with or without destroy_process_group first (seen in CI with both), which would

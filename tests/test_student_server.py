@@ -1,7 +1,8 @@
 """The student's rollouts through vLLM's server (TRL's server mode) with weights synced through shared memory.
 
-The unit tests cover the safetensors stream and the config; the integration test runs ZPPO with the
-boxed student on vLLM's CPU server (``zppo_trl.vllm_worker`` reloading each update) and a real teacher.
+The unit tests cover the safetensors stream and the config; the integration tests (one class, on one server) run
+ZPPO with the boxed student on vLLM's CPU server (``zppo_trl.vllm_worker`` reloading each update) and a real
+teacher, on one process and on two, then a prompt beyond the server's context, then the server lost mid-run.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from zppo_trl.student_server import SharedMemoryVLLMClient, stand_in_for_overlon
 
 try:
     from boxed_models import toy_rows
+    from two_ranks import STEPS_PER_ROLLOUT, check_zppo_run, launch
 except ImportError:  # tests/ imported as a package
     from tests.boxed_models import toy_rows
+    from tests.two_ranks import STEPS_PER_ROLLOUT, check_zppo_run, launch
 
 # ---------------------------------------------------------------- the weights file
 
@@ -170,72 +173,6 @@ def _server_requests(server) -> float:
     return sum(float(v) for v in re.findall(r"^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$", text, re.M))
 
 
-@pytest.mark.integration
-def test_zppo_rollouts_come_from_the_student_server_and_it_follows_every_update(
-    boxed_text_student_dir, vllm_boxed_student_server, vllm_boxed_teacher_server, tmp_path
-):
-    server, teacher = vllm_boxed_student_server, vllm_boxed_teacher_server
-    tokenizer = AutoTokenizer.from_pretrained(boxed_text_student_dir)
-    question = tokenizer.apply_chat_template(
-        [{"role": "user", "content": toy_rows("text")[0]["question"]}], tokenize=False, add_generation_prompt=True
-    )
-    prompt_ids = tokenizer(question)["input_ids"]
-    sequence = prompt_ids + tokenizer("<think> Let me compute. </think> \\boxed{7}<|im_end|>")["input_ids"]
-    in_sync = ServerInSync(sequence, len(prompt_ids))
-    reward = LastStepAllRight(from_update=4)  # the third rollout step
-    args = ZPPOConfig(
-        output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to=[], save_strategy="no", seed=0,
-        disable_tqdm=True, logging_steps=1, learning_rate=1e-4,
-        per_device_train_batch_size=16, num_generations=4, max_completion_length=32,
-        num_partitions=2, gradient_accumulation_steps=1, max_steps=6,  # three rollout steps
-        replay_fraction=0.5, augment_fraction=0.5,
-        teacher_base_url=teacher.base_url, teacher_model=teacher.model, teacher_max_tokens=32,
-        compression_max_tokens=48, max_prompt_length=1024,
-        use_vllm=True, vllm_mode="server", vllm_server_base_url=server.root_url, vllm_server_timeout=60,
-        vllm_max_model_length=server.max_model_len,
-    )  # fmt: skip
-    assert args.vllm_weight_transfer == "shm"
-    requests_before = _server_requests(server)
-    trainer = ZPPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(boxed_text_student_dir),
-        reward_funcs=reward,
-        args=args,
-        train_dataset=Dataset.from_list(toy_rows("text")),
-        processing_class=tokenizer,
-        callbacks=[in_sync],
-    )
-    in_sync.trainer = reward.trainer = trainer
-    trainer.train()
-
-    # Every round's rollouts came from the server: BCQ/NCQ ones included.
-    client = trainer.vllm_generation.vllm_client
-    assert isinstance(client, SharedMemoryVLLMClient)
-    assert trainer.counters["bcq_total"] + trainer.counters["ncq_total"] > 0
-    assert reward.reformulated_prompts > 0
-    assert _server_requests(server) - requests_before >= reward.groups > 0  # every scored group was requested
-
-    # The server followed the trainer after every update, the skipped ones too, and the policy moved.
-    assert len(in_sync.differences) == 1 + 6
-    assert max(in_sync.differences) < TOLERANCE, in_sync.differences
-    assert in_sync.skipped[-2:] == [True, True] and not all(in_sync.skipped[:4]), in_sync.skipped
-    moved = float((in_sync.server_logps[4] - in_sync.server_logps[0]).abs().max())
-    # well past the sync tolerance (how far depends on how many of the first four updates had a signal: 0.09 to
-    # over 0.1 seen on the same code)
-    assert moved > 20 * TOLERANCE, moved
-    torch.testing.assert_close(in_sync.server_logps[-1], in_sync.server_logps[4], atol=TOLERANCE, rtol=0)
-
-    # Each sync is timed: one per check here (before training, after each update) and TRL's own, once
-    # before each rollout step's first generation (its second round, BCQ/NCQ, needs none).
-    assert len(client.sync_seconds) == 1 + 6 + 3
-    assert all(s["bytes"] > 0 and s["reload"] > 0 and not math.isnan(s["write"]) for s in client.sync_seconds)
-    json.dumps(client.sync_seconds)  # plain numbers, ready for a log
-    # TRL's syncs (the first of each rollout step's, in its plain round) are the trainer's zppo/time/weight_sync_s
-    logged = [h["zppo/time/weight_sync_s"] for h in trainer.state.log_history if "zppo/time/rollout_step_s" in h]
-    trl_syncs = [s["write"] + s["reload"] for s in client.sync_seconds if not any(s is c for c in in_sync.syncs)]
-    assert len(logged) == len(trl_syncs) == 3
-    assert logged == pytest.approx(trl_syncs)
-
-
 def _grpo_dagger(tmp_path, server, **overrides) -> ZPPOConfig:
     settings = dict(
         output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to=[], save_strategy="no", seed=0,
@@ -250,15 +187,17 @@ def _grpo_dagger(tmp_path, server, **overrides) -> ZPPOConfig:
 
 
 @pytest.fixture(scope="class")
-def small_student_server(boxed_text_student_dir, tmp_path_factory):
-    """The boxed student on a student vLLM server with a 192-token context, for the tests of one class (the last of
-    them kills it): a server start is half a minute of a core, and neither test needs a server of its own."""
+def student_server(boxed_text_student_dir, tmp_path_factory):
+    """The boxed student on a student vLLM server, for the tests of one class, in order (the last kills it): a
+    server start is half a minute of a core. Every trainer pushes its weights before its first generation, so each
+    test's run starts from its own. Its context, 2,048 tokens, is what serve_student.sh sizes for
+    ZPPOConfig.context_lengths().student at max_prompt_length 1,024 and max_completion_length 32 (1,769)."""
     from conftest import require_vllm
     from servers import VLLMStudentServer
 
     require_vllm()
-    log_dir = tmp_path_factory.mktemp("small-student-server")
-    server = VLLMStudentServer(boxed_text_student_dir, log_dir=log_dir, max_model_len=192).start()
+    log_dir = tmp_path_factory.mktemp("student-server")
+    server = VLLMStudentServer(boxed_text_student_dir, log_dir=log_dir, max_model_len=2048).start()
     try:
         yield server
     finally:
@@ -275,23 +214,99 @@ class KillServer(TrainerCallback):
 
 
 @pytest.mark.integration
-class TestASmallStudentServer:
-    """Two runs on one student server (a class: one pytest-xdist worker runs both, in this order; the second
+class TestOneStudentServer:
+    """Four runs on one student server (a class: one pytest-xdist worker runs them, in this order; the last
     kills it)."""
 
-    def test_a_prompt_beyond_the_servers_context_costs_its_group_not_the_step(
-        self, small_student_server, boxed_text_student_dir, tmp_path, caplog
+    def test_zppo_rollouts_come_from_the_student_server_and_it_follows_every_update(
+        self, student_server, boxed_text_student_dir, vllm_boxed_teacher_server, tmp_path
     ):
-        server = small_student_server
+        server, teacher = student_server, vllm_boxed_teacher_server
+        tokenizer = AutoTokenizer.from_pretrained(boxed_text_student_dir)
+        question = tokenizer.apply_chat_template(
+            [{"role": "user", "content": toy_rows("text")[0]["question"]}], tokenize=False, add_generation_prompt=True
+        )
+        prompt_ids = tokenizer(question)["input_ids"]
+        sequence = prompt_ids + tokenizer("<think> Let me compute. </think> \\boxed{7}<|im_end|>")["input_ids"]
+        in_sync = ServerInSync(sequence, len(prompt_ids))
+        reward = LastStepAllRight(from_update=4)  # the third rollout step
+        args = ZPPOConfig(
+            output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to=[], save_strategy="no", seed=0,
+            disable_tqdm=True, logging_steps=1, learning_rate=1e-4,
+            per_device_train_batch_size=16, num_generations=4, max_completion_length=32,
+            num_partitions=2, gradient_accumulation_steps=1, max_steps=6,  # three rollout steps
+            replay_fraction=0.5, augment_fraction=0.5,
+            teacher_base_url=teacher.base_url, teacher_model=teacher.model, teacher_max_tokens=32,
+            compression_max_tokens=48, max_prompt_length=1024,
+            use_vllm=True, vllm_mode="server", vllm_server_base_url=server.root_url, vllm_server_timeout=60,
+            vllm_max_model_length=server.max_model_len,
+        )  # fmt: skip
+        assert args.vllm_weight_transfer == "shm"
+        requests_before = _server_requests(server)
+        trainer = ZPPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(boxed_text_student_dir),
+            reward_funcs=reward,
+            args=args,
+            train_dataset=Dataset.from_list(toy_rows("text")),
+            processing_class=tokenizer,
+            callbacks=[in_sync],
+        )
+        in_sync.trainer = reward.trainer = trainer
+        trainer.train()
+
+        # Every round's rollouts came from the server: BCQ/NCQ ones included.
+        client = trainer.vllm_generation.vllm_client
+        assert isinstance(client, SharedMemoryVLLMClient)
+        assert trainer.counters["bcq_total"] + trainer.counters["ncq_total"] > 0
+        assert reward.reformulated_prompts > 0
+        assert _server_requests(server) - requests_before >= reward.groups > 0  # every scored group was requested
+
+        # The server followed the trainer after every update, the skipped ones too, and the policy moved.
+        assert len(in_sync.differences) == 1 + 6
+        assert max(in_sync.differences) < TOLERANCE, in_sync.differences
+        assert in_sync.skipped[-2:] == [True, True] and not all(in_sync.skipped[:4]), in_sync.skipped
+        moved = float((in_sync.server_logps[4] - in_sync.server_logps[0]).abs().max())
+        # well past the sync tolerance (how far depends on how many of the first four updates had a signal: 0.09 to
+        # over 0.1 seen on the same code)
+        assert moved > 20 * TOLERANCE, moved
+        torch.testing.assert_close(in_sync.server_logps[-1], in_sync.server_logps[4], atol=TOLERANCE, rtol=0)
+
+        # Each sync is timed: one per check here (before training, after each update) and TRL's own, once
+        # before each rollout step's first generation (its second round, BCQ/NCQ, needs none).
+        assert len(client.sync_seconds) == 1 + 6 + 3
+        assert all(s["bytes"] > 0 and s["reload"] > 0 and not math.isnan(s["write"]) for s in client.sync_seconds)
+        json.dumps(client.sync_seconds)  # plain numbers, ready for a log
+        # TRL's syncs (the first of each rollout step's, in its plain round) are the trainer's zppo/time/weight_sync_s
+        logged = [h["zppo/time/weight_sync_s"] for h in trainer.state.log_history if "zppo/time/rollout_step_s" in h]
+        trl_syncs = [s["write"] + s["reload"] for s in client.sync_seconds if not any(s is c for c in in_sync.syncs)]
+        assert len(logged) == len(trl_syncs) == 3
+        assert logged == pytest.approx(trl_syncs)
+
+    def test_two_ranks_share_it_and_decide_alike(self, student_server, boxed_text_student_dir, boxed_teacher_server,
+                                                 tmp_path):  # fmt: skip
+        """ZPPO on 2 ranks with its rollouts on the server: only the main process connects, and every decision is
+        replicated as when the trainer generates them (test_distributed.py)."""
+        run = launch(tmp_path, [dict(
+            name="zppo", mode="zppo", model_dir=str(boxed_text_student_dir), max_steps=3 * STEPS_PER_ROLLOUT,
+            teacher_url=boxed_teacher_server.base_url, teacher_model=boxed_teacher_server.model,
+            student_url=student_server.root_url,
+        )])["zppo"]  # fmt: skip
+        assert [r["student_client"] for r in run] == ["SharedMemoryVLLMClient", "NoneType"]
+        check_zppo_run(run)
+
+    def test_a_prompt_beyond_the_servers_context_costs_its_group_not_the_step(
+        self, student_server, boxed_text_student_dir, tmp_path, caplog
+    ):
+        server = student_server
         tokenizer = AutoTokenizer.from_pretrained(boxed_text_student_dir)
         rows = toy_rows("text")[:7]
-        long_row = {**rows[0], "id": "long", "question": "Think it over. " * 60 + rows[0]["question"]}
+        long_row = {**rows[0], "id": "long", "question": "Think it over. " * 210 + rows[0]["question"]}
         dataset = Dataset.from_list([*rows, long_row])  # 8 questions: one rollout step draws them all
 
         # a server smaller than the config says is refused before any training
-        with pytest.raises(ValueError, match="--max-model-len 192, below vllm_max_model_length \\(512\\)"):
+        with pytest.raises(ValueError, match="--max-model-len 2048, below vllm_max_model_length \\(4096\\)"):
             ZPPOTrainer(model=AutoModelForCausalLM.from_pretrained(boxed_text_student_dir),
-                        args=_grpo_dagger(tmp_path, server, vllm_max_model_length=512), train_dataset=dataset,
+                        args=_grpo_dagger(tmp_path, server, vllm_max_model_length=4096), train_dataset=dataset,
                         processing_class=tokenizer)  # fmt: skip
 
         trainer = ZPPOTrainer(
@@ -304,14 +319,14 @@ class TestASmallStudentServer:
             trainer.train()
         logs = [h for h in trainer.state.log_history if "zppo/prompts_beyond_context" in h]
         assert [h["zppo/prompts_beyond_context"] for h in logs] == [1]
-        assert "fill the student server's whole context (vllm_max_model_length=192)" in caplog.text
+        assert "fill the student server's whole context (vllm_max_model_length=2048)" in caplog.text
         assert "question ids ['long']" in caplog.text
         assert trainer.state.global_step == 2  # the step trained on the other seven questions
 
     def test_a_student_server_lost_mid_run_stops_training_naming_it(
-        self, small_student_server, boxed_text_student_dir, tmp_path
+        self, student_server, boxed_text_student_dir, tmp_path
     ):
-        server = small_student_server
+        server = student_server
         trainer = ZPPOTrainer(
             model=AutoModelForCausalLM.from_pretrained(boxed_text_student_dir),
             args=_grpo_dagger(tmp_path, server, max_steps=4),
