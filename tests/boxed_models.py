@@ -498,18 +498,16 @@ def _training_batch(processing, pairs: list[tuple[str, list, str, float]], with_
 
 
 def _weighted_loss(model, batch: dict, weights, n_questions: int):
-    """Sum over sequences of weight x completion cross-entropy (summed over tokens), per question.
-
-    The LM head is applied only where a completion token is predicted (what the full logits would give there,
-    at a seventh less of a step's compute: most of the tokens are prompt)."""
+    """Sum over sequences of weight x completion cross-entropy (summed over tokens), per question."""
     import torch.nn.functional as F
 
     inputs = {k: v for k, v in batch.items() if k != "labels"}
-    hidden = model.model(**inputs).last_hidden_state[:, :-1]
+    logits = model(**inputs).logits[:, :-1]
     labels = batch["labels"][:, 1:]
-    predicts = labels != -100
-    token_loss = F.cross_entropy(model.lm_head(hidden[predicts]), labels[predicts], reduction="none")
-    return (token_loss * weights[:, None].expand_as(labels)[predicts]).sum() / n_questions
+    token_loss = F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100, reduction="none"
+    )
+    return (token_loss.view(labels.shape).sum(1) * weights).sum() / n_questions
 
 
 if __name__ == "__main__":
