@@ -205,30 +205,41 @@ def test_grpo_dagger_trains_with_images_and_its_checkpoint_reloads(family, tmp_p
 
 
 def _boxing_student(family: str, rows: list[dict], steps: int = 120):
-    """A tiny ``family`` student fine-tuned (about half a minute) to answer each of ``rows`` (toy image questions) in
-    the paper's format with ``\\boxed{42}`` or ``\\boxed{0}``, one time in two each: a random student never boxes an
-    answer, and a BCQ or NCQ instance needs a wrong student answer whose box parses. Two toy questions have the
-    answer 42, so their plain groups are right about half the time (a signal to train on); the others are all wrong,
-    and hard. Fitted on the rows the test trains on only, since it samples on no others (the cost is per row).
-    One sequence at a time (no padding), gradients summed; 120 steps reach the mixture's entropy."""
+    """A tiny ``family`` student fine-tuned (seconds) to answer each of ``rows`` (toy image questions) in the paper's
+    format with ``\\boxed{42}`` or ``\\boxed{0}``, one time in two each: a random student never boxes an answer,
+    and a BCQ or NCQ instance needs a wrong student answer whose box parses. Two toy questions have the answer 42,
+    so their plain groups are right about half the time (a signal to train on); the others are all wrong, and
+    hard. Fitted on the rows the test trains on only, since it samples on no others (the cost is per row). All
+    of them in one right-padded batch, the loss on each sequence's answer tokens; 120 steps reach the mixture's
+    entropy."""
     import torch.nn.functional as F
 
     model, processor = tiny_family_vlm(family), tiny_family_processor(family)
-    examples = []
+    texts, images, answer_lengths = [], [], []
     for row in rows:
         prompt = processor.apply_chat_template(toy_conversation(row), tokenize=False, add_generation_prompt=True)
         for answer in ("42", "0"):
             target = completion(answer)
-            inputs = dict(processor(text=[prompt + target], images=[row["images"]], return_tensors="pt"))
-            examples.append((inputs, len(processor.tokenizer(target, add_special_tokens=False)["input_ids"])))
+            texts.append(prompt + target)
+            images.append(row["images"])
+            answer_lengths.append(len(processor.tokenizer(target, add_special_tokens=False)["input_ids"]))
+    side, processor.tokenizer.padding_side = processor.tokenizer.padding_side, "right"
+    inputs = dict(processor(text=texts, images=images, padding=True, return_tensors="pt"))
+    processor.tokenizer.padding_side = side  # the trainer is given the processor as it was
+    labels = torch.full_like(inputs["input_ids"], -100)
+    for i, (length, n) in enumerate(zip(inputs["attention_mask"].sum(1).tolist(), answer_lengths)):
+        labels[i, length - n : length] = inputs["input_ids"][i, length - n : length]
+    labels = labels[:, 1:]
     torch.manual_seed(0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model.train()
     for _ in range(steps):
         optimizer.zero_grad()
-        for inputs, n in examples:
-            logits = model(**inputs).logits[0, -n - 1 : -1]
-            (0.5 * F.cross_entropy(logits, inputs["input_ids"][0, -n:], reduction="sum") / len(examples)).backward()
+        logits = model(**inputs).logits[:, :-1]
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100, reduction="sum"
+        )
+        (0.5 * loss / len(texts)).backward()
         optimizer.step()
     return model.eval(), processor
 
