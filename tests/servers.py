@@ -8,6 +8,7 @@ under benchmarks/ import it in environments without pytest (the demo's, for benc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -355,9 +356,45 @@ class VLLMStudentServer(VLLMServer):
         )
 
 
+class LaunchedVLLMStudentServer(LaunchedVLLMServer):
+    """`VLLMStudentServer` as a user starts the student's rollout server on a CPU: ``recipes/launch/serve_student.sh
+    --cpu`` (dev mode and the reload extension are the script's own), a context of ``max_model_len`` tokens, the
+    engine bound to ``cpu_cores``. The model worker runs in a process of its own, as the script leaves it: the core
+    binding is the worker's (it logs ``core ids=[...]``), and test_student_server.py checks it. A test may kill it
+    (`kill`), as a crash."""
+
+    name = "serve_student.sh --cpu"
+    script = REPO_ROOT / "recipes" / "launch" / "serve_student.sh"
+
+    def __init__(self, model_dir: str | Path, port: int | None = None, log_dir: str | Path | None = None,
+                 max_model_len: int = 4096, cpu_cores: str | None = None):  # fmt: skip
+        super().__init__(model_dir, port, log_dir)
+        self.max_model_len, self.cpu_cores = max_model_len, cpu_cores
+
+    root_url = VLLMStudentServer.root_url
+
+    def command(self) -> list[str]:
+        command = super().command()
+        command[command.index("--max-model-len") + 1] = str(self.max_model_len)
+        if self.cpu_cores is not None:
+            extra = command.index("--")
+            command[extra:extra] = ["--cpu-cores", self.cpu_cores]
+        return command
+
+    def environment(self) -> dict[str, str]:
+        return {k: v for k, v in super().environment().items() if k not in VLLM_WORKER_IN_ENGINE}
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group (the script, its leader, has exited): a crash, not a shutdown."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+
 SERVERS = {
     "transformers": Server,
     "vllm": VLLMServer,
     "vllm-launched": LaunchedVLLMServer,
     "vllm-student": VLLMStudentServer,
+    "vllm-student-launched": LaunchedVLLMStudentServer,
 }

@@ -152,17 +152,6 @@ def test_a_failed_vllm_install_names_its_step_and_the_tests_skip_quoting_it(tmp_
     assert "make vllm-env" in vllm_unavailable(venv / "bin" / "python", tmp_path / "no.log")
 
 
-def _stop(pid: int) -> None:
-    """SIGTERM a server the scripts started, and wait up to 20 s for it to go."""
-    os.kill(pid, 15)
-    for _ in range(100):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        threading.Event().wait(0.2)
-
-
 @pytest.mark.integration
 def test_serve_teacher_cpu_mode_serves_chat_completions(vllm_teacher_server):
     """The session's vLLM teacher is the one ``serve_teacher.sh --cpu`` starts (servers.LaunchedVLLMServer: the
@@ -176,51 +165,9 @@ def test_serve_teacher_cpu_mode_serves_chat_completions(vllm_teacher_server):
         assert [len(r) for r in replies] == [3] and client.stats()["top_ups"] == 0
 
 
-@pytest.mark.integration
-def test_serve_student_cpu_mode_takes_the_trainers_weights(tiny_text_model_dir, tmp_path):
-    """The script's server is the one the trainer's shared-memory client needs: dev mode, the reload
-    extension; after a sync it scores with the trainer's weights (a changed model, tied head included)."""
-    import torch
-    from conftest import require_vllm
-    from servers import VLLM_PYTHON, free_port
-    from transformers import AutoModelForCausalLM
-
-    from zppo_trl.student_server import SharedMemoryVLLMClient
-
-    require_vllm()
-    port, log = free_port(), tmp_path / "student.log"
-    core = max(os.sched_getaffinity(0))  # the last core, as the demo gives its student server
-    started = _run(
-        LAUNCH / "serve_student.sh", "--cpu", "--model", tiny_text_model_dir, "--host", "127.0.0.1", "--port", port,
-        "--max-model-len", "2048", "--kv-cache-gib", "1", "--cpu-cores", str(core), "--timeout", "300", "--log", log,
-        "--",
-        "--enforce-eager", "--dtype", "float32",
-        env={"VLLM_PYTHON": str(VLLM_PYTHON), "HF_HUB_CACHE": str(tmp_path / "hf")}, timeout=360,
-    )  # fmt: skip
-    pid = int((tmp_path / "student.log.pid").read_text())
-    try:
-        assert started.returncode == 0, started.stdout + started.stderr + log.read_text()[-3000:]
-        assert f"core ids=[{core}]" in log.read_text()  # vLLM bound its engine where it was told
-        client = SharedMemoryVLLMClient(base_url=f"http://127.0.0.1:{port}", weight_dir=str(tmp_path))
-        client.init_communicator("cpu")
-        assert client.weight_dtype == torch.float32
-        model = AutoModelForCausalLM.from_pretrained(tiny_text_model_dir)
-        with torch.no_grad():  # a different policy, its tied embedding / LM head most of all
-            for param in model.parameters():
-                param.add_(torch.randn_like(param) * 0.1)
-        client.update_model_params(model)
-        client.reset_prefix_cache()
-        assert not list(tmp_path.glob("*.safetensors"))  # the weights file is gone once reloaded
-        sequence = list(range(5, 25))
-        server = client.get_sequence_logprobs([sequence], [4], top_logprobs=1)["actual_logprobs"][0]
-        with torch.no_grad():
-            logps = model(torch.tensor([sequence])).logits[0, 3:-1].log_softmax(-1)
-        trainer = logps.gather(1, torch.tensor(sequence[4:])[:, None])[:, 0]
-        torch.testing.assert_close(torch.tensor([lp[0] for lp in server]), trainer, atol=2e-3, rtol=0)
-        generated = client.generate([sequence[:4]], n=2, max_tokens=3, temperature=1.0)
-        assert len(generated["completion_ids"]) == 2 and all(1 <= len(ids) <= 3 for ids in generated["completion_ids"])
-    finally:
-        _stop(pid)
+# serve_student.sh --cpu starts the student server of test_student_server.py's TestOneStudentServer
+# (servers.LaunchedVLLMStudentServer), whose first test checks what the script's server must do for the trainer's
+# shared-memory client: one vLLM start for both.
 
 
 def test_train_sh_plans_servers_then_training():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import urllib.request
 
@@ -188,18 +189,21 @@ def _grpo_dagger(tmp_path, server, **overrides) -> ZPPOConfig:
 
 @pytest.fixture(scope="class")
 def student_server(boxed_text_student_dir, tmp_path_factory):
-    """The boxed student on a student vLLM server, for the tests of one class, in order (the last kills it): a
-    server start is half a minute of a core. Every trainer pushes its weights before its first generation, so each
-    test's run starts from its own. Its context, 2,048 tokens, is what serve_student.sh sizes for
-    ZPPOConfig.context_lengths().student at max_prompt_length 1,024 and max_completion_length 32 (1,769)."""
+    """The boxed student on the student vLLM server ``serve_student.sh --cpu`` starts (servers.
+    LaunchedVLLMStudentServer), its engine bound to the last core as the demo binds it, for the tests of one class,
+    in order (the last kills it): a server start is most of a minute of a core. Every trainer pushes its weights
+    before its first generation, so each test's run starts from its own. Its context, 2,048 tokens, is what the
+    script is given for ZPPOConfig.context_lengths().student at max_prompt_length 1,024 and max_completion_length
+    32 (1,769)."""
     from conftest import require_vllm
-    from servers import VLLMStudentServer
+    from servers import LaunchedVLLMStudentServer
 
     require_vllm()
     log_dir = tmp_path_factory.mktemp("student-server")
-    server = VLLMStudentServer(boxed_text_student_dir, log_dir=log_dir, max_model_len=2048).start()
+    core = str(max(os.sched_getaffinity(0)))
+    server = LaunchedVLLMStudentServer(boxed_text_student_dir, log_dir=log_dir, max_model_len=2048, cpu_cores=core)
     try:
-        yield server
+        yield server.start()
     finally:
         server.stop()
 
@@ -215,8 +219,34 @@ class KillServer(TrainerCallback):
 
 @pytest.mark.integration
 class TestOneStudentServer:
-    """Four runs on one student server (a class: one pytest-xdist worker runs them, in this order; the last
-    kills it)."""
+    """The script's student server, then four runs on it (a class: one pytest-xdist worker runs them, in this
+    order; the last kills it)."""
+
+    def test_serve_student_sh_started_it_for_the_trainers_client(self, student_server, boxed_text_student_dir,
+                                                                  tmp_path):  # fmt: skip
+        """The script's server is the one the trainer's shared-memory client needs: dev mode, the reload
+        extension, the engine bound where it was told; after a sync it scores with the trainer's weights (a changed
+        model, tied head included)."""
+        server = student_server
+        assert f"core ids=[{server.cpu_cores}]" in server.server_log_path.read_text()  # the worker's own binding
+        client = SharedMemoryVLLMClient(base_url=server.root_url, weight_dir=str(tmp_path))
+        client.init_communicator("cpu")
+        assert client.weight_dtype == torch.float32
+        model = AutoModelForCausalLM.from_pretrained(boxed_text_student_dir)
+        with torch.no_grad():  # a different policy, its tied embedding / LM head most of all
+            for param in model.parameters():
+                param.add_(torch.randn_like(param) * 0.1)
+        client.update_model_params(model)
+        client.reset_prefix_cache()
+        assert not list(tmp_path.glob("*.safetensors"))  # the weights file is gone once reloaded
+        sequence = list(range(5, 25))
+        served = client.get_sequence_logprobs([sequence], [4], top_logprobs=1)["actual_logprobs"][0]
+        with torch.no_grad():
+            logps = model(torch.tensor([sequence])).logits[0, 3:-1].log_softmax(-1)
+        trainer = logps.gather(1, torch.tensor(sequence[4:])[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor([lp[0] for lp in served]), trainer, atol=TOLERANCE, rtol=0)
+        generated = client.generate([sequence[:4]], n=2, max_tokens=3, temperature=1.0)
+        assert len(generated["completion_ids"]) == 2 and all(1 <= len(ids) <= 3 for ids in generated["completion_ids"])
 
     def test_zppo_rollouts_come_from_the_student_server_and_it_follows_every_update(
         self, student_server, boxed_text_student_dir, vllm_boxed_teacher_server, tmp_path
