@@ -53,6 +53,7 @@ def runs(
 
 @pytest.fixture(scope="class")
 def grpo_run(runs) -> list[dict]:
+    """The GRPO† run's two records (rank 0, rank 1)."""
     return runs["grpo"]
 
 
