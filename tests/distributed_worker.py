@@ -11,7 +11,8 @@ the processes run on CPU with the gloo backend. ``--cpu`` would start one proces
 ``RUNS.json`` is a list of runs, trained one after the other in the same two processes (a launch
 costs each rank ten seconds of a core in imports alone): ``{"name", "mode", "model_dir",
 "max_steps"}`` and, for the modes that ask a teacher, ``"teacher_url"``/``"teacher_model"``;
-``"distill_teacher"`` (on-distill: the teacher directory loaded for its logits); ``"student_url"``.
+``"distill_teacher"`` (on-distill: the teacher directory loaded for its logits); ``"student_url"`` with
+``"student_context"`` (that server's ``--max-model-len``).
 Mode ``grpo`` trains GRPO† (``augmentations=[]``) on synthetic questions with a deterministic
 pseudo-random reward; ``zppo`` trains with BCQ/NCQ against a teacher server on the boxed toy
 questions of :mod:`boxed_models`, graded by the real boxed reward; ``correction`` and
@@ -196,7 +197,7 @@ def _settings(run: dict, outdir: Path) -> tuple[dict, list[dict], object]:
     if run.get("student_url"):
         settings.update(
             use_vllm=True, vllm_mode="server", vllm_server_base_url=run["student_url"], vllm_server_timeout=60,
-            vllm_max_model_length=2048, max_prompt_length=1024,  # the test server's context
+            vllm_max_model_length=run["student_context"], max_prompt_length=1024,
         )  # fmt: skip
     return settings, rows, reward
 

@@ -396,5 +396,4 @@ SERVERS = {
     "vllm": VLLMServer,
     "vllm-launched": LaunchedVLLMServer,
     "vllm-student": VLLMStudentServer,
-    "vllm-student-launched": LaunchedVLLMStudentServer,
 }

@@ -39,14 +39,14 @@ def runs(
     On-Distill (2 each)."""
     teacher = dict(teacher_url=boxed_teacher_server.base_url, teacher_model=boxed_teacher_server.model)
     student = str(boxed_text_student_dir)
-    rows_of = dict(max_steps=2 * STEPS_PER_ROLLOUT, distill_teacher=str(boxed_text_teacher_dir), **teacher)
+    without_rl = dict(max_steps=2 * STEPS_PER_ROLLOUT, distill_teacher=str(boxed_text_teacher_dir), **teacher)
     return launch(
         tmp_path_factory.mktemp("distributed"),
         [
             dict(name="grpo", mode="grpo", model_dir=str(tiny_text_model_dir), max_steps=3 * STEPS_PER_ROLLOUT),
             dict(name="zppo", mode="zppo", model_dir=student, max_steps=3 * STEPS_PER_ROLLOUT, **teacher),
-            dict(name="correction", mode="correction", model_dir=student, **rows_of),
-            dict(name="on-distill", mode="on-distill", model_dir=student, **rows_of),
+            dict(name="correction", mode="correction", model_dir=student, **without_rl),
+            dict(name="on-distill", mode="on-distill", model_dir=student, **without_rl),
         ],
     )
 

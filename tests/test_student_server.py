@@ -319,7 +319,7 @@ class TestOneStudentServer:
         run = launch(tmp_path, [dict(
             name="zppo", mode="zppo", model_dir=str(boxed_text_student_dir), max_steps=3 * STEPS_PER_ROLLOUT,
             teacher_url=boxed_teacher_server.base_url, teacher_model=boxed_teacher_server.model,
-            student_url=student_server.root_url,
+            student_url=student_server.root_url, student_context=student_server.max_model_len,
         )])["zppo"]  # fmt: skip
         assert [r["student_client"] for r in run] == ["SharedMemoryVLLMClient", "NoneType"]
         check_zppo_run(run)
