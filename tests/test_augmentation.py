@@ -97,7 +97,7 @@ def test_the_registry_builds_each_kind_from_what_the_trainer_offers():
         built = make_augmentation([kind], **hooks)
         assert type(built) is cls and built.kinds == (kind,) and built.supervised
         assert built.summed_metrics == (f"{kind}_rejected",)
-    assert not zppo.supervised and make_augmentation(["correction"], **hooks).needs_teacher_rollouts is False
+    assert not zppo.supervised and not make_augmentation(["correction"], **hooks).needs.teacher_samples
     # only the augmentation knows the condition its checkpoint is evaluated under (the trainer records it)
     assert make_augmentation(["correction"], **hooks).evaluation_condition == CORRECT_TAG == "<correct>"
     others = [zppo, hint, prefix, make_augmentation(["reflection"], **hooks)]
@@ -298,7 +298,7 @@ def test_correction_sft_plans_every_pre_capped_hard_question_hardest_first_witho
     or ignored the cap.
     """
     correction = _supervised("correction")
-    assert correction.needs_teacher_rollouts is False
+    assert not correction.needs.teacher_samples and correction.needs.teacher_requests
     metrics: dict = {}
     planned = correction.plan(_selection_evidence(), 5, random.Random(0), metrics)
     assert [(i.kind, i.key) for i in planned] == [("correction", f"h{i}") for i in range(5)]
@@ -322,7 +322,7 @@ def test_error_reflection_sft_plans_the_hardest_pre_capped_questions_that_have_a
     ignored.
     """
     reflection = _supervised("reflection")
-    assert reflection.needs_teacher_rollouts is True  # the G_T drafts are sampled and graded in steps 2 and 4
+    assert reflection.needs.teacher_samples  # the G_T drafts are sampled and graded in steps 2 and 4
     metrics: dict = {}
     planned = reflection.plan(_selection_evidence(), 5, random.Random(0), metrics)
     assert [(i.kind, i.key) for i in planned] == [("reflection", key) for key in ("h1", "h2", "h4")]

@@ -62,14 +62,14 @@ def test_registry_names_and_selection():
     assert loss_for(SimpleNamespace(**{**vars(ARGS), "policy_objective": "dispo"})).name == "dispo"
     assert loss_for(ARGS, supervised=True).name == "sft"
     assert loss_for(SimpleNamespace(**{**vars(ARGS), "distillation": "on"})).name == "jsd"
-    assert LOSSES["jsd"].needs == "distributions" and LOSSES["dapo"].needs == "logps"
+    assert LOSSES["jsd"].computes == "distributions" and LOSSES["dapo"].computes == "logps"
 
 
 def test_registering_twice_or_with_an_unknown_need_is_refused():
     with pytest.raises(ValueError, match="already registered"):
         register_loss("dapo")(lambda inputs, args: None)
-    with pytest.raises(ValueError, match="needs"):
-        register_loss("new", needs="hidden_states")
+    with pytest.raises(ValueError, match="computes"):
+        register_loss("new", computes="hidden_states")
 
 
 def test_dapo_regimes_token_by_token():

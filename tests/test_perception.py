@@ -108,4 +108,4 @@ def test_the_rows_recipe_dry_runs_under_its_tables_name_and_says_who_judges():
         "  reward term: Perception-R1's perception reward (0.7 x the fraction of a question's visual_annotations "
         "stated), judged by Qwen/Qwen3.5-27B-FP8 at http://127.0.0.1:8000/v1"
     ) in lines
-    assert not any(line.startswith("  teacher:") for line in lines)  # no teacher rollouts: the judge alone
+    assert "  teacher: none" in lines  # no teacher takes part: the judge alone

@@ -50,7 +50,7 @@ def test_the_plan_is_the_papers_step_and_layout():
     lines = []
     print_plan(script, args, lines.append)
     assert lines[0] == "ZPPO dry run: GRPO\u2020" and "  judge: off (boxed grader only)" in lines
-    assert not any(line.startswith("  teacher:") for line in lines)
+    assert [line for line in lines if line.startswith("  teacher:")] == ["  teacher: none"]
 
 
 def test_generation_backend_names_where_rollouts_run():

@@ -148,7 +148,7 @@ def test_sdpo_is_a_registered_objective_named_as_the_papers_table():
     assert config.variant == "SDPO\u2020"
     loss = loss_for(config)
     assert loss.self_teacher and loss.trains_zero_advantage and not loss.needs_teacher_logps
-    assert not config.reads_teacher_logprobs  # no external teacher: the row needs no server
+    assert not config.row.uses_teacher  # no external teacher: the row needs no server
     assert not any(policy_objectives()[o].self_teacher for o in ("grpo", "kdrl", "rlad"))
     assert (config.self_distill_weight, config.sdpo_teacher_update_rate, config.sdpo_is_clip) == (1.0, 0.05, 2.0)
 

@@ -39,6 +39,7 @@ from .perception import PERCEPTION_REWARD_WEIGHT
 from .prompts import RL_CLOSER
 from .reformulate import KINDS, augment_limit
 from .replay import replay_count
+from .row import Row, resolve_row
 from .self_distillation import OPSD_BETA, OPSD_TOP_K, SDPO_IS_CLIP, SDPO_TEACHER_UPDATE_RATE, SELF_TEACHERS
 from .structure_reward import GSRM_MAX_TOKENS, RLKD_REWARD_WEIGHT
 from .zero_variance import ZERO_VARIANCE_SIGNALS
@@ -146,10 +147,11 @@ class StepComposition:
     rollouts: int  # G_S
     updates: int  # I
     new_prompts_per_update: float
-    teacher_rollouts: int  # G_T (0 without a teacher)
+    teacher_rollouts: int  # G_T (0 where step 2 samples no teacher rollouts)
     rows_per_micro_batch: int  # per rank, for the new prompts; replayed and reformulated groups add to it
     micro_batches_per_update: int
     rollout_steps: int | None  # from max_steps; None when training by epochs
+    uses_teacher: bool = False  # a teacher takes part (sampled, asked, or scoring), with or without rollouts
 
     @property
     def max_prompts(self) -> int:
@@ -157,7 +159,10 @@ class StepComposition:
 
     def __str__(self) -> str:
         per_update = f"{self.new_prompts_per_update:g}"
-        teacher = f"teacher G_T={self.teacher_rollouts}" if self.teacher_rollouts else "no teacher"
+        if self.teacher_rollouts:
+            teacher = f"teacher G_T={self.teacher_rollouts}"
+        else:
+            teacher = "teacher (no G_T rollouts)" if self.uses_teacher else "no teacher"
         return (
             f"per rollout step: {self.new_prompts} new + <={self.max_replayed} replayed + <={self.max_reformulated} "
             f"reformulated prompts x {self.rollouts} rollouts; {self.updates} optimizer updates of {per_update} new "
@@ -1143,20 +1148,10 @@ class ZPPOConfig(GRPOConfig):
         return f"{name} ({', '.join(qualifiers)})"
 
     @property
-    def reads_teacher_logprobs(self) -> bool:
-        """Whether the row reads the teacher's per-token log-probs (the distillation rows, RSTG, KDRL, RLAD): from
-        its server, or from ``distill_teacher`` loaded next to the student."""
-        return (
-            self.distillation is not None
-            or self.zero_variance_signal == "rstg"
-            or policy_objectives()[self.policy_objective].needs_teacher_logps
-        )
-
-    @property
-    def loads_teacher(self) -> bool:
-        """Whether the row loads the teacher next to the student (``distill_teacher``) rather than asking its
-        server for log-probs."""
-        return bool(self.distill_teacher) and self.reads_teacher_logprobs
+    def row(self) -> Row:
+        """This configuration's row: its parts and the union of their needs (:func:`zppo_trl.row.resolve_row`),
+        resolved from the current fields."""
+        return resolve_row(self)
 
     def _row_name(self) -> tuple[str, list[str]]:
         """The row's name from its augmentations, buffer, distillation, objective and zero-variance signal, and
@@ -1241,6 +1236,7 @@ class ZPPOConfig(GRPOConfig):
                 "whole groups"
             )
         new = rows // G
+        row = self.row
         return StepComposition(
             world_size=world_size,
             new_prompts=new,
@@ -1249,16 +1245,11 @@ class ZPPOConfig(GRPOConfig):
             rollouts=G,
             updates=self.num_partitions,
             new_prompts_per_update=new / self.num_partitions,
-            # Correction-SFT samples no teacher rollouts; Off-Distill, OPSD and RLKD sample them on every question
-            teacher_rollouts=self.teacher_num_generations
-            if (self.augmentations and self.augmentations != ["correction"])
-            or self.distillation == "off"
-            or self.policy_objective == "opsd"
-            or self.reward_term == "rlkd"
-            else 0,
+            teacher_rollouts=self.teacher_num_generations if row.needs.teacher_samples else 0,
             rows_per_micro_batch=self.per_device_train_batch_size,
             micro_batches_per_update=self.gradient_accumulation_steps,
             rollout_steps=self.max_steps // self.num_partitions if self.max_steps and self.max_steps > 0 else None,
+            uses_teacher=row.uses_teacher,
         )
 
     def context_lengths(self) -> ContextLengths:

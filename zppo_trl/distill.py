@@ -32,9 +32,12 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from .needs import SCORES_TOP_K, Needs
+
 __all__ = [
     "DISTILLATION_MODES",
     "DISTILLATION_NAMES",
+    "DISTILLATION_NEEDS",
     "DistillInputs",
     "TeacherTopK",
     "chosen_token_logps",
@@ -49,6 +52,12 @@ __all__ = [
 DISTILLATION_MODES = ("off", "on")
 # How the paper's tables print the rows (a dagger is added with the replay buffer).
 DISTILLATION_NAMES = {"off": "Off-Distill", "on": "On-Distill"}
+# What each mode asks of the run: the teacher's top-k on every trained sequence (from its server, or from
+# distill_teacher loaded next to the student), and for Off-Distill the teacher's G_T rollouts to imitate.
+DISTILLATION_NEEDS = {
+    "off": Needs(teacher_samples=True, teacher_scores=frozenset({SCORES_TOP_K})),
+    "on": Needs(teacher_scores=frozenset({SCORES_TOP_K})),
+}
 # The multimodal inputs a TRL batch may carry that a forward pass takes as they are.
 _FORWARD_FIELDS = (
     "pixel_values",

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from .losses import LossInputs, LossOutput, _clipped_surrogate, _epsilons, _old_logps, dapo_loss, register_loss
+from .needs import SCORES_TOKEN_LOGPS, Needs
 
 __all__ = ["kdrl_coefficient", "kdrl_k2", "kdrl_loss", "rlad_log_ratio", "rlad_loss"]
 
@@ -60,7 +61,11 @@ def _teacher_logps(inputs: LossInputs, name: str) -> torch.Tensor:
 
 # the reverse KL acts on every rollout, so a partition whose groups all have zero advantage still trains
 @register_loss(
-    "kdrl", objective="kdrl", printed="KDRL", dual_clip=True, teacher_logps=True, trains_zero_advantage=True
+    "kdrl",
+    objective="kdrl",
+    printed="KDRL",
+    dual_clip=True,
+    needs=Needs(teacher_scores=frozenset({SCORES_TOKEN_LOGPS}), trains_zero_advantage=True),
 )
 def kdrl_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """GRPO's objective plus ``beta_t`` times the k2 reverse-KL to the teacher, both a token mean over the update;
@@ -86,7 +91,13 @@ def rlad_log_ratio(
     return alpha * (logps - old_logps.detach()) + (1 - alpha) * teacher_part
 
 
-@register_loss("rlad", objective="rlad", printed="RLAD", dual_clip=True, teacher_logps=True)
+@register_loss(
+    "rlad",
+    objective="rlad",
+    printed="RLAD",
+    dual_clip=True,
+    needs=Needs(teacher_scores=frozenset({SCORES_TOKEN_LOGPS})),
+)
 def rlad_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """GRPO's clipped surrogate (clip-higher, dual clip) on RLAD's mixture ratio; logs the mean teacher log-ratio
     ``log pi - log pi_T`` (``rlad/teacher_log_ratio``) before its clamp."""

@@ -57,6 +57,7 @@ from typing import Any
 import torch
 
 from .distill import DistillInputs, chunked_jsd
+from .needs import SCORES_TOKEN_LOGPS, Needs
 
 __all__ = [
     "LOSSES",
@@ -213,17 +214,17 @@ class LossOutput:
 
 @dataclass(frozen=True)
 class Loss:
-    """A registered loss: ``fn(inputs, args)``, what it needs computed (``"logps"`` or ``"distributions"``) and,
-    for a policy objective, the ``policy_objective`` value that selects it and how the paper prints it."""
+    """A registered loss: ``fn(inputs, args)``, what the trainer computes for it (``"logps"`` or
+    ``"distributions"``), what it asks of the run (:class:`zppo_trl.needs.Needs`) and, for a policy objective, the
+    ``policy_objective`` value that selects it and how the paper prints it."""
 
     name: str
     fn: Callable[[LossInputs, Any], LossOutput]
-    needs: str = "logps"
+    computes: str = "logps"
     objective: str | None = None
     printed: str | None = None
     dual_clip: bool = False
-    needs_teacher_logps: bool = False
-    trains_zero_advantage: bool = False
+    needs: Needs = Needs()
     self_teacher: bool = False
 
     @property
@@ -231,34 +232,44 @@ class Loss:
         """A policy objective weighs each token by its ratio to the sampling policy (``LossInputs.old_logps``)."""
         return self.objective is not None
 
+    @property
+    def needs_teacher_logps(self) -> bool:
+        """Whether it reads the teacher's log-prob of every sampled token (``LossInputs.teacher_logps``)."""
+        return SCORES_TOKEN_LOGPS in self.needs.teacher_scores
+
+    @property
+    def trains_zero_advantage(self) -> bool:
+        return self.needs.trains_zero_advantage
+
 
 LOSSES: dict[str, Loss] = {}
+NO_NEEDS = Needs()  # a loss that asks nothing of the run beyond its log-probs or distributions
 
 
 def register_loss(
     name: str,
-    needs: str = "logps",
+    computes: str = "logps",
     objective: str | None = None,
     printed: str | None = None,
     dual_clip: bool = False,
-    teacher_logps: bool = False,
-    trains_zero_advantage: bool = False,
+    needs: Needs = NO_NEEDS,
     self_teacher: bool = False,
 ) -> Callable:
     """Register ``fn(inputs: LossInputs, args) -> LossOutput`` under ``name`` (``args`` is the ZPPOConfig).
 
-    With ``objective``, the loss is a policy objective: ``policy_objective: <objective>`` selects it, and
-    ``printed`` (default: ``objective`` upper-cased) names the row in the dry run, the model card and
-    the metrics, as the paper's tables do. ``dual_clip`` says the loss reads ``delta`` (the dual clip), so
-    the configuration checks it. ``teacher_logps`` says the loss reads the teacher's log-prob of every sampled
-    token (``LossInputs.teacher_logps``), which the trainer then asks the teacher for. ``trains_zero_advantage``
-    says the loss has a gradient on rollouts whose advantage is 0 (KDRL's reverse KL), so a partition without a
-    group of mixed rewards still trains rather than being skipped. ``self_teacher`` says the loss reads a
-    self-teacher's signal (SDPO, OPSD), which the trainer computes with a copy of the student
-    (:data:`zppo_trl.self_distillation.SELF_TEACHERS` says which).
+    ``computes`` says what the trainer computes for it: per-token log-probs (``"logps"``) or the student's and
+    teacher's distributions (``"distributions"``). With ``objective``, the loss is a policy objective:
+    ``policy_objective: <objective>`` selects it, and ``printed`` (default: ``objective`` upper-cased) names the row
+    in the dry run, the model card and the metrics, as the paper's tables do. ``dual_clip`` says the loss reads
+    ``delta`` (the dual clip), so the configuration checks it. ``needs`` declares what it asks of the run: the
+    teacher's log-prob of every sampled token (``teacher_scores={"token_logps"}``, ``LossInputs.teacher_logps``),
+    which the trainer then asks the teacher for; ``trains_zero_advantage`` when the loss has a gradient on rollouts
+    whose advantage is 0 (KDRL's reverse KL), so a partition without a group of mixed rewards still trains rather
+    than being skipped. ``self_teacher`` says the loss reads a self-teacher's signal (SDPO, OPSD), which the
+    trainer computes with a copy of the student (:data:`zppo_trl.self_distillation.SELF_TEACHERS` says which).
     """
-    if needs not in ("logps", "distributions"):
-        raise ValueError(f"needs must be 'logps' or 'distributions', got {needs!r}")
+    if computes not in ("logps", "distributions"):
+        raise ValueError(f"computes must be 'logps' or 'distributions', got {computes!r}")
 
     def register(fn: Callable) -> Callable:
         if name in LOSSES:
@@ -270,12 +281,11 @@ def register_loss(
         LOSSES[name] = Loss(
             name,
             fn,
-            needs,
+            computes,
             objective,
             printed or (objective.upper() if objective else None),
             dual_clip,
-            teacher_logps,
-            trains_zero_advantage,
+            needs,
             self_teacher,
         )
         return fn
@@ -442,7 +452,7 @@ def sft_loss(inputs: LossInputs, args: Any) -> LossOutput:
     return LossOutput(nll / inputs.normalizer, means={"sft/nll": (nll.detach(), inputs.mask.sum().to(nll.dtype))})
 
 
-@register_loss("jsd", needs="distributions")
+@register_loss("jsd", computes="distributions")
 def jsd_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """GKD's generalized JSD to the teacher at every completion token, a chunk of tokens at a time
     (:func:`zppo_trl.distill.chunked_jsd`), over ``normalizer``."""

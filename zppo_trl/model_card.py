@@ -16,6 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from .data import is_hub_id
 from .evaluation.condition import CONDITION_KEY
+from .needs import SCORES_TOKEN_LOGPS, SCORES_TOP_K
 
 __all__ = [
     "PAPER_CITATION",
@@ -251,6 +252,8 @@ def _approach(args) -> str:
     replay = (
         " A prompt replay buffer brings hard questions back until they graduate." if args.replay_fraction > 0 else ""
     )
+    row = args.row
+    terms = "".join(f" {description.card}" for description in row.describe(args))
     if args.distillation:
         on = "graded-correct teacher rollouts" if args.distillation == "off" else "its own rollouts"
         return (
@@ -267,36 +270,68 @@ def _approach(args) -> str:
         return f"The student is fine-tuned with cross-entropy on {target}, each graded correct before use.{replay}"
     kinds = " and ".join(k.upper() if len(k) == 3 else k.capitalize() for k in args.augmentations)
     where = "open the student's *response* as a prefix it continues" if kind == "prefix" else "enter the *prompt*"
-    teacher = (
-        f"On questions the student mostly fails, the teacher's answers {where} ({kinds}), never the gradient."
-        if kinds
-        else "No teacher takes part."
-    )
+    if kinds:
+        teacher = (
+            f"On questions the student mostly fails, the teacher's answers {where} ({kinds}), never the gradient."
+        )
+    elif row.uses_teacher:
+        teacher = "The teacher never enters the student's prompt; what it does is on the Teacher line below."
+    else:
+        teacher = "No teacher takes part."
     objective = {"grpo": "GRPO with DAPO's clip-higher, token-level loss and no KL, a dual clip,"}.get(
         args.policy_objective,
-        f"{args.policy_objective.upper()} (in place of GRPO's clipped surrogate), "
+        f"{row.objective.printed or args.policy_objective.upper()} (in place of GRPO's clipped surrogate), "
         "with DAPO's token-level loss and no KL,",
     )
     return (
         f"{teacher}{replay} The objective is {objective} and two-step advantages normalised per optimizer mini-batch "
-        "without zero-variance groups."
+        f"without zero-variance groups.{terms}"
     )
 
 
+def _teacher_uses(args) -> list[str]:
+    """What the row has the teacher do, from its needs (:attr:`zppo_trl.ZPPOConfig.row`)."""
+    row = args.row
+    uses = []
+    if row.needs.teacher_samples and not args.augmentations:
+        uses.append(f"it samples G_T = {args.teacher_num_generations} answers per question")
+    uses += [use for description in row.describe(args) for use in description.teacher_use]
+    return uses
+
+
 def _teacher_line(args) -> str:
+    row = args.row
+    if not row.uses_teacher:
+        return "none."
+    scores = {SCORES_TOP_K: "its top-k per-token log-probs", SCORES_TOKEN_LOGPS: "its log-prob of each sampled token"}
     if args.distillation:
+        targets = "its per-token distributions are the targets"
+        if row.loads_teacher:
+            where = f"`{args.distill_teacher}`, frozen, loaded next to the student: {targets}"
+        else:
+            where = (
+                f"`{args.teacher_model}`, a frozen teacher served behind an OpenAI-compatible endpoint: {targets} "
+                "(its top-k log-probs)"
+            )
         sampled = (
             f"; rollouts sampled from `{args.teacher_model}` behind an OpenAI-compatible endpoint "
             f"(G_T = {args.teacher_num_generations})"
             if args.distillation == "off"
             else ""
         )
-        return (
-            f"`{args.distill_teacher}`, frozen, loaded next to the student: "
-            f"its per-token distributions are the targets{sampled}."
-        )
+        return f"{where}{sampled}."
     if not args.augmentations:
-        return "none."
+        uses = _teacher_uses(args)
+        if row.loads_teacher:
+            scored = " and ".join(scores[s] for s in sorted(row.needs.teacher_scores))
+            loaded = f"`{args.distill_teacher}`, frozen, loaded next to the student: {scored}"
+            if not row.uses_teacher_server:
+                return f"{loaded}."
+            return f"{loaded}; `{args.teacher_model}` behind an OpenAI-compatible endpoint: {'; '.join(uses)}."
+        uses += [scores[s] for s in sorted(row.teacher_scores_from_server)]
+        return (
+            f"`{args.teacher_model}`, a frozen teacher served behind an OpenAI-compatible endpoint: {'; '.join(uses)}."
+        )
     kind = args.augmentations[0]
     samples = (
         "" if kind == "correction" else f"it samples G_T = {args.teacher_num_generations} answers per question and "

@@ -17,7 +17,9 @@ configs are read from the local cache only, with one line saying so, instead of 
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,8 +33,18 @@ from .augmentations import candidate_content
 from .backbones import known_model_type, unsupported_reason
 from .config import ZPPOConfig
 from .data import is_hub_id, load_questions
-from .losses import policy_objectives
-from .memory_plan import architecture, format_plan, known_student_config, optimizer_state, plan_memory, update_shape
+from .memory_plan import (
+    GPU_BYTES,
+    GPU_RESERVED,
+    GiB,
+    architecture,
+    format_plan,
+    known_student_config,
+    optimizer_state,
+    plan_memory,
+    update_shape,
+)
+from .needs import COPY_EMA, SCORES_TOKEN_LOGPS, SCORES_TOP_K
 from .recipe import ScriptArguments, endpoints, is_vision_language, student_config
 from .teacher import TeacherClient
 
@@ -96,6 +108,49 @@ def probe_hub(timeout: float = 3.0) -> HubStatus:
 # ---------------------------------------------------------------------- the plan and the checks
 
 
+def _augmentation_use(args: ZPPOConfig) -> str:
+    """What the teacher does for the row's augmentation, in words."""
+    cap = args.compression_max_tokens
+    if args.compress_candidates:
+        candidates = f"compression <= {cap} tokens"
+    else:
+        candidates = "candidates uncompressed (compress_candidates: false)"
+    printed = candidate_content(args.bcq_candidate_content).printed
+    if printed and "bcq" in args.augmentations:
+        candidates += f"; BCQ candidates {printed}"
+    return {
+        "hint": f"hints <= {cap} tokens",
+        "prefix": f"response prefix alpha={args.prefix_fraction:g}",
+        "correction": "corrects one wrong rollout per hard question; graded SFT targets",
+        "reflection": "revises a correct draft with the wrong rollouts; graded SFT targets",
+    }.get(args.augmentations[0], candidates)
+
+
+def teacher_lines(args: ZPPOConfig) -> list[str]:
+    """The dry run's teacher lines, from the row's needs (:attr:`ZPPOConfig.row`): the server and what the row asks
+    of it, the teacher loaded next to the student and what it scores, or none."""
+    row = args.row
+    needs = row.needs
+    scores = {
+        SCORES_TOP_K: f"its top-{args.distill_top_k} log-probs at each completion token",
+        SCORES_TOKEN_LOGPS: "its log-prob of each sampled token",
+    }
+    uses = []
+    if needs.teacher_samples:
+        uses.append(f"G_T={args.teacher_num_generations}")
+    if args.augmentations:
+        uses.append(_augmentation_use(args))
+    uses += [use for description in row.describe(args) for use in description.teacher_use]
+    lines = []
+    if row.uses_teacher_server:
+        uses += [f"{scores[s]} (prompt_logprobs)" for s in sorted(row.teacher_scores_from_server)]
+        lines.append(f"  teacher: {args.teacher_model} at {args.teacher_base_url} ({', '.join(uses)})")
+    if row.loads_teacher:
+        scored = "; ".join(scores[s] for s in sorted(needs.teacher_scores))
+        lines.append(f"  teacher: {args.distill_teacher}, loaded next to the student on every rank ({scored})")
+    return lines or ["  teacher: none"]
+
+
 def print_plan(script_args: ScriptArguments, args: ZPPOConfig, out: Callable[[str], object] = print) -> None:
     """The headline, the step composition and the process layout; reads no file and asks no server."""
     launched = args.world_size
@@ -115,70 +170,16 @@ def print_plan(script_args: ScriptArguments, args: ZPPOConfig, out: Callable[[st
     )
     out(f"  per-step cap: <= {composition.max_prompts} prompt groups (new + replayed + reformulated)")
     out(f"  student rollouts: {generation_backend(args)}")
-    if args.augmentations:
-        cap = args.compression_max_tokens
-        if args.compress_candidates:
-            candidates = f"compression <= {cap} tokens"
-        else:
-            candidates = "candidates uncompressed (compress_candidates: false)"
-        printed = candidate_content(args.bcq_candidate_content).printed
-        if printed and "bcq" in args.augmentations:
-            candidates += f"; BCQ candidates {printed}"
-        use = {
-            "hint": f"hints <= {cap} tokens",
-            "prefix": f"response prefix alpha={args.prefix_fraction:g}",
-            "correction": "corrects one wrong rollout per hard question; graded SFT targets",
-            "reflection": "revises a correct draft with the wrong rollouts; graded SFT targets",
-        }.get(args.augmentations[0], candidates)
-        out(f"  teacher: {args.teacher_model} at {args.teacher_base_url} (G_T={args.teacher_num_generations}, {use})")
+    row = args.row
+    for line in teacher_lines(args):
+        out(line)
     if args.distillation:
-        out(
-            f"  distillation: {args.variant} against {args.distill_teacher}, loaded next to the student on every "
-            f"rank (GKD JSD, beta={args.distill_beta:g})"
-        )
-    elif policy_objectives()[args.policy_objective].needs_teacher_logps:  # KDRL, RLAD
-        source = (
-            f"{args.distill_teacher}, loaded next to the student on every rank"
-            if args.loads_teacher
-            else f"{args.teacher_model} at {args.teacher_base_url} (prompt_logprobs)"
-        )
-        out(f"  teacher log-probs of every sampled token ({args.variant}): {source}")
-    if args.policy_objective == "sdpo":
-        out(
-            f"  self-teacher ({args.variant}): an EMA copy of the student on every rank, shown a correct sibling "
-            f"rollout (rate {args.sdpo_teacher_update_rate:g} per update; term weight {args.self_distill_weight:g}; "
-            "a second set of weights: ZeRO-2 or DDP, not FSDP/ZeRO-3)"
-        )
-    if args.policy_objective == "opsd":
-        out(
-            f"  self-teacher ({args.variant}): the initial student, frozen, on every rank, shown the teacher's "
-            f"graded-correct reply (JSD beta={args.opsd_beta:g} over its top {args.opsd_top_k}; term weight "
-            f"{args.self_distill_weight:g}; a second set of weights: ZeRO-2 or DDP, not FSDP/ZeRO-3)"
-        )
-        out(
-            f"  teacher: {args.teacher_model} at {args.teacher_base_url} (G_T={args.teacher_num_generations} on "
-            "every question, for the self-teacher's reference)"
-        )
-    if args.reward_term == "grpo_care":
-        out(
-            f"  reward term: GRPO-CARE's consistency bonus ({args.care_bonus_coefficient:g} x reward), from an EMA "
-            f"copy of the student on every rank (decay {args.care_ema_decay:g} every {args.care_ema_every} updates; "
-            "a second set of weights: ZeRO-2 or DDP, not FSDP/ZeRO-3)"
-        )
-    if args.reward_term == "rlkd":
-        out(
-            f"  reward term: RLKD's structure reward ({args.rlkd_reward_weight:g} x the teacher's reasoning steps the "
-            f"rollout follows), the teacher sampling every question (G_T={args.teacher_num_generations}; a question "
-            f"keeps its first reply graded correct); {args.judge_model} at {args.judge_base_url} decomposes "
-            f"(replies <= {args.rlkd_gsrm_max_tokens:,} tokens: its --max-model-len must hold a reply plus that) and "
-            "judges"
-        )
-    if args.reward_term == "perception_r1":
-        out(
-            f"  reward term: Perception-R1's perception reward ({args.perception_reward_weight:g} x the fraction of a "
-            f"question's visual_annotations stated), judged by {args.judge_model} at {args.judge_base_url}"
-        )
-    judging = script_args.use_judge and args.judge_base_url and args.judge_model
+        on = "graded-correct teacher rollouts" if args.distillation == "off" else "the student's rollouts"
+        out(f"  distillation: on {on} (GKD JSD, beta={args.distill_beta:g})")
+    for description in row.describe(args):
+        for line in description.plan:
+            out(line)
+    judging = (script_args.use_judge or row.needs.judge) and args.judge_base_url and args.judge_model
     out(f"  judge: {f'{args.judge_model} at {args.judge_base_url}' if judging else 'off (boxed grader only)'}")
     if composition.rollout_steps is not None:
         draws = composition.rollout_steps * composition.new_prompts
@@ -234,7 +235,7 @@ def print_checks(
     if unsupported_reason(model_type) is not None:  # a family this project cannot train (zppo_trl.backbones)
         problems.append(f"student {model_args.model_name_or_path}: {unsupported_reason(model_type)}")
         out(f"  FAIL  student {model_args.model_name_or_path} ({model_type}): {unsupported_reason(model_type)}")
-    if args.loads_teacher:  # the teacher loaded next to the student: its config only
+    if args.row.loads_teacher:  # the teacher loaded next to the student: its config only
         try:
             offline = {"local_files_only": True} if local_only else {}
             transformers.AutoConfig.from_pretrained(args.distill_teacher, **offline)
@@ -291,7 +292,7 @@ def print_checks(
 
 def _hub_status(args: ZPPOConfig, model_args: ModelConfig, hub: HubStatus | None) -> HubStatus | None:
     """``hub``, or the Hub probed once when a model to be checked is a Hub id (None: nothing to ask it)."""
-    hub_ids = [model_args.model_name_or_path] + ([args.distill_teacher] if args.loads_teacher else [])
+    hub_ids = [model_args.model_name_or_path] + ([args.distill_teacher] if args.row.loads_teacher else [])
     if hub is None and any(is_hub_id(name) for name in hub_ids):
         hub = probe_hub()
     return hub
@@ -328,8 +329,58 @@ def print_memory_plan(
         gradient_checkpointing=args.gradient_checkpointing,
         fused_head=args.fused_lm_head,
     )
+    beside, whole = _beside_student(args, architecture(config).parameters, ranks, hub)
+    plan = dataclasses.replace(plan, lines=plan.lines + tuple(beside))
     format_plan(plan, shape, ranks, out)
     out(f"  (the student {name}: {architecture(config).parameters / 1e9:.2f}B parameters, from {source})")
+    if whole:  # what ZeRO-2 or DDP (the launch scripts' default) holds whole on every rank instead of sharded
+        total = plan.total() + whole
+        verdict = "fits" if total <= GPU_BYTES - GPU_RESERVED else "would not fit"
+        out(
+            f"  under ZeRO-2 or DDP (the launch scripts' default) distill_teacher is whole on every rank: "
+            f"+{whole / GiB:.1f} GiB, {total / GiB:.1f} GiB in all: {verdict} an 80 GB H100"
+        )
+
+
+def _parameters_of(name: str, hub: HubStatus | None) -> tuple[int | None, str]:
+    """A model's parameter count and where it came from: its config, or its name ("...-27B"); None if neither."""
+    try:
+        offline = {"local_files_only": True} if hub is not None and hub.offline else {}
+        return architecture(transformers.AutoConfig.from_pretrained(name, **offline)).parameters, "its config"
+    except Exception:  # noqa: BLE001 - unreadable here: read the size from the name
+        found = re.search(r"(\d+(?:\.\d+)?)B(?![a-z])", name.rsplit("/", 1)[-1])
+        if found is None:
+            return None, "unknown"
+        return int(float(found.group(1)) * 1e9), "its name"
+
+
+def _beside_student(
+    args: ZPPOConfig, student_parameters: int, ranks: int, hub: HubStatus | None
+) -> tuple[list[tuple[str, int]], int]:
+    """The memory-plan lines of every model the row keeps next to the student on each rank (from the row's needs:
+    ``distill_teacher``, the copies of the student), in the plan's FSDP layout; and the bytes a layout that does not
+    shard them (ZeRO-2, DDP) adds on top."""
+    row, lines, whole = args.row, [], 0
+    if row.loads_teacher:
+        parameters, source = _parameters_of(args.distill_teacher, hub)
+        if parameters is None:
+            lines.append((f"distill_teacher {args.distill_teacher}: size unknown here, not counted", 0))
+        else:
+            size = 2 * parameters  # loaded in the student's dtype: bf16
+            lines.append(
+                (
+                    f"distill_teacher {args.distill_teacher} (bf16, {parameters / 1e9:.1f}B parameters from {source}; "
+                    f"FSDP shard of {ranks})",
+                    size // ranks,
+                )
+            )
+            whole += size - size // ranks
+    for kind in row.needs.student_copy_kinds:  # FSDP and ZeRO-3 refuse these rows: never sharded
+        what = "an EMA copy" if kind == COPY_EMA else "a frozen copy"
+        lines.append(
+            (f"{what} of the student (float32, whole on every rank: ZeRO-2 or DDP only)", 4 * student_parameters)
+        )
+    return lines, whole
 
 
 def dry_run(

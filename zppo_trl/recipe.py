@@ -306,11 +306,15 @@ def reward_functions(script_args: ScriptArguments, args: ZPPOConfig) -> list:
 
 
 def endpoints(script_args: ScriptArguments, args: ZPPOConfig) -> list[tuple[str, str, str]]:
-    """(role, base_url, model) of every server the run talks to besides the student's vLLM."""
+    """(role, base_url, model) of every server the run talks to besides the student's vLLM: the teacher's where the
+    row uses it (:attr:`zppo_trl.row.Row.uses_teacher_server`), the judge's where a part of the row judges
+    (``Needs.judge``) or the reward does (``use_judge``); a judge on the teacher's server is listed once."""
+    row = args.row
     out = []
-    if args.augmentations or args.distillation == "off":
+    if row.uses_teacher_server:
         out.append(("teacher", args.teacher_base_url, args.teacher_model))
-    if script_args.use_judge and args.judge_base_url and args.judge_model:
+    judging = row.needs.judge or script_args.use_judge
+    if judging and args.judge_base_url and args.judge_model:
         if not out or (args.judge_base_url, args.judge_model) != (out[0][1], out[0][2]):
             out.append(("judge", args.judge_base_url, args.judge_model))
     return out

@@ -59,6 +59,7 @@ import torch
 
 from .distill import chunked_jsd
 from .losses import LossInputs, LossOutput, _old_logps, dapo_loss, register_loss
+from .needs import Needs
 from .prompts import compose_prompt
 from .teacher import strip_thinking
 
@@ -190,14 +191,28 @@ def _self_distillation_term(inputs: LossInputs, args: Any, is_clip: float | None
 
 # the term acts on rollouts of groups without a mixed reward too (an all-correct group's rollouts have siblings to
 # learn from), so a partition with no advantage still trains
-@register_loss("sdpo", objective="sdpo", printed="SDPO", dual_clip=True, self_teacher=True, trains_zero_advantage=True)
+@register_loss(
+    "sdpo",
+    objective="sdpo",
+    printed="SDPO",
+    dual_clip=True,
+    self_teacher=True,
+    needs=Needs(trains_zero_advantage=True),
+)
 def sdpo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """GRPO's objective plus SDPO's sampled-token self-distillation to the EMA self-teacher, its importance ratio
     capped at ``sdpo_is_clip``."""
     return _self_distillation_term(inputs, args, args.sdpo_is_clip, dapo_loss(inputs, args))
 
 
-@register_loss("opsd", objective="opsd", printed="OPSD", dual_clip=True, self_teacher=True, trains_zero_advantage=True)
+@register_loss(
+    "opsd",
+    objective="opsd",
+    printed="OPSD",
+    dual_clip=True,
+    self_teacher=True,
+    needs=Needs(trains_zero_advantage=True),
+)
 def opsd_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """GRPO's objective plus OPSD's generalized JSD (``opsd_beta``) between the frozen self-teacher's top-k (plus a
     tail bucket) and the student's distribution at every position of the rollouts with a self-teacher, weight

@@ -22,6 +22,7 @@ __all__ = [
     "bin_label",
     "kind_metrics",
     "memory_metrics",
+    "service_metrics",
     "timing_metrics",
 ]
 
@@ -93,9 +94,18 @@ def timing_metrics(per_rank: torch.Tensor, uses_teacher: bool) -> dict[str, floa
         "teacher_wait_fraction": teacher_wait / step_time if step_time else 0.0,
     }
     if uses_teacher:
-        out["teacher/requests"], out["teacher/failures"] = int(per_rank[:, 2].sum()), int(per_rank[:, 3].sum())
-        out["teacher/latency_s"] = float(per_rank[:, 4].max())
+        out.update(service_metrics("teacher", per_rank[:, 2:5]))
     return out
+
+
+def service_metrics(role: str, per_rank: torch.Tensor) -> dict[str, float]:
+    """A server client's step counters from every rank's ``[requests, failures, latency_mean_s]`` row, under
+    ``<role>/``: summed requests and failures, the slowest rank's mean latency."""
+    return {
+        f"{role}/requests": int(per_rank[:, 0].sum()),
+        f"{role}/failures": int(per_rank[:, 1].sum()),
+        f"{role}/latency_s": float(per_rank[:, 2].max()),
+    }
 
 
 def memory_metrics(per_rank: torch.Tensor) -> dict[str, float]:

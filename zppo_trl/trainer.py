@@ -107,6 +107,7 @@ from .step_metrics import (
     bin_label,
     kind_metrics,
     memory_metrics,
+    service_metrics,
     timing_metrics,
 )
 from .structure_reward import decompose, judge_replies, reasoning_of, structure_rewards
@@ -237,26 +238,18 @@ class ZPPOTrainer(GRPOTrainer):
         self.dataset_name = dataset_name
         self.model_license = model_license
         self.teacher = teacher
-        # The distillation rows' teacher: its server's top-k log-probs by default; loaded next to the student
-        # (for its full distributions) only when one is given.
-        # The zero-variance rows' named term (zppo_trl.zero_variance), None for every other row. ReLIFT and RSTG
-        # ask the teacher server too; RSTG distils as On-Distill.
-        self.zero_variance = zero_variance = signal_for(args)
-        # The hybrid RL rows (KDRL, RLAD) read the teacher's log-prob of every sampled token: from its server, or
-        # from the teacher loaded next to the student when one is given.
-        scores_tokens = loss_for(args).needs_teacher_logps
+        # The row's parts and the union of what they ask of the run (zppo_trl.row): read here, never re-derived.
+        self.row = row = args.row
+        # The zero-variance rows' named term (zppo_trl.zero_variance), None for every other row.
+        self.zero_variance = signal_for(args)
         # The self-teacher rows (SDPO, OPSD; zppo_trl.self_distillation): a copy of the student under a privileged
-        # prompt; OPSD's prompt carries the teacher's graded-correct reply, so that row samples the teacher.
+        # prompt.
         self.self_teacher_spec = self_teacher = SELF_TEACHERS.get(args.policy_objective)
-        local = args.reads_teacher_logprobs and (distill_teacher_model is not None or bool(args.distill_teacher))
-        server_distill = args.distillation == "off" or (args.distillation == "on" and not local)
+        # The teacher's scores of the trained rows come from its server, or from the teacher loaded next to the
+        # student (its full distributions) when one is given.
+        local = bool(row.needs.teacher_scores) and (distill_teacher_model is not None or row.loads_teacher)
         if self.teacher is None and (
-            args.augmentations
-            or server_distill
-            or (zero_variance and zero_variance.needs_teacher)
-            or (scores_tokens and not local)
-            or (self_teacher is not None and self_teacher.samples_teacher)
-            or args.reward_term == "rlkd"
+            row.needs.teacher_samples or row.needs.teacher_requests or (row.needs.teacher_scores and not local)
         ):
             self.teacher = TeacherClient.from_config(args)
         self.distill_teacher = self._prepare_distill_teacher(distill_teacher_model) if local else None
@@ -727,7 +720,7 @@ class ZPPOTrainer(GRPOTrainer):
             else (mask.sum(-1) > 0).sum().clamp(min=1),
         )
         aux_loss = None
-        if self.objective_loss.needs == "distributions":
+        if self.objective_loss.computes == "distributions":
             loss_inputs.distill = self._distill_inputs(model, inputs)
         else:
             loss_inputs.logps, loss_inputs.entropies, aux_loss = self._completion_logps(model, inputs)
@@ -918,13 +911,7 @@ class ZPPOTrainer(GRPOTrainer):
         # 1. X_new from the dataloader (each row repeated G times), X_replay from the buffer.
         draw = self._draw_questions(inputs)
         # 2. Teacher sampling for every question of X starts now, overlapping the student's rollouts.
-        sampling = (
-            (self._augmenting and self.augmentation.needs_teacher_rollouts)
-            or args.distillation == "off"
-            or (self.zero_variance is not None and self.zero_variance.teacher_targets)
-            or (self.self_teacher_spec is not None and self.self_teacher_spec.samples_teacher)
-            or args.reward_term == "rlkd"
-        )
+        sampling = self.row.needs.teacher_samples
         teacher_future = self._start_teacher_sampling(draw.plain, metrics) if sampling else None
         # 3. Plain rollouts, scored; plain accuracy r_x per question over all ranks. TRL sends the student's
         # server the weights as the round starts (timed where the shared-memory client sends them).
@@ -1048,10 +1035,11 @@ class ZPPOTrainer(GRPOTrainer):
                 positions.append(i)
         scores = judge_perception(self.perception_judge, items)
         judged = [score for score in scores if score is not None]
-        metrics["perception_judged"] = len(judged)
-        metrics["perception_judge_failed"] = len(scores) - len(judged)
-        metrics["perception_unannotated"] = unannotated
-        metrics["perception_reward_mean"] = sum(judged) / max(len(judged), 1)
+        count, total = self.ranks.total(len(judged)), self.ranks.total(sum(judged))  # over every rank, as RLKD's
+        metrics["perception_judged"] = count
+        metrics["perception_judge_failed"] = self.ranks.total(len(scores) - len(judged))
+        metrics["perception_unannotated"] = self.ranks.total(unannotated)
+        metrics["perception_reward_mean"] = total / max(count, 1)
         return self._with_added_rewards(plain_round, positions, scores, self.args.perception_reward_weight)
 
     def _with_added_rewards(
@@ -1774,26 +1762,31 @@ class ZPPOTrainer(GRPOTrainer):
         """Times and teacher counters over all ranks, the running totals, and every metric into TRL's log."""
         teacher_wait = metrics.get("time/teacher_sample_wait_s", 0.0) + metrics.get("time/compression_s", 0.0)
         step_time = time.perf_counter() - start
-        uses_teacher = self.teacher is not None
-        stats = self.teacher.stats(reset=True) if uses_teacher else {"requests": 0, "failed": 0, "latency_mean_s": 0.0}
+        clients = {"teacher": self.teacher, "judge": self.perception_judge or self.structure_judge}
+        services = []
+        for client in clients.values():
+            stats = client.stats(reset=True) if client is not None else {"requests": 0, "failed": 0}
+            services += [stats["requests"], stats["failed"], stats.get("latency_mean_s", 0.0)]
         local = torch.tensor(
-            [step_time, teacher_wait, stats["requests"], stats["failed"], stats["latency_mean_s"]]
-            + list(host_memory.process_memory_gb()),
-            dtype=torch.float64,
+            [step_time, teacher_wait, *services] + list(host_memory.process_memory_gb()), dtype=torch.float64
         )
         per_rank = (
             torch.stack([torch.as_tensor(x) for x in self.ranks.gather(local)])
             if self.ranks.world > 1
             else local[None]
         )
-        metrics.update(timing_metrics(per_rank[:, :5], uses_teacher))
-        metrics.update(memory_metrics(per_rank[:, 5:]))
-        if uses_teacher and metrics["teacher/failures"]:
-            logger.warning(
-                "teacher: %d of %d requests failed this step; the step continues with what came back",
-                metrics["teacher/failures"],
-                metrics["teacher/requests"],
-            )
+        metrics.update(timing_metrics(per_rank[:, :5], clients["teacher"] is not None))
+        if clients["judge"] is not None:  # a row's own judge (Perception-R1, RLKD), counted like the teacher
+            metrics.update(service_metrics("judge", per_rank[:, 5:8]))
+        metrics.update(memory_metrics(per_rank[:, 8:]))
+        for role, client in clients.items():
+            if client is not None and metrics[f"{role}/failures"]:
+                logger.warning(
+                    "%s: %d of %d requests failed this step; the step continues with what came back",
+                    role,
+                    metrics[f"{role}/failures"],
+                    metrics[f"{role}/requests"],
+                )
         self.counters["rollout_steps"] += 1
         accumulate_totals(self.counters, metrics, self.augmentation.kinds if self.augmentation is not None else ())
         metrics.update(self.counters)

@@ -21,6 +21,8 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ..needs import Needs
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["Augmentation", "AugmentationInputs", "BuiltGroup", "BuiltGroups", "Evidence", "teacher_results"]
@@ -98,8 +100,9 @@ class Augmentation(ABC):
     """
 
     kinds: tuple[str, ...] = ()
-    # whether step 2 samples G_T teacher rollouts per question for this augmentation's evidence
-    needs_teacher_rollouts = True
+    # what it asks of the run: by default step 2's G_T teacher rollouts per question (its evidence) and teacher
+    # requests of its own while building (compression, hints)
+    needs: Needs = Needs(teacher_samples=True, teacher_requests=True)
     # whether its instances are supervised targets (BuiltGroup.target) rather than groups to sample
     supervised = False
     # metrics its build sets per rank that the trainer sums over ranks

@@ -29,6 +29,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..needs import Needs
 from ..prompts import CORRECT_TAG, INCORRECT_TAG, render_correction, render_reflection
 from .base import Augmentation, AugmentationInputs, BuiltGroup, BuiltGroups, Evidence, teacher_results
 
@@ -121,7 +122,7 @@ class CorrectionTargets(_SupervisedTargets):
     """
 
     kind = "correction"
-    needs_teacher_rollouts = False
+    needs = Needs(teacher_requests=True)  # one corrector call per question, no G_T rollouts
     evaluation_condition = CORRECT_TAG
 
     def plan(self, evidence: Evidence, limit: int, rng: random.Random, metrics: dict) -> list[SupervisedInstance]:
