@@ -984,7 +984,7 @@ def test_relift_trains_one_graded_correct_teacher_solution_per_all_wrong_questio
     """ReLIFT† (zero_variance_signal: relift) on the GRPO† pipeline: a target exactly for the plain questions the
     student got all wrong and the teacher solved (one of its graded-correct rollouts), none for a question the
     teacher cannot solve nor for any question the student solved once; the targets train (cross-entropy logged)."""
-    from zppo_trl.zero_variance import TARGET_FIELD
+    from zppo_trl.terms.zero_variance import TARGET_FIELD
 
     rows = toy_rows("text")
     rows = _unsolvable(rows, (rows[0]["id"],))
@@ -1002,14 +1002,14 @@ def test_relift_trains_one_graded_correct_teacher_solution_per_all_wrong_questio
     )
     assert trainer.args.variant.startswith("ReLIFT\u2020")  # the fixture replays at 0.5
     calls = []
-    original = trainer._zero_variance_targets
+    original = trainer._with_terms
 
-    def recorded(teacher_future, draw, plain_round, metrics):
-        out = original(teacher_future, draw, plain_round, metrics)
-        calls.append((plain_round, out))
+    def recorded(step):
+        out = original(step)
+        calls.append((step.round, out[1]))
         return out
 
-    trainer._zero_variance_targets = recorded
+    trainer._with_terms = recorded
     record = _train_recorded(trainer)
     tokenizer, G = trainer.processing_class, trainer.num_generations
     built_targets = []
@@ -1048,12 +1048,12 @@ def test_relift_trains_one_graded_correct_teacher_solution_per_all_wrong_questio
 def _assert_ema_copy(copy, initial, trainer, student_dir, checkpoint) -> None:
     """An EMA copy of the student (GRPO-CARE's reference, SDPO's self-teacher) moved from its ``initial`` weights
     without becoming the student, and the ``checkpoint`` file holds it exactly."""
-    from zppo_trl.consistency import EMAReference
+    from zppo_trl.terms.grpo_care import EMAReference
 
     ema = list(copy.model.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(ema, initial))
     assert any(not torch.equal(a, b) for a, b in zip(ema, trainer.model.parameters()))
-    restored = EMAReference(AutoModelForCausalLM.from_pretrained(student_dir))
+    restored = EMAReference(AutoModelForCausalLM.from_pretrained(student_dir), decay=1.0)
     restored.load_state_dict(torch.load(checkpoint))
     assert all(torch.equal(a, b) for a, b in zip(restored.model.parameters(), ema))
 
@@ -1079,7 +1079,7 @@ def test_sdpo_distils_each_rollout_towards_the_student_shown_a_correct_sibling(b
     carries it."""
     from types import SimpleNamespace
 
-    from zppo_trl.self_distillation import sdpo_context
+    from zppo_trl.terms.self_teachers import sdpo_context
 
     no_server = SimpleNamespace(base_url=None, model=None)
     trainer = _trainer(
@@ -1093,14 +1093,15 @@ def test_sdpo_distils_each_rollout_towards_the_student_shown_a_correct_sibling(b
         save_steps=4,
     )
     assert trainer.args.variant.endswith("SDPO\u2020") and trainer.teacher is None
-    initial = [p.detach().clone() for p in trainer.self_teacher.model.parameters()]
+    (term,) = trainer.terms
+    initial = [p.detach().clone() for p in term.copy.model.parameters()]
     calls = []
-    with_self_teacher, scored = trainer._with_self_teacher, trainer._self_teacher_signal
+    with_terms, scored = trainer._with_terms, term.signal
 
-    def recorded_round(teacher_future, plain, plain_round, metrics):
-        calls.append(dict(plain=list(plain), round=plain_round))
-        out = with_self_teacher(teacher_future, plain, plain_round, metrics)
-        calls[-1]["out"] = out
+    def recorded_round(step):
+        calls.append(dict(plain=list(step.draw.plain), round=step.round))
+        out = with_terms(step)
+        calls[-1]["out"] = out[0]
         return out
 
     def recorded_scores(batch, rows, conversations):
@@ -1108,7 +1109,7 @@ def test_sdpo_distils_each_rollout_towards_the_student_shown_a_correct_sibling(b
         calls[-1].update(rows=list(rows), conversations=conversations, logps=fields["self_teacher_logps"][rows])
         return fields
 
-    trainer._with_self_teacher, trainer._self_teacher_signal = recorded_round, recorded_scores
+    trainer._with_terms, term.signal = recorded_round, recorded_scores
     trainer.train()
     G = trainer.num_generations
     assert len(calls) == 2  # one per rollout step
@@ -1143,7 +1144,7 @@ def test_sdpo_distils_each_rollout_towards_the_student_shown_a_correct_sibling(b
     losses = [h for h in trainer.state.log_history if "self_distill/tokens" in h]
     assert losses and any(h["self_distill/tokens"] > 0 for h in losses)
     checkpoint = tmp_path / "out" / "checkpoint-4" / "self_teacher.pt"
-    _assert_ema_copy(trainer.self_teacher, initial, trainer, boxed_text_student_dir, checkpoint)
+    _assert_ema_copy(term.copy, initial, trainer, boxed_text_student_dir, checkpoint)
 
 
 def test_opsd_distils_towards_the_initial_student_shown_the_teachers_correct_reply(
@@ -1154,7 +1155,7 @@ def test_opsd_distils_towards_the_initial_student_shown_the_teachers_correct_rep
     self-teacher after OPSD's prompt around the teacher's first correct reply; that self-teacher is the initial
     student, frozen (an independent forward of the checkpoint gives the same top-k); the divergence reaches the loss
     and the student moves."""
-    from zppo_trl.self_distillation import opsd_context
+    from zppo_trl.terms.self_teachers import opsd_context
 
     teacher = _recording_teacher(boxed_teacher_server)
     trainer = _trainer(
@@ -1168,14 +1169,22 @@ def test_opsd_distils_towards_the_initial_student_shown_the_teachers_correct_rep
         prefetch_teacher_samples=False,  # each step's teacher replies are asked for within it
     )
     assert trainer.args.variant.endswith("OPSD\u2020")
-    initial = [p.detach().clone() for p in trainer.self_teacher.model.parameters()]
+    (term,) = trainer.terms
+    initial = [p.detach().clone() for p in term.copy.model.parameters()]
     student_before = [p.detach().clone() for p in trainer.model.parameters()]
     calls, asked_until = [], [0]
-    with_self_teacher, signal = trainer._with_self_teacher, trainer._self_teacher_signal
+    with_terms, signal = trainer._with_terms, term.signal
 
-    def recorded_round(teacher_future, plain, plain_round, metrics):
-        out = with_self_teacher(teacher_future, plain, plain_round, metrics)
-        calls.append(dict(plain=list(plain), out=out, exchanges=teacher.exchanges[asked_until[0] :], **calls_seen[-1]))
+    def recorded_round(step):
+        out = with_terms(step)
+        calls.append(
+            dict(
+                plain=list(step.draw.plain),
+                out=out[0],
+                exchanges=teacher.exchanges[asked_until[0] :],
+                **calls_seen[-1],
+            )
+        )
         asked_until[0] = len(teacher.exchanges)
         return out
 
@@ -1186,7 +1195,7 @@ def test_opsd_distils_towards_the_initial_student_shown_the_teachers_correct_rep
         calls_seen.append(dict(rows=list(rows), conversations=conversations, fields=fields))
         return fields
 
-    trainer._with_self_teacher, trainer._self_teacher_signal = recorded_round, recorded_signal
+    trainer._with_terms, term.signal = recorded_round, recorded_signal
     trainer.train()
     G = trainer.num_generations
     assert len(calls) == 2
@@ -1221,7 +1230,7 @@ def test_opsd_distils_towards_the_initial_student_shown_the_teachers_correct_rep
         batch["self_teacher_topk_logps"][row, : len(completion)], expected.values, atol=1e-4, rtol=1e-4
     )
     assert torch.equal(batch["self_teacher_topk_ids"][row, : len(completion), 0], expected.indices[:, 0])
-    assert all(torch.equal(a, b) for a, b in zip(trainer.self_teacher.model.parameters(), initial))
+    assert all(torch.equal(a, b) for a, b in zip(term.copy.model.parameters(), initial))
     assert any(not torch.equal(a, b) for a, b in zip(trainer.model.parameters(), student_before))
     logs = _rollout_logs(trainer)
     assert [log["self_distill_rollouts"] for log in logs] == [len(c["rows"]) for c in calls]
@@ -1248,16 +1257,17 @@ def test_grpo_care_adds_its_consistency_bonus_to_the_advantages_and_nothing_else
         save_steps=4,
     )
     assert trainer.args.variant == "GRPO-CARE\u2020 (\u03c1_replay=0.50)" and trainer.teacher is None
-    initial = [p.detach().clone() for p in trainer.care_reference.model.parameters()]
+    (term,) = trainer.terms
+    initial = [p.detach().clone() for p in term.reference.model.parameters()]
     calls = []
-    original = trainer._with_consistency_bonus
+    original = trainer._with_terms
 
-    def recorded(plain_round, metrics):
-        out = original(plain_round, metrics)
-        calls.append((plain_round.rewards.clone(), out.rewards.clone(), plain_round.groups_per_rank[0]))
+    def recorded(step):
+        out = original(step)
+        calls.append((step.round.rewards.clone(), out[0].rewards.clone(), step.round.groups_per_rank[0]))
         return out
 
-    trainer._with_consistency_bonus = recorded
+    trainer._with_terms = recorded
     trainer.train()
     G = trainer.num_generations
     assert len(calls) == 2  # one per rollout step
@@ -1274,7 +1284,7 @@ def test_grpo_care_adds_its_consistency_bonus_to_the_advantages_and_nothing_else
     assert sum(log["care_bonused"] for log in logs) == sum(int((a - b).gt(0).sum()) for b, a, _ in calls) > 0
     assert all(0.0 <= log["plain_accuracy"] <= 1.0 for log in logs)
     checkpoint = tmp_path / "out" / "checkpoint-4" / "care_reference.pt"
-    _assert_ema_copy(trainer.care_reference, initial, trainer, boxed_text_student_dir, checkpoint)
+    _assert_ema_copy(term.reference, initial, trainer, boxed_text_student_dir, checkpoint)
 
 
 def test_rlkd_adds_the_structure_reward_of_rollouts_of_questions_holding_a_teacher_trace(
@@ -1287,7 +1297,7 @@ def test_rlkd_adds_the_structure_reward_of_rollouts_of_questions_holding_a_teach
     others nothing. Pins the trace (the teacher's first reply graded correct, graded again here, held from the step
     it appears), one GSRM request per new trace and per scored rollout on its reasoning, and that the plain accuracy
     reads the correctness reward alone."""
-    from zppo_trl.structure_reward import GSRM_SYSTEM
+    from zppo_trl.terms.rlkd import GSRM_SYSTEM
 
     steps = "".join(f"[sub-think {k}]: yes\n[Query {k}]: no\n[Answer {k}]: no\n" for k in (1, 2))
     held = {"structured_outputs": {"regex": re.escape(steps)}}
@@ -1307,29 +1317,28 @@ def test_rlkd_adds_the_structure_reward_of_rollouts_of_questions_holding_a_teach
         prefetch_teacher_samples=False,  # each step's teacher replies are asked for within it
     )
     assert trainer.args.variant.startswith("RLKD†")  # "(ρ_replay=0.50)": the fixture replays at 0.5
-    judge = trainer.structure_judge = RecordingTeacher(
-        vllm_teacher_server.base_url, vllm_teacher_server.model, extra_body=held
-    )
-    calls, original, asked_until = [], trainer._with_structure_reward, [0]
+    (term,) = trainer.terms
+    judge = term.judge = RecordingTeacher(vllm_teacher_server.base_url, vllm_teacher_server.model, extra_body=held)
+    calls, original, asked_until = [], trainer._with_terms, [0]
 
-    def recorded(teacher_future, plain, plain_round, metrics):
+    def recorded(step):
         judged_before = len(judge.exchanges)
-        out = original(teacher_future, plain, plain_round, metrics)
+        out = original(step)
         calls.append(
             dict(
-                before=plain_round.rewards.clone(),
-                after=out.rewards.clone(),
-                plain=list(plain),
-                texts=list(plain_round.texts),
+                before=step.round.rewards.clone(),
+                after=out[0].rewards.clone(),
+                plain=list(step.draw.plain),
+                texts=list(step.round.texts),
                 replies=teacher.exchanges[asked_until[0] :],
                 gsrm=[m for m, _ in judge.exchanges[judged_before:] if m[0]["role"] == "system"],
-                traces=dict(trainer._structure_traces),
+                traces=dict(term.traces),
             )
         )
         asked_until[0] = len(teacher.exchanges)
         return out
 
-    trainer._with_structure_reward = recorded
+    trainer._with_terms = recorded
     trainer.train()
     G, logs = trainer.num_generations, _rollout_logs(trainer)
     assert len(calls) == len(logs) == 2
@@ -1383,7 +1392,7 @@ def test_perception_r1_adds_the_judges_fraction_of_stated_annotations_to_the_adv
     other) is judged once, on its own text with its question's annotations, that exactly 0.7 x 0.5 is added to its
     reward and nothing to the others, that a correct and a wrong rollout both get it (no gate on accuracy), and that
     the plain accuracy (so the buffer) reads the correctness reward alone."""
-    from zppo_trl.perception import ANNOTATIONS
+    from zppo_trl.terms.perception_r1 import ANNOTATIONS
 
     rows = toy_rows("text")
     annotated = {row["id"] for row in rows[::2]}
@@ -1401,18 +1410,19 @@ def test_perception_r1_adds_the_judges_fraction_of_stated_annotations_to_the_adv
         judge_extra_body=verdict,
     )
     assert trainer.args.variant == "Perception-R1\u2020 (\u03c1_replay=0.50)" and trainer.teacher is None
-    assert trainer.perception_judge.base_url == vllm_teacher_server.base_url
-    judge = trainer.perception_judge = RecordingTeacher(
-        vllm_teacher_server.base_url, vllm_teacher_server.model, extra_body=verdict
-    )
-    calls, original = [], trainer._with_perception_reward
+    (term,) = trainer.terms
+    assert term.judge.base_url == vllm_teacher_server.base_url
+    judge = term.judge = RecordingTeacher(vllm_teacher_server.base_url, vllm_teacher_server.model, extra_body=verdict)
+    calls, original = [], trainer._with_terms
 
-    def recorded(plain, plain_round, metrics):
-        out = original(plain, plain_round, metrics)
-        calls.append((plain_round.rewards.clone(), out.rewards.clone(), list(plain), list(plain_round.texts)))
+    def recorded(step):
+        out = original(step)
+        calls.append(
+            (step.round.rewards.clone(), out[0].rewards.clone(), list(step.draw.plain), list(step.round.texts))
+        )
         return out
 
-    trainer._with_perception_reward = recorded
+    trainer._with_terms = recorded
     trainer.train()
     G, logs = trainer.num_generations, _rollout_logs(trainer)
     assert len(calls) == len(logs) == 2

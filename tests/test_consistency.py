@@ -1,4 +1,4 @@
-"""GRPO-CARE's consistency bonus (zppo_trl.consistency), on hand-computed values.
+"""GRPO-CARE's consistency bonus (zppo_trl.terms.grpo_care), on hand-computed values.
 
 Written out independently of the code, per group: S = the rollouts with reward > 0.1 and at least the group's mean
 reward; pbar = the mean over S of min(p, 0.95); a rollout of S with min(p, 0.95) >= pbar - margin gets 0.5 x its
@@ -13,7 +13,14 @@ import pytest
 import torch
 
 from zppo_trl import ZPPOConfig
-from zppo_trl.consistency import EMAReference, answer_likelihood, answer_token_span, consistency_bonus
+from zppo_trl.terms.grpo_care import (
+    CARE_DECAY,
+    CARE_EVERY,
+    EMAReference,
+    answer_likelihood,
+    answer_token_span,
+    consistency_bonus,
+)
 
 try:
     from tiny_models import tiny_tokenizer
@@ -91,7 +98,7 @@ def test_the_ema_reference_moves_by_its_decay_every_k_steps_only():
     for ema, init, live in zip(reference.model.parameters(), start, student.parameters()):
         torch.testing.assert_close(ema, 0.995 * init + 0.005 * live.detach())
     state = reference.state_dict()
-    other = EMAReference(torch.nn.Linear(3, 2))
+    other = EMAReference(torch.nn.Linear(3, 2), decay=CARE_DECAY, every=CARE_EVERY)
     other.load_state_dict(state)
     assert all(torch.equal(a, b) for a, b in zip(other.model.parameters(), reference.model.parameters()))
 
@@ -105,7 +112,7 @@ def test_the_ema_reference_runs_its_own_weights_when_the_students_forward_was_pa
     student = torch.nn.Linear(3, 2)
     unpatched = student.forward
     student.forward = types.MethodType(lambda self, x: unpatched(x), student)
-    reference = EMAReference(student)
+    reference = EMAReference(student, decay=CARE_DECAY, every=CARE_EVERY)
     with torch.no_grad():
         student.weight.add_(5.0)
     x = torch.randn(4, 3)

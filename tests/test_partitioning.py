@@ -11,6 +11,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 
+from zppo_trl.losses import policy_objectives
 from zppo_trl.partitioning import SKIP, deal_targets, is_skipped, pack_partition, policy_partitions
 from zppo_trl.ranks import Ranks
 from zppo_trl.rollout import FILLER, Group, draw_questions, merge_lists, plain_accuracy
@@ -99,11 +100,20 @@ def test_under_kdrl_a_step_without_a_mixed_group_still_trains_every_rollout(rank
     """KDRL's reverse KL acts on every rollout, so the partitions of a step without a mixed group are trained,
     at zero advantage, rather than skipped; RLAD's teacher acts only through the advantage, so they are skipped."""
     kdrl = SimpleNamespace(**vars(ARGS), policy_objective="kdrl")
-    result = policy_partitions(_batch(4), [["new", "new"]], [[1.0, 1.0, 0.0, 0.0]], 2, kdrl, ranks, seed=0)
+    dense = policy_objectives()["kdrl"].needs.trains_zero_advantage
+    result = policy_partitions(
+        _batch(4), [["new", "new"]], [[1.0, 1.0, 0.0, 0.0]], 2, kdrl, ranks, seed=0, dense=dense
+    )
     assert result.skipped == 0 and sorted(row for _, row in result.trained) == [0, 1, 2, 3]
     assert all(m["advantages"].abs().sum() == 0 for m in result.micro_batches)
     rlad = SimpleNamespace(**vars(ARGS), policy_objective="rlad")
-    assert policy_partitions(_batch(4), [["new", "new"]], [[1.0, 1.0, 0.0, 0.0]], 2, rlad, ranks, seed=0).skipped == 2
+    dense = policy_objectives()["rlad"].needs.trains_zero_advantage
+    assert (
+        policy_partitions(
+            _batch(4), [["new", "new"]], [[1.0, 1.0, 0.0, 0.0]], 2, rlad, ranks, seed=0, dense=dense
+        ).skipped
+        == 2
+    )
 
 
 def test_targets_train_in_their_questions_partition(ranks):

@@ -1,4 +1,4 @@
-"""Perception-R1's visual perception reward (zppo_trl.perception), on hand-computed values, and against a real judge.
+"""Perception-R1's visual perception reward (zppo_trl.terms.perception_r1), on hand-computed values and a real judge.
 
 Written out independently of the code: for a rollout of a question with K visual annotations, the judge answers one
 <infoK>0|1</infoK> per annotation; r_v = (annotations judged present) / K, an item left out counting as absent; the
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from zppo_trl import ZPPOConfig
-from zppo_trl.perception import (
+from zppo_trl.terms.perception_r1 import (
     judge_perception,
     parse_perception_verdicts,
     perception_reward,

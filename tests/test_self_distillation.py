@@ -20,7 +20,7 @@ from zppo_trl import ZPPOConfig
 from zppo_trl.batches import concat_batches
 from zppo_trl.distill import DistillInputs, TeacherTopK, top_k_logps
 from zppo_trl.losses import LossInputs, loss_for, policy_objectives
-from zppo_trl.self_distillation import (
+from zppo_trl.terms.self_teachers import (
     SELF_TEACHERS,
     opsd_context,
     opsd_loss,
@@ -218,14 +218,15 @@ def test_the_self_teacher_scores_image_rollouts_after_its_prompt_with_the_same_i
         processing_class=processor,
     )
     seen = []
-    scored = trainer._self_teacher_signal
+    (term,) = trainer.terms
+    scored = term.signal
 
     def recorded(batch, rows, conversations):
         fields = scored(batch, rows, conversations)
         seen.append((batch, list(rows), conversations, fields["self_teacher_logps"][rows]))
         return fields
 
-    trainer._self_teacher_signal = recorded
+    term.signal = recorded
     trainer.train()
     ((batch, rows, conversations, logps),) = seen
     assert rows == list(range(batch["completion_ids"].size(0)))  # every rollout has a correct sibling

@@ -14,7 +14,7 @@ import re
 import pytest
 
 from zppo_trl import ZPPOConfig
-from zppo_trl.structure_reward import (
+from zppo_trl.terms.rlkd import (
     GSRM_SYSTEM,
     Decomposition,
     gsrm_conversation,

@@ -1,4 +1,4 @@
-"""The teacher-target zero-variance rows (zppo_trl.zero_variance): ReLIFT† and RSTG†.
+"""The teacher-target zero-variance rows (zppo_trl.terms.zero_variance): ReLIFT† and RSTG†.
 
 On hand-computed values: which questions receive a teacher target (all-wrong plain groups only, with a
 graded-correct teacher rollout), where ReLIFT's target rows train (their question's partition, zero advantage, a
@@ -23,7 +23,7 @@ from zppo_trl.partitioning import is_skipped, policy_partitions
 from zppo_trl.plan import print_plan
 from zppo_trl.ranks import Ranks
 from zppo_trl.recipe import parse_recipe_args
-from zppo_trl.zero_variance import (
+from zppo_trl.terms.zero_variance import (
     MARK_FIELD,
     TARGET_FIELD,
     all_wrong_keys,

@@ -1,4 +1,4 @@
-"""The zero-variance rows' named terms (zppo_trl.zero_variance): RL-ZVP's token-level entropy signal and LENS's
+"""The zero-variance rows' named terms (zppo_trl.terms.zero_variance): RL-ZVP's token-level entropy signal and LENS's
 confidence penalty on the all-wrong groups, on hand-computed values; their effect on the partitions (an
 all-wrong group is no longer skipped); the rows' names and recipes; and, on a tiny in-process model, that an
 all-wrong group gets a gradient under each row and none under GRPO†."""
@@ -17,7 +17,7 @@ from zppo_trl.partitioning import is_skipped, policy_partitions
 from zppo_trl.plan import print_plan
 from zppo_trl.ranks import Ranks
 from zppo_trl.recipe import parse_recipe_args
-from zppo_trl.zero_variance import (
+from zppo_trl.terms.zero_variance import (
     MARK_FIELD,
     all_wrong_rows,
     lens_advantages,
@@ -138,7 +138,18 @@ CONFIDENCES = [[-1.0, -1.0, math.log(0.4), math.log(0.1), -1.0, -1.0]]
 
 
 def _partition(ranks, signal, rewards=REWARDS, kinds=KINDS, confidences=CONFIDENCES):
-    result = policy_partitions(_batch(len(rewards[0])), kinds, rewards, 2, _args(signal), ranks, 0, confidences)
+    args = _args(signal)
+    result = policy_partitions(
+        _batch(len(rewards[0])),
+        kinds,
+        rewards,
+        2,
+        args,
+        ranks,
+        0,
+        confidences,
+        signal=lambda r, groups, c: partition_signal(args, r, groups, c),
+    )
     return result, {i: a for (_, i), a in result.trained.items()}
 
 

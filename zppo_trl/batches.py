@@ -21,10 +21,13 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "MARKED_ROWS",
     "SELF_TEACHER_LOGPS",
     "SELF_TEACHER_MASK",
     "SELF_TEACHER_TOPK_IDS",
     "SELF_TEACHER_TOPK_LOGPS",
+    "TARGET_ROWS",
+    "TOKEN_TYPE_FIELDS",
     "concat_batches",
     "num_rows",
     "select_rows",
@@ -47,6 +50,11 @@ _COMPLETION_FIELDS = {
     "self_teacher_topk_logps": 0.0,
 }
 SELF_TEACHER_LOGPS, SELF_TEACHER_MASK = "self_teacher_logps", "self_teacher_mask"
+# Rows a term's partition signal marks (the all-wrong groups', 1.0) and a term's teacher-forced target rows (1.0,
+# trained with cross-entropy, never with RL).
+MARKED_ROWS, TARGET_ROWS = "zero_variance_rows", "teacher_target_rows"
+# Per-token multimodal inputs: a prompt's image/video placeholder types, as wide as prompt + completion.
+TOKEN_TYPE_FIELDS = ("token_type_ids", "mm_token_type_ids")
 SELF_TEACHER_TOPK_IDS, SELF_TEACHER_TOPK_LOGPS = "self_teacher_topk_ids", "self_teacher_topk_logps"
 # fields only some rounds carry (the self-teacher rows', on the plain round): the others' rows take the padding value
 _OPTIONAL_FIELDS = (SELF_TEACHER_LOGPS, SELF_TEACHER_MASK, SELF_TEACHER_TOPK_IDS, SELF_TEACHER_TOPK_LOGPS)

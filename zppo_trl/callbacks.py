@@ -139,7 +139,7 @@ class QuietProgressCallback(ProgressCallback):
 
 
 class EMAReferenceCallback(TrainerCallback):
-    """Move an EMA copy of the student (:class:`zppo_trl.consistency.EMAReference`: GRPO-CARE's reference, SDPO's
+    """Move an EMA copy of the student (:class:`zppo_trl.student_copy.EMAReference`: GRPO-CARE's reference, SDPO's
     self-teacher) towards the student after each optimizer step whose count is a multiple of its ``every``."""
 
     def __init__(self, reference):

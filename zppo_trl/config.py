@@ -20,7 +20,6 @@ feeds ``num_partitions`` optimizer updates.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -29,20 +28,27 @@ import torch
 from trl import GRPOConfig
 
 from .advantages import NORMALIZATIONS
-from .augmentations import candidate_content, check_kinds
-from .consistency import CARE_BONUS, CARE_DECAY, CARE_EVERY, CARE_MARGIN
+from .augmentations import candidate_content, check_kinds, parse_kinds
+from .composition import StepComposition, step_composition
 from .context import PAPER_MAX_PROMPT_LENGTH, ContextLengths, context_lengths
-from .distill import DISTILLATION_MODES, DISTILLATION_NAMES
-from .losses import CISPO_WEIGHT_BOUND, DispoBounds, policy_objectives
+from .distill import DistillationSettings, check_distillation
+from .losses import policy_objectives
+from .needs import SCORES_TOP_K
+from .objective_settings import DISPO_FIELDS, ObjectiveSettings, check_objective_settings
 from .optim import ANYPRECISION_OPTIM, anyprecision_kwargs
-from .perception import PERCEPTION_REWARD_WEIGHT
 from .prompts import RL_CLOSER
-from .reformulate import KINDS, augment_limit
-from .replay import replay_count
-from .row import Row, resolve_row
-from .self_distillation import OPSD_BETA, OPSD_TOP_K, SDPO_IS_CLIP, SDPO_TEACHER_UPDATE_RATE, SELF_TEACHERS
-from .structure_reward import GSRM_MAX_TOKENS, RLKD_REWARD_WEIGHT
-from .zero_variance import ZERO_VARIANCE_SIGNALS
+from .reformulate import KINDS
+from .row import (
+    MATCHED_REPLAY_FRACTION,
+    PAPER_GROUP_SIZE,
+    PAPER_REPLAY_FRACTION,
+    SUPERVISED_NAMES,
+    Row,
+    resolve_row,
+    row_name,
+)
+from .terms import SETTINGS as TERM_SETTINGS
+from .terms import TERM_SELECTORS, TERMS, selected_by, settings_fields, terms_for
 
 __all__ = [
     "MATCHED_REPLAY_FRACTION",
@@ -84,94 +90,13 @@ PAPER_OBJECTIVE: dict[str, tuple[object, str]] = {
 # registered in zppo_trl.losses (GSPO and CISPO with TRL's arithmetic for these settings, so TRL's
 # attributes state what trains); an objective not listed here changes no TRL setting.
 OBJECTIVE_SETTINGS: dict[str, dict[str, object]] = {
-    "grpo": {},
     "gspo": {"importance_sampling_level": "sequence"},
     "cispo": {"loss_type": "cispo"},
-    "dispo": {},
-    "kdrl": {},
-    "rlad": {},
-    "sdpo": {},
-    "opsd": {},
 }
 
 
-def _check_number(name: str, value, high: float | None = None) -> None:
-    """Refuse a field that is not a finite number >= 0 (and <= ``high``), naming it."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not 0.0 <= value < float("inf")
-        or (high is not None and value > high)
-    ):
-        where = f"in [0.0, {high}]" if high is not None else ">= 0.0"
-        raise ValueError(f"{name} must be a finite number {where}, got {value!r}")
-
-
-def _kinds(value) -> list[str]:
-    """A kind list as the command line or a YAML gives it ("bcq,ncq", ["bcq", "ncq"], or [""] for none):
-    flattened, stripped, empties dropped."""
-    parts = [value] if isinstance(value, str) else list(value or [])
-    return [k.strip() for part in parts for k in str(part).split(",") if k.strip()]
-
-
-# GSPO as its paper trains it, or with the ZPPO table's clip range and aggregation (see gspo_settings).
-GSPO_SETTINGS = ("gspo_paper", "zppo_table")
-DISPO_OUT_OF_BOUNDS = ("zero", "clamp")
-DISPO_FIELDS = ("dispo_epsilon_low_pos", "dispo_epsilon_high_pos", "dispo_epsilon_low_neg", "dispo_epsilon_high_neg")
-# The reward terms (reward_term) and how the paper's table prints each row.
-REWARD_TERMS = {"none": None, "grpo_care": "GRPO-CARE", "perception_r1": "Perception-R1", "rlkd": "RLKD"}
-# How the paper's mistakes table prints the supervised controls (the dagger marks the replay buffer).
-_SUPERVISED_NAMES = {"correction": "Correction-SFT", "reflection": "Error-reflection-SFT"}
-# The paper's defaults that the appendix's controls vary, and that a row's name states when it differs from them:
-# G_S and the corpus passes (the group-size and corpus-pass controls), rho_replay (the replay control).
-PAPER_GROUP_SIZE = 8
-PAPER_REPLAY_FRACTION = 0.25
-# "Replay-matched": GRPO†'s replay raised until its per-step cap (|X_new| new + rho_replay |X_new| replayed groups)
-# equals the headline ZPPO's (|X_new| new + 0.25 |X_new| replayed + at most rho_aug = 0.25 |X_new| reformulated).
-MATCHED_REPLAY_FRACTION = PAPER_REPLAY_FRACTION + 0.25
-
-
-@dataclass(frozen=True)
-class StepComposition:
-    """What one rollout step of a :class:`ZPPOConfig` holds on ``world_size`` ranks.
-
-    ``str()`` gives the one-line summary the recipe's dry run prints, e.g. "per rollout
-    step: 384 new + <=96 replayed + <=96 reformulated prompts x 8 rollouts; 4 optimizer
-    updates of 96 new prompts; teacher G_T=4".
-    """
-
-    world_size: int
-    new_prompts: int  # |X_new| per rollout step, over all ranks
-    max_replayed: int  # floor(rho_replay * |X_new|), reached once the buffer is that full
-    max_reformulated: int  # floor(rho_aug * |X_new|) augmented instances (BCQ + NCQ for ZPPO; 0 without augmentations)
-    rollouts: int  # G_S
-    updates: int  # I
-    new_prompts_per_update: float
-    teacher_rollouts: int  # G_T (0 where step 2 samples no teacher rollouts)
-    rows_per_micro_batch: int  # per rank, for the new prompts; replayed and reformulated groups add to it
-    micro_batches_per_update: int
-    rollout_steps: int | None  # from max_steps; None when training by epochs
-    uses_teacher: bool = False  # a teacher takes part (sampled, asked, or scoring), with or without rollouts
-
-    @property
-    def max_prompts(self) -> int:
-        return self.new_prompts + self.max_replayed + self.max_reformulated
-
-    def __str__(self) -> str:
-        per_update = f"{self.new_prompts_per_update:g}"
-        if self.teacher_rollouts:
-            teacher = f"teacher G_T={self.teacher_rollouts}"
-        else:
-            teacher = "teacher (no G_T rollouts)" if self.uses_teacher else "no teacher"
-        return (
-            f"per rollout step: {self.new_prompts} new + <={self.max_replayed} replayed + <={self.max_reformulated} "
-            f"reformulated prompts x {self.rollouts} rollouts; {self.updates} optimizer updates of {per_update} new "
-            f"prompts; {teacher}"
-        )
-
-
 @dataclass
-class ZPPOConfig(GRPOConfig):
+class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETTINGS):
     """Configuration for :class:`zppo_trl.ZPPOTrainer` (a `trl.GRPOConfig` with ZPPO's fields).
 
     Ablations are configurations: ``augmentations=[]`` is GRPO† (ZPPO's pipeline with the
@@ -293,226 +218,9 @@ class ZPPOConfig(GRPOConfig):
             "importance weight, see cispo_weight_bound), 'dispo' (four-way clip, see dispo_*), or one of the "
             "teacher-side hybrid rows: 'kdrl' (GRPO plus an annealed reverse KL to the teacher, see kdrl_*) or "
             "'rlad' (the ratio taken against a mix of the old policy and the teacher, see rlad_*), or the "
-            "self-teacher rows 'sdpo' (GRPO plus a distillation to an EMA copy of the student shown a correct sibling "
-            "rollout, see sdpo_*) and 'opsd' (GRPO plus a JSD to the initial student shown the teacher's correct "
-            "reply, see opsd_*), both weighted by self_distill_weight. Every other setting stays the paper's."
+            "self-teacher rows of zppo_trl.terms (docs/comparison_rows.md). Every other setting stays the paper's."
         },
     )
-    gspo_settings: str = field(
-        default="gspo_paper",
-        metadata={
-            "help": "GSPO's clip range and aggregation: 'gspo_paper' (the GSPO paper's: the sequence ratio clipped to "
-            "[1 - 3e-4, 1 + 4e-4], the loss averaged per response) or 'zppo_table' (the ZPPO hyperparameter "
-            "table's epsilon/epsilon_high and DAPO's token mean, a reading of 'every other setting follows' under "
-            "which the clip essentially never binds). Only policy_objective: gspo reads it."
-        },
-    )
-    cispo_weight_bound: float = field(
-        default=CISPO_WEIGHT_BOUND,
-        metadata={
-            "help": "CISPO's upper bound on the stop-gradient importance weight (no lower bound, as MiniMax-M1). "
-            "MiniMax-M1 does not state its value; 5 is ScaleRL's eps_max for CISPO (TRL's recommendation). Only "
-            "policy_objective: cispo reads it."
-        },
-    )
-    # DISPO's defaults: the values of a public DISPO training script (slime-based), NOT checked against the DISPO
-    # paper's own table, which could not be read here. Correct responses keep a gradient for 0.8 <= r <= 11;
-    # incorrect ones for 0 <= r <= 101 (the paper finds tight bounds on incorrect responses collapse training).
-    dispo_epsilon_low_pos: float = field(
-        default=0.2,
-        metadata={"help": "DISPO, correct responses (A > 0): tokens with weight below 1 - this get no gradient."},
-    )
-    dispo_epsilon_high_pos: float = field(
-        default=10.0,
-        metadata={"help": "DISPO, correct responses (A > 0): tokens with weight above 1 + this get no gradient."},
-    )
-    dispo_epsilon_low_neg: float = field(
-        default=1.0,
-        metadata={
-            "help": "DISPO, incorrect responses (A < 0): tokens with weight below 1 - this get no gradient (1: no "
-            "lower bound)."
-        },
-    )
-    dispo_epsilon_high_neg: float = field(
-        default=100.0,
-        metadata={"help": "DISPO, incorrect responses (A < 0): tokens with weight above 1 + this get no gradient."},
-    )
-
-    dispo_out_of_bounds: str = field(
-        default="zero",
-        metadata={
-            "help": "DISPO, a token whose weight is outside its interval: 'zero' (no gradient, our reading of the "
-            "DISPO abstract) or 'clamp' (the weight clamped into the interval, as secondary summaries write "
-            "J_DISPO). See docs/comparison_rows.md."
-        },
-    )
-    # KDRL's annealed reverse-KL weight (zppo_trl.hybrid_objectives): its paper's best-scoring schedule.
-    kdrl_beta: float = field(
-        default=5e-3,
-        metadata={"help": "KDRL: the reverse-KL weight at step 0. Only policy_objective: kdrl reads it."},
-    )
-    kdrl_beta_decay: float = field(
-        default=5e-5,
-        metadata={
-            "help": "KDRL: how much the reverse-KL weight falls per optimizer step (0: a constant kdrl_beta). Only "
-            "policy_objective: kdrl reads it."
-        },
-    )
-    kdrl_beta_min: float = field(
-        default=1e-3,
-        metadata={"help": "KDRL: the floor of the annealed reverse-KL weight. Only policy_objective: kdrl reads it."},
-    )
-    rlad_alpha: float = field(
-        default=0.5,
-        metadata={
-            "help": "RLAD: the old policy's share of the ratio's anchor pi_old^alpha pi_T^(1 - alpha) (1: GRPO's "
-            "ratio; its paper's 0.5). Only policy_objective: rlad reads it."
-        },
-    )
-    rlad_teacher_log_ratio_bound: float = field(
-        default=1.0,
-        metadata={
-            "help": "RLAD: log pi - log pi_T is clamped to [-bound, bound] in the ratio (its paper's 1). Only "
-            "policy_objective: rlad reads it."
-        },
-    )
-
-    # The self-teacher rows (zppo_trl.self_distillation): SDPO's and OPSD's official defaults.
-    self_distill_weight: float = field(
-        default=1.0,
-        metadata={
-            "help": "SDPO, OPSD: the weight of the self-distillation term added to GRPO's objective. Only "
-            "policy_objective: sdpo|opsd reads it."
-        },
-    )
-    sdpo_teacher_update_rate: float = field(
-        default=SDPO_TEACHER_UPDATE_RATE,
-        metadata={
-            "help": "SDPO: the self-teacher (a copy of the initial student) moves this fraction of the way to the "
-            "student after every optimizer step (its official 0.05; 0: the initial student, frozen). Only "
-            "policy_objective: sdpo reads it."
-        },
-    )
-    sdpo_is_clip: float = field(
-        default=SDPO_IS_CLIP,
-        metadata={
-            "help": "SDPO: the cap on the stop-gradient importance ratio pi / pi_old weighting the term (its "
-            "official 2). Only policy_objective: sdpo reads it."
-        },
-    )
-    opsd_beta: float = field(
-        default=OPSD_BETA,
-        metadata={
-            "help": "OPSD: beta of GKD's generalized JSD between the self-teacher and the student (0.5, OPSD's first "
-            "version; 0 is KL(teacher || student), its later forward KL). Only policy_objective: opsd reads it."
-        },
-    )
-    opsd_top_k: int = field(
-        default=OPSD_TOP_K,
-        metadata={
-            "help": "OPSD: the self-teacher's top-k tokens per position kept for the divergence (plus one bucket for "
-            "the rest of the vocabulary). Only policy_objective: opsd reads it."
-        },
-    )
-
-    # --- the zero-variance rows (the paper's appendix on the zero-variance line; zppo_trl.zero_variance)
-    zero_variance_signal: str = field(
-        default="none",
-        metadata={
-            "help": "A signal for the all-wrong groups, which the two-step advantage leaves at zero: 'none' (the "
-            "paper's ZPPO and GRPO), 'rl_zvp' (RL-ZVP: -alpha (max entropy - token entropy) per token), 'lens' "
-            "(LENS: a penalty that grows with the sampling policy's length-normalised likelihood of each wrong "
-            "answer, de-meaned in its group; needs num_partitions >= 2), or a teacher target on those questions: "
-            "'relift' (ReLIFT: cross-entropy on one graded-correct teacher rollout per all-wrong question) or "
-            "'rstg' (RSTG: the distillation rows' JSD to the teacher server's top-k on the all-wrong rollouts "
-            "only). The group is then not skipped as empty-signal. See docs/comparison_rows.md."
-        },
-    )
-    zero_variance_alpha: float | None = field(
-        default=None,
-        metadata={
-            "help": "The signal's coefficient alpha; None: its paper's (RL-ZVP 0.1, LENS 0.25; the weight of "
-            "ReLIFT's and RSTG's term 1.0). Only zero_variance_signal reads it."
-        },
-    )
-
-    # --- the multimodal-reward rows (the paper's appendix on alternative multimodal RL rewards)
-    reward_term: str = field(
-        default="none",
-        metadata={
-            "help": "A named term added to the correctness reward before the advantages: 'none' (the paper's) or "
-            "'grpo_care' (GRPO-CARE: a consistency bonus for correct rollouts whose answer an EMA copy of the student "
-            "finds at least as likely, given their reasoning, as their group's correct peers do; see care_*), or "
-            "'perception_r1' (Perception-R1: perception_reward_weight times the fraction of a question's "
-            "visual_annotations the judge finds stated in the rollout), or 'rlkd' (RLKD: rlkd_reward_weight times "
-            "how many of the teacher's reasoning steps the rollout's reasoning follows, as the judge decomposes and "
-            "compares them). On GRPO†'s pipeline (augmentations: []). See docs/comparison_rows.md."
-        },
-    )
-    care_bonus_coefficient: float = field(
-        default=CARE_BONUS,
-        metadata={"help": "GRPO-CARE: the bonus is this times the correctness reward. Only reward_term reads it."},
-    )
-    care_ema_decay: float = field(
-        default=CARE_DECAY,
-        metadata={"help": "GRPO-CARE: the reference's EMA decay. Only reward_term: grpo_care reads it."},
-    )
-    care_ema_every: int = field(
-        default=CARE_EVERY,
-        metadata={"help": "GRPO-CARE: optimizer steps between EMA updates. Only reward_term: grpo_care reads it."},
-    )
-    care_margin: float = field(
-        default=CARE_MARGIN,
-        metadata={
-            "help": "GRPO-CARE: how far below its group's mean likelihood a correct rollout may be and still get the "
-            "bonus (its code: 0, or 0.01 for transfer to general video benchmarks). Only reward_term reads it."
-        },
-    )
-
-    perception_reward_weight: float = field(
-        default=PERCEPTION_REWARD_WEIGHT,
-        metadata={
-            "help": "Perception-R1: the weight of its perception reward beside the correctness reward (its released "
-            "script: 0.7). Only reward_term: perception_r1 reads it."
-        },
-    )
-
-    # --- the distillation rows (the paper's Off-Distill and On-Distill algorithms; zppo_trl.distill)
-    distillation: str | None = field(
-        default=None,
-        metadata={
-            "help": "'off' (Off-Distill: imitate the graded-correct teacher rollouts of every question) or 'on' "
-            "(On-Distill: the teacher re-scores the student's own rollouts), trained with GKD's generalized JSD "
-            "instead of RL; with augmentations: []. replay_fraction > 0 is the dagger row."
-        },
-    )
-    distill_teacher: str | None = field(
-        default=None,
-        metadata={
-            "help": "Optional: a teacher checkpoint loaded next to the student for its full per-token "
-            "distributions (same tokenizer as the student). Default: the teacher server's top-k log-probs."
-        },
-    )
-    distill_top_k: int = field(
-        default=20,
-        metadata={
-            "help": "Tokens per position the teacher server returns (vLLM prompt_logprobs); the JSD is taken over "
-            "them plus one bucket for the rest of the vocabulary. At most the server's --max-logprobs "
-            "(vLLM's default: 20)."
-        },
-    )
-    distill_chunk_size: int = field(
-        default=1024,
-        metadata={
-            "help": "Completion tokens per chunk of the JSD: the LM head's logits exist for one chunk at a time "
-            "(recomputed in the backward pass), so its memory does not grow with the completion length."
-        },
-    )
-    distill_beta: float = field(
-        default=0.5,
-        metadata={"help": "beta of GKD's generalized JSD (paper: 0.5, symmetric)."},
-    )
-
     # --- the frozen teacher (an OpenAI-compatible server; vLLM in production)
     teacher_base_url: str | None = field(
         default=None,
@@ -791,9 +499,9 @@ class ZPPOConfig(GRPOConfig):
                 raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
         if self.optim == ANYPRECISION_OPTIM:
             anyprecision_kwargs(self.optim_args)  # a bad optim_args fails here, before any training
-        self._validate_distillation()
-        self._validate_zero_variance()
-        self._validate_reward_term()
+        check_distillation(self)
+        check_objective_settings(self)
+        self._validate_terms()
         if self.augmentations and not (self.teacher_base_url and self.teacher_model):
             raise ValueError(
                 f"augmentations {self.augmentations} need a teacher: set teacher_base_url and teacher_model "
@@ -803,25 +511,19 @@ class ZPPOConfig(GRPOConfig):
             raise ValueError(
                 f"policy_objective must be one of {list(policy_objectives())}, got {self.policy_objective!r}"
             )
-        if self.policy_objective != "grpo" and set(self.augmentations) & set(_SUPERVISED_NAMES):
+        if self.policy_objective != "grpo" and set(self.augmentations) & set(SUPERVISED_NAMES):
             raise ValueError(
                 f"policy_objective={self.policy_objective!r} has no effect on the supervised "
                 f"{self.augmentations[0]!r} row (it trains cross-entropy); leave it 'grpo'"
             )
-        if self.gspo_settings not in GSPO_SETTINGS:
-            raise ValueError(f"gspo_settings must be one of {list(GSPO_SETTINGS)}, got {self.gspo_settings!r}")
-        if self.dispo_out_of_bounds not in DISPO_OUT_OF_BOUNDS:
+        if policy_objectives()[self.policy_objective].needs_teacher_logps and not (
+            (self.teacher_base_url and self.teacher_model) or self.distill_teacher
+        ):
             raise ValueError(
-                f"dispo_out_of_bounds must be one of {list(DISPO_OUT_OF_BOUNDS)}, got {self.dispo_out_of_bounds!r}"
+                f"policy_objective={self.policy_objective!r} reads the teacher's log-prob of every sampled token: set "
+                "teacher_base_url and teacher_model (its vLLM server's prompt_logprobs), or distill_teacher to load "
+                "it next to the student"
             )
-        bound = self.cispo_weight_bound
-        if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not 1.0 <= bound < float("inf"):
-            raise ValueError(f"cispo_weight_bound must be a finite number >= 1, got {bound!r}")
-        for name in DISPO_FIELDS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        self._validate_teacher_objective()
         if not policy_objectives()[self.policy_objective].dual_clip:
             return  # CISPO and DISPO bound the importance weight themselves: delta plays no part in them
         if self.delta is None:
@@ -831,143 +533,29 @@ class ZPPOConfig(GRPOConfig):
                 f"delta (dual-clip ratio, {self.delta}) must exceed 1 + epsilon_high to act as the dual clip"
             )
 
-    def _validate_teacher_objective(self) -> None:
-        """KDRL's and RLAD's settings, and the teacher whose token log-probs they read."""
-        for name in ("kdrl_beta", "kdrl_beta_decay", "kdrl_beta_min", "rlad_teacher_log_ratio_bound"):
-            _check_number(name, getattr(self, name))
-        _check_number("rlad_alpha", self.rlad_alpha, high=1.0)
-        if self.kdrl_beta_min > self.kdrl_beta:
-            raise ValueError(
-                f"kdrl_beta_min ({self.kdrl_beta_min}) must not exceed kdrl_beta ({self.kdrl_beta}): "
-                "the weight anneals down to it"
-            )
-        self._validate_self_teacher()
-        if not policy_objectives()[self.policy_objective].needs_teacher_logps:
-            return
-        if not (self.teacher_base_url and self.teacher_model) and not self.distill_teacher:
-            raise ValueError(
-                f"policy_objective={self.policy_objective!r} reads the teacher's log-prob of every sampled token: set "
-                "teacher_base_url and teacher_model (its vLLM server's prompt_logprobs), or distill_teacher to load "
-                "it next to the student"
-            )
-
-    def _validate_self_teacher(self) -> None:
-        """SDPO's and OPSD's settings; each row is GRPO† with its term, on the plain rollouts."""
-        _check_number("self_distill_weight", self.self_distill_weight)
-        _check_number("sdpo_teacher_update_rate", self.sdpo_teacher_update_rate, high=1.0)
-        _check_number("opsd_beta", self.opsd_beta, high=1.0)
-        if isinstance(self.opsd_top_k, bool) or not isinstance(self.opsd_top_k, int) or self.opsd_top_k < 1:
-            raise ValueError(f"opsd_top_k must be an integer >= 1, got {self.opsd_top_k!r}")
-        if not (isinstance(self.sdpo_is_clip, (int, float)) and not isinstance(self.sdpo_is_clip, bool)) or not (
-            0.0 < self.sdpo_is_clip < float("inf")
-        ):
-            raise ValueError(f"sdpo_is_clip must be a finite number > 0, got {self.sdpo_is_clip!r}")
-        if not policy_objectives()[self.policy_objective].self_teacher:
-            return
-        if self.augmentations or self.distillation is not None:
-            raise ValueError(
-                f"policy_objective={self.policy_objective!r} is a row on GRPO\u2020's pipeline: its self-teacher "
-                f"reads the plain rollouts; set augmentations: [] and no distillation (got augmentations="
-                f"{self.augmentations}, distillation={self.distillation!r})"
-            )
-        if SELF_TEACHERS[self.policy_objective].samples_teacher and not (self.teacher_base_url and self.teacher_model):
-            raise ValueError(
-                f"policy_objective={self.policy_objective!r} shows the self-teacher the teacher's graded-correct "
-                "reply: set teacher_base_url and teacher_model"
-            )
-
-    rlkd_reward_weight: float = field(
-        default=RLKD_REWARD_WEIGHT,
-        metadata={
-            "help": "RLKD: the weight of its reasoning-structure reward beside the correctness reward (its code "
-            "weighs them equally). Only reward_term: rlkd reads it."
-        },
-    )
-    rlkd_gsrm_max_tokens: int = field(
-        default=GSRM_MAX_TOKENS,
-        metadata={
-            "help": "RLKD: the cap on a decomposition the GSRM (the judge endpoint) writes (its code's 10,000); the "
-            "judge server's --max-model-len must hold a whole rollout or teacher reply plus this. Only "
-            "reward_term: rlkd reads it."
-        },
-    )
-
-    def _validate_reward_term(self) -> None:
-        """GRPO-CARE's, Perception-R1's and RLKD's settings; each row is GRPO† with its term (plain groups only)."""
-        if self.reward_term not in REWARD_TERMS:
-            raise ValueError(f"reward_term must be one of {list(REWARD_TERMS)}, got {self.reward_term!r}")
-        for name in ("care_bonus_coefficient", "care_margin", "perception_reward_weight", "rlkd_reward_weight"):
-            _check_number(name, getattr(self, name))
-        _check_number("care_ema_decay", self.care_ema_decay, high=1.0)
-        if (
-            isinstance(self.care_ema_every, bool)
-            or not isinstance(self.care_ema_every, int)
-            or self.care_ema_every < 1
-        ):
-            raise ValueError(f"care_ema_every must be an integer >= 1, got {self.care_ema_every!r}")
-        if (
-            isinstance(self.rlkd_gsrm_max_tokens, bool)
-            or not isinstance(self.rlkd_gsrm_max_tokens, int)
-            or self.rlkd_gsrm_max_tokens < 1
-        ):
-            raise ValueError(f"rlkd_gsrm_max_tokens must be an integer >= 1, got {self.rlkd_gsrm_max_tokens!r}")
-        if self.reward_term == "none":
-            return
-        if self.augmentations or self.distillation is not None:
-            raise ValueError(
-                f"reward_term={self.reward_term!r} is a row on GRPO\u2020's pipeline: set augmentations: [] and no "
-                "distillation"
-            )
-        judge = (self.judge_base_url or self.teacher_base_url) and (self.judge_model or self.teacher_model)
-        if self.reward_term == "perception_r1" and not judge:
-            raise ValueError(
-                "reward_term='perception_r1' asks a judge whether each rollout states the question's visual "
-                "annotations: set judge_base_url and judge_model (or teacher_base_url and teacher_model)"
-            )
-        if self.reward_term == "rlkd" and not (self.teacher_base_url and self.teacher_model):
-            raise ValueError(
-                "reward_term='rlkd' compares each rollout's reasoning with the teacher's graded-correct reply: set "
-                "teacher_base_url and teacher_model (the judge, judge_base_url and judge_model, defaults to it)"
-            )
-
-    def _validate_zero_variance(self) -> None:
-        signal = self.zero_variance_signal
-        if signal != "none" and signal not in ZERO_VARIANCE_SIGNALS:
-            raise ValueError(f"zero_variance_signal must be one of {['none', *ZERO_VARIANCE_SIGNALS]}, got {signal!r}")
-        alpha = self.zero_variance_alpha
-        if alpha is not None and (
-            isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < alpha < float("inf")
-        ):
-            raise ValueError(f"zero_variance_alpha must be a finite number > 0 or null, got {alpha!r}")
-        if signal == "none":
-            return
-        if self.distillation is not None or set(self.augmentations) & set(_SUPERVISED_NAMES):
-            raise ValueError(
-                f"zero_variance_signal={signal!r} shapes RL advantages; this row trains "
-                f"{'the JSD' if self.distillation else 'cross-entropy'}: leave it 'none'"
-            )
-        if signal == "rl_zvp" and self.policy_objective == "gspo":
-            raise ValueError(
-                "zero_variance_signal='rl_zvp' gives each token its own advantage; policy_objective='gspo' trains one "
-                "ratio per response: use a token-level objective (grpo, cispo, dispo)"
-            )
-        if ZERO_VARIANCE_SIGNALS[signal].needs_teacher and not (self.teacher_base_url and self.teacher_model):
-            raise ValueError(
-                f"zero_variance_signal={signal!r} puts the teacher's targets in the loss: set teacher_base_url and "
-                "teacher_model (its vLLM server samples ReLIFT's solutions and scores RSTG's top-k)"
-            )
-        if signal == "lens" and self.num_partitions < 2:
-            raise ValueError(
-                "zero_variance_signal='lens' reads the sampling policy's log-probs, which TRL computes only when a "
-                f"rollout step feeds more than one update: set num_partitions >= 2 (got {self.num_partitions})"
-            )
+    def _validate_terms(self) -> None:
+        """Every term's settings (whatever the row), the selectors' values, and the selected terms' combinations:
+        a term on GRPO\u2020's pipeline refuses augmentations and distillation (its ``Needs.plain_pipeline_only``)."""
+        for term in TERMS.values():
+            term.check_settings(self)
+        for selector in TERM_SELECTORS:
+            names = ["none", *selected_by(selector)]
+            if getattr(self, selector) not in names:
+                raise ValueError(f"{selector} must be one of {names}, got {getattr(self, selector)!r}")
+        for term in terms_for(self):
+            if term.needs.plain_pipeline_only and (self.augmentations or self.distillation is not None):
+                raise ValueError(
+                    f"{term.selector}={term.name!r} is a row on GRPO\u2020's pipeline: set augmentations: [] and no "
+                    f"distillation (got augmentations={self.augmentations}, distillation={self.distillation!r})"
+                )
+            term.validate(self)
 
     def _resolve_augmentations(self) -> None:
         """Set ``augmentations`` from itself, its deprecated alias ``reformulations`` (with a FutureWarning) or
         the default ``["bcq", "ncq"]``, normalised; refuse the two set to different kinds. Afterwards
         ``reformulations`` reads the same kinds, for code and checks that still read the old name."""
-        new = None if self.augmentations is None else _kinds(self.augmentations)
-        old = None if self.reformulations is None else _kinds(self.reformulations)
+        new = None if self.augmentations is None else parse_kinds(self.augmentations)
+        old = None if self.reformulations is None else parse_kinds(self.reformulations)
         if old is not None and new is not None and old != new:
             raise ValueError(
                 f"augmentations {new} and reformulations {old} disagree: reformulations is the deprecated name of "
@@ -992,60 +580,43 @@ class ZPPOConfig(GRPOConfig):
 
     def _warn_unused_settings(self) -> None:
         """Warn about a row-specific field set on a row that never reads it (a likely mistake, e.g.
-        ``prefix_fraction`` without ``augmentations: [prefix]``), naming the field and what reads it."""
-        rstg = self.zero_variance_signal == "rstg"
-        teacher_logps = policy_objectives()[self.policy_objective].needs_teacher_logps
+        ``prefix_fraction`` without ``augmentations: [prefix]``), naming the field and what reads it. A term's
+        settings are read by the terms that declare them (:attr:`zppo_trl.terms.Term.reads`)."""
+        row, objective = self.row, self.policy_objective
+        terms = row.terms
         readers = {
             "prefix_fraction": ("prefix" in self.augmentations, "augmentations: [prefix]"),
             "bcq_candidate_content": ("bcq" in self.augmentations, "augmentations with bcq"),
-            "distill_teacher": (
-                self.distillation is not None or rstg or teacher_logps,
-                "distillation: off|on, zero_variance_signal: rstg or policy_objective: kdrl|rlad",
-            ),
+            "distill_teacher": (bool(row.needs.teacher_scores), "a row the teacher scores (its needs)"),
             "distill_beta": (
-                self.distillation is not None or rstg,
-                "distillation: off|on or zero_variance_signal: rstg",
+                self.distillation is not None or any("distill_beta" in t.reads for t in terms),
+                "distillation: off|on or a term that distils",
             ),
-            "distill_top_k": (
-                (self.distillation is not None and not self.distill_teacher) or rstg,
-                "distillation from the server",
-            ),
+            "distill_top_k": (SCORES_TOP_K in row.teacher_scores_from_server, "top-k scores from the teacher server"),
             "distill_chunk_size": (
                 self.distillation is not None
-                or rstg
-                or (teacher_logps and bool(self.distill_teacher))
-                or self.policy_objective in SELF_TEACHERS,
-                "distillation: off|on, zero_variance_signal: rstg, policy_objective: sdpo|opsd or policy_objective: "
-                "kdrl|rlad with distill_teacher",
+                or row.loads_teacher
+                or any("distill_chunk_size" in t.reads for t in terms),
+                "distillation: off|on, a teacher loaded next to the student, or a term that scores with a model",
             ),
-            **dict.fromkeys(DISPO_FIELDS, (self.policy_objective == "dispo", "policy_objective: dispo")),
-            "gspo_settings": (self.policy_objective == "gspo", "policy_objective: gspo"),
-            "cispo_weight_bound": (self.policy_objective == "cispo", "policy_objective: cispo"),
-            "dispo_out_of_bounds": (self.policy_objective == "dispo", "policy_objective: dispo"),
+            **dict.fromkeys(DISPO_FIELDS, (objective == "dispo", "policy_objective: dispo")),
+            "gspo_settings": (objective == "gspo", "policy_objective: gspo"),
+            "cispo_weight_bound": (objective == "cispo", "policy_objective: cispo"),
+            "dispo_out_of_bounds": (objective == "dispo", "policy_objective: dispo"),
             **dict.fromkeys(
-                ("kdrl_beta", "kdrl_beta_decay", "kdrl_beta_min"),
-                (self.policy_objective == "kdrl", "policy_objective: kdrl"),
+                ("kdrl_beta", "kdrl_beta_decay", "kdrl_beta_min"), (objective == "kdrl", "policy_objective: kdrl")
             ),
             **dict.fromkeys(
-                ("rlad_alpha", "rlad_teacher_log_ratio_bound"),
-                (self.policy_objective == "rlad", "policy_objective: rlad"),
-            ),
-            **dict.fromkeys(
-                ("sdpo_teacher_update_rate", "sdpo_is_clip"),
-                (self.policy_objective == "sdpo", "policy_objective: sdpo"),
-            ),
-            **dict.fromkeys(("opsd_beta", "opsd_top_k"), (self.policy_objective == "opsd", "policy_objective: opsd")),
-            "self_distill_weight": (self.policy_objective in SELF_TEACHERS, "policy_objective: sdpo|opsd"),
-            "zero_variance_alpha": (self.zero_variance_signal != "none", "zero_variance_signal"),
-            **dict.fromkeys(
-                ("care_bonus_coefficient", "care_ema_decay", "care_ema_every", "care_margin"),
-                (self.reward_term == "grpo_care", "reward_term: grpo_care"),
-            ),
-            "perception_reward_weight": (self.reward_term == "perception_r1", "reward_term: perception_r1"),
-            **dict.fromkeys(
-                ("rlkd_reward_weight", "rlkd_gsrm_max_tokens"), (self.reward_term == "rlkd", "reward_term: rlkd")
+                ("rlad_alpha", "rlad_teacher_log_ratio_bound"), (objective == "rlad", "policy_objective: rlad")
             ),
         }
+        for term in TERMS.values():  # every term's settings: read where a term that declares them is selected
+            for name in settings_fields(term):
+                if name not in readers:
+                    by = [t for t in TERMS.values() if name in t.reads]
+                    selectors = {t.selector: [u.name for u in by if u.selector == t.selector] for t in by}
+                    said = " or ".join(f"{selector}: {'|'.join(names)}" for selector, names in selectors.items())
+                    readers[name] = (any(t in terms for t in by), said)
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for name, (used, reader) in readers.items():
             if not used and getattr(self, name) != defaults[name]:
@@ -1054,49 +625,6 @@ class ZPPOConfig(GRPOConfig):
                     "it",
                     stacklevel=3,
                 )
-
-    def _validate_distillation(self) -> None:
-        if self.distillation is None:
-            return
-        if isinstance(self.distillation, bool):
-            raise ValueError(
-                'distillation must be "on" or "off" as a string: YAML reads a bare on/off as a boolean; quote it'
-            )
-        if self.distillation not in DISTILLATION_MODES:
-            raise ValueError(
-                f"distillation must be one of {list(DISTILLATION_MODES)} or null, got {self.distillation!r}"
-            )
-        if self.augmentations:
-            raise ValueError(
-                f"distillation={self.distillation!r} is a row of its own: set augmentations: [] (got "
-                f"{self.augmentations})"
-            )
-        if self.policy_objective != "grpo":
-            raise ValueError(
-                f"policy_objective={self.policy_objective!r} has no effect on a distillation row (it trains the JSD); "
-                "leave it 'grpo'"
-            )
-        if not (self.teacher_base_url and self.teacher_model):
-            if not self.distill_teacher:
-                raise ValueError(
-                    "distillation needs the teacher: set teacher_base_url and teacher_model (its vLLM server gives "
-                    "the per-token log-probs, and Off-Distill's rollouts), or distill_teacher to load it locally"
-                )
-            if self.distillation == "off":
-                raise ValueError(
-                    "distillation='off' samples the teacher's rollouts from its server: set teacher_base_url and "
-                    "teacher_model"
-                )
-        for name in ("distill_top_k", "distill_chunk_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if (
-            isinstance(self.distill_beta, bool)
-            or not isinstance(self.distill_beta, (int, float))
-            or not 0.0 <= self.distill_beta <= 1.0
-        ):
-            raise ValueError(f"distill_beta must be a number in [0, 1], got {self.distill_beta!r}")
 
     def _validate_objective(self) -> None:
         """Refuse TRL settings that would train a different objective than the paper's (after TRL's
@@ -1134,18 +662,10 @@ class ZPPOConfig(GRPOConfig):
         Qualifiers share one pair of brackets: ``ZPPO (GSPO, G_S=16, 1 pass)``. A student outside Qwen3.5
         adds its backbone (``student_family``) last: ``ZPPO (InternVL3.5-2B)``, ``GRPO† (Ovis2.5-2B)``.
 
-        A zero-variance signal (the paper's zero-variance table) names GRPO† after its method, ``RL-ZVP†`` and
-        ``LENS†`` (``RL-ZVP`` without the buffer); on any other row it is a qualifier, ``ZPPO (LENS)``.
+        A named term (:mod:`zppo_trl.terms`) names GRPO† after its method; on any other row it is a suffix or, for
+        a term that qualifies, a qualifier (``ZPPO (<term>)``).
         """
-        name, qualifiers = self._row_name()
-        if self._replay_matched:
-            name = f"Replay-matched {name}"
-        qualifiers += self._control_qualifiers()
-        if not qualifiers:
-            return name
-        if name.endswith(")"):  # one pair of brackets: "ZPPO (GSPO, G_S=16, 1 pass)"
-            return f"{name[:-1]}, {', '.join(qualifiers)})"
-        return f"{name} ({', '.join(qualifiers)})"
+        return row_name(self)
 
     @property
     def row(self) -> Row:
@@ -1153,104 +673,9 @@ class ZPPOConfig(GRPOConfig):
         resolved from the current fields."""
         return resolve_row(self)
 
-    def _row_name(self) -> tuple[str, list[str]]:
-        """The row's name from its augmentations, buffer, distillation, objective and zero-variance signal, and
-        the qualifier the signal adds where it does not rename the row."""
-        kinds = set(self.augmentations)
-        replay = self.replay_fraction > 0
-        if self.distillation is not None:
-            name = DISTILLATION_NAMES[self.distillation] + ("\u2020" if replay else "")
-        elif kinds == set(KINDS):
-            name = "ZPPO" if replay else "GRPO+Both"
-        elif not kinds:
-            name = "GRPO\u2020" if replay else "GRPO"
-        else:
-            kind = next(iter(kinds))
-            if kind in _SUPERVISED_NAMES:  # a supervised row of its own, not GRPO plus a branch
-                name = _SUPERVISED_NAMES[kind] + ("\u2020" if replay else "")
-            else:
-                kind = kind.upper() if kind in KINDS else kind.capitalize()
-                name = f"GRPO\u2020+{kind}" if replay else f"GRPO+{kind}"
-        if self.policy_objective != "grpo":
-            objective = policy_objectives()[self.policy_objective].printed
-            name = {"GRPO\u2020": f"{objective}\u2020", "GRPO": objective}.get(name, f"{name} ({objective})")
-        reward_term = REWARD_TERMS[self.reward_term]
-        if reward_term is not None:  # "GRPO-CARE†": GRPO† with the term, named after its method
-            name = {"GRPO\u2020": f"{reward_term}\u2020", "GRPO": reward_term}.get(name, f"{name} ({reward_term})")
-        zero_variance = ZERO_VARIANCE_SIGNALS.get(self.zero_variance_signal)
-        if zero_variance is None:
-            return name, []
-        # the zero-variance rows: "RL-ZVP†" for GRPO† with the named term, a qualifier elsewhere
-        renamed = {"GRPO\u2020": f"{zero_variance.printed}\u2020", "GRPO": zero_variance.printed}.get(name)
-        return (renamed, []) if renamed else (name, [zero_variance.printed])
-
-    @property
-    def _replay_matched(self) -> bool:
-        """GRPO† with its replay raised until its per-step cap is the headline ZPPO's (the replay control)."""
-        plain = (
-            not self.augmentations
-            and self.distillation is None
-            and self.zero_variance_signal == "none"
-            and self.reward_term == "none"
-        )
-        return plain and math.isclose(self.replay_fraction, MATCHED_REPLAY_FRACTION)
-
-    def _control_qualifiers(self) -> list[str]:
-        """What the appendix's controls vary, where it is not the paper's default: the replay fraction (GRPO†
-        and ZPPO), the BCQ candidate content, G_S with the corpus passes, and a backbone outside Qwen3.5."""
-        kinds = set(self.augmentations)
-        qualifiers = []
-        replay_row = self.replay_fraction > 0 and self.distillation is None and kinds in (set(), set(KINDS))
-        if replay_row and not self._replay_matched and not math.isclose(self.replay_fraction, PAPER_REPLAY_FRACTION):
-            qualifiers.append(f"\u03c1_replay={self.replay_fraction:.2f}")
-        printed = candidate_content(self.bcq_candidate_content).printed
-        if printed and "bcq" in kinds:
-            qualifiers.append(printed)
-        if self.num_generations > PAPER_GROUP_SIZE or self.corpus_passes != 1:
-            passes = self.corpus_passes
-            qualifiers.append(f"G_S={self.num_generations}, {passes} pass{'' if passes == 1 else 'es'}")
-        if self.student_family:
-            qualifiers.append(self.student_family)
-        return qualifiers
-
-    @property
-    def dispo_bounds(self) -> DispoBounds:
-        """DISPO's four clip epsilons (see :func:`zppo_trl.losses.dispo_per_token_loss`)."""
-        return DispoBounds(
-            self.dispo_epsilon_low_pos,
-            self.dispo_epsilon_high_pos,
-            self.dispo_epsilon_low_neg,
-            self.dispo_epsilon_high_neg,
-        )
-
     def composition(self, world_size: int) -> StepComposition:
         """The rollout step this configuration makes on ``world_size`` ranks (see :class:`StepComposition`)."""
-        if not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-        G = self.num_generations
-        rows = self.per_device_train_batch_size * self.steps_per_generation * world_size
-        if (self.per_device_train_batch_size * self.steps_per_generation) % G:
-            raise ValueError(
-                f"per_device_train_batch_size x steps_per_generation ({self.per_device_train_batch_size} x "
-                f"{self.steps_per_generation}) must be a multiple of num_generations ({G}) so that every rank holds "
-                "whole groups"
-            )
-        new = rows // G
-        row = self.row
-        return StepComposition(
-            world_size=world_size,
-            new_prompts=new,
-            max_replayed=replay_count(new, self.replay_fraction, new),
-            max_reformulated=augment_limit(new, self.augment_fraction) if self.augmentations else 0,
-            rollouts=G,
-            updates=self.num_partitions,
-            new_prompts_per_update=new / self.num_partitions,
-            teacher_rollouts=self.teacher_num_generations if row.needs.teacher_samples else 0,
-            rows_per_micro_batch=self.per_device_train_batch_size,
-            micro_batches_per_update=self.gradient_accumulation_steps,
-            rollout_steps=self.max_steps // self.num_partitions if self.max_steps and self.max_steps > 0 else None,
-            uses_teacher=row.uses_teacher,
-        )
+        return step_composition(self, world_size)
 
     def context_lengths(self) -> ContextLengths:
         """The servers' context sizing for this configuration (see :mod:`zppo_trl.context`)."""

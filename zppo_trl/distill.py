@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -39,8 +39,10 @@ __all__ = [
     "DISTILLATION_NAMES",
     "DISTILLATION_NEEDS",
     "DistillInputs",
+    "DistillationSettings",
     "TeacherTopK",
     "chosen_token_logps",
+    "check_distillation",
     "chunked_jsd",
     "completion_states",
     "frozen_distill_teacher",
@@ -58,6 +60,92 @@ DISTILLATION_NEEDS = {
     "off": Needs(teacher_samples=True, teacher_scores=frozenset({SCORES_TOP_K})),
     "on": Needs(teacher_scores=frozenset({SCORES_TOP_K})),
 }
+
+
+@dataclass
+class DistillationSettings:
+    """The distillation rows' fields of :class:`zppo_trl.ZPPOConfig` (the paper's Off-Distill and On-Distill
+    algorithms); ``distill_teacher``, ``distill_top_k``, ``distill_chunk_size`` and ``distill_beta`` are also read by
+    the other rows the teacher scores."""
+
+    distillation: str | None = field(
+        default=None,
+        metadata={
+            "help": "'off' (Off-Distill: imitate the graded-correct teacher rollouts of every question) or 'on' "
+            "(On-Distill: the teacher re-scores the student's own rollouts), trained with GKD's generalized JSD "
+            "instead of RL; with augmentations: []. replay_fraction > 0 is the dagger row."
+        },
+    )
+    distill_teacher: str | None = field(
+        default=None,
+        metadata={
+            "help": "Optional: a teacher checkpoint loaded next to the student for its full per-token "
+            "distributions (same tokenizer as the student). Default: the teacher server's top-k log-probs."
+        },
+    )
+    distill_top_k: int = field(
+        default=20,
+        metadata={
+            "help": "Tokens per position the teacher server returns (vLLM prompt_logprobs); the JSD is taken over "
+            "them plus one bucket for the rest of the vocabulary. At most the server's --max-logprobs "
+            "(vLLM's default: 20)."
+        },
+    )
+    distill_chunk_size: int = field(
+        default=1024,
+        metadata={
+            "help": "Completion tokens per chunk of the JSD: the LM head's logits exist for one chunk at a time "
+            "(recomputed in the backward pass), so its memory does not grow with the completion length."
+        },
+    )
+    distill_beta: float = field(
+        default=0.5,
+        metadata={"help": "beta of GKD's generalized JSD (paper: 0.5, symmetric)."},
+    )
+
+
+def check_distillation(args: Any) -> None:
+    """The distillation rows' fields and what the mode needs (its teacher), naming the field to fix."""
+    if args.distillation is None:
+        return
+    if isinstance(args.distillation, bool):
+        raise ValueError(
+            'distillation must be "on" or "off" as a string: YAML reads a bare on/off as a boolean; quote it'
+        )
+    if args.distillation not in DISTILLATION_MODES:
+        raise ValueError(f"distillation must be one of {list(DISTILLATION_MODES)} or null, got {args.distillation!r}")
+    if args.augmentations:
+        raise ValueError(
+            f"distillation={args.distillation!r} is a row of its own: set augmentations: [] (got {args.augmentations})"
+        )
+    if args.policy_objective != "grpo":
+        raise ValueError(
+            f"policy_objective={args.policy_objective!r} has no effect on a distillation row (it trains the JSD); "
+            "leave it 'grpo'"
+        )
+    if not (args.teacher_base_url and args.teacher_model):
+        if not args.distill_teacher:
+            raise ValueError(
+                "distillation needs the teacher: set teacher_base_url and teacher_model (its vLLM server gives "
+                "the per-token log-probs, and Off-Distill's rollouts), or distill_teacher to load it locally"
+            )
+        if args.distillation == "off":
+            raise ValueError(
+                "distillation='off' samples the teacher's rollouts from its server: set teacher_base_url and "
+                "teacher_model"
+            )
+    for name in ("distill_top_k", "distill_chunk_size"):
+        value = getattr(args, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if (
+        isinstance(args.distill_beta, bool)
+        or not isinstance(args.distill_beta, (int, float))
+        or not 0.0 <= args.distill_beta <= 1.0
+    ):
+        raise ValueError(f"distill_beta must be a number in [0, 1], got {args.distill_beta!r}")
+
+
 # The multimodal inputs a TRL batch may carry that a forward pass takes as they are.
 _FORWARD_FIELDS = (
     "pixel_values",

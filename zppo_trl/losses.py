@@ -19,7 +19,7 @@ it. Adding an objective is one function here (or in a module of its own) and its
 
 KDRL and RLAD, the teacher-side hybrid rows, register in :mod:`zppo_trl.hybrid_objectives` (listed in
 :data:`OBJECTIVE_MODULES`); they read the teacher's log-prob of every sampled token. SDPO and OPSD, the
-self-teacher rows, register in :mod:`zppo_trl.self_distillation`; they read a copy of the student under another
+self-teacher rows, register in :mod:`zppo_trl.terms.self_teachers`; they read a copy of the student under another
 prompt.
 
 Every loss divides a sum over the micro-batch's loss tokens by ``normalizer``, the partition's token
@@ -82,7 +82,7 @@ GSPO_EPSILONS: tuple[float, float] = (3e-4, 4e-4)
 
 # Modules that register further objectives (imported at the end of this module): a new objective is
 # one module with a ``@register_loss(..., objective=...)`` function, and one line here.
-OBJECTIVE_MODULES: tuple[str, ...] = ("zppo_trl.hybrid_objectives", "zppo_trl.self_distillation")
+OBJECTIVE_MODULES: tuple[str, ...] = ("zppo_trl.hybrid_objectives", "zppo_trl.terms.self_teachers")
 
 
 # CISPO's upper bound on the importance weight. MiniMax-M1 (the CISPO paper) imposes no lower bound and tunes
@@ -266,7 +266,7 @@ def register_loss(
     which the trainer then asks the teacher for; ``trains_zero_advantage`` when the loss has a gradient on rollouts
     whose advantage is 0 (KDRL's reverse KL), so a partition without a group of mixed rewards still trains rather
     than being skipped. ``self_teacher`` says the loss reads a self-teacher's signal (SDPO, OPSD), which the
-    trainer computes with a copy of the student (:data:`zppo_trl.self_distillation.SELF_TEACHERS` says which).
+    trainer computes with a copy of the student (:data:`zppo_trl.terms.self_teachers.SELF_TEACHERS` says which).
     """
     if computes not in ("logps", "distributions"):
         raise ValueError(f"computes must be 'logps' or 'distributions', got {computes!r}")

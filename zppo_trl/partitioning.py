@@ -8,11 +8,12 @@ One partitioner serves every row of the paper:
 * Target rows (Correction-/Error-reflection-SFT, Off-/On-Distill): the step's questions are dealt
   into the partitions (new and replayed evenly) and each target trains in its question's partition.
 
-Under a zero-variance signal (:mod:`zppo_trl.zero_variance`, the RL-ZVP, LENS and RSTG rows) the rows of all-wrong
-groups are marked and carry the signal, so a partition holding one has something to learn from. ReLIFT's teacher
-targets join the RL rows instead: each target row goes into the partition of its question's plain group, with
-zero advantage and its own mark, and makes that partition one with something to learn from. KDRL's reverse KL
-(:mod:`zppo_trl.hybrid_objectives`) acts on every rollout, so under it every partition has something to learn from.
+Under a term's partition signal (``signal``: the zero-variance terms of :mod:`zppo_trl.terms`) the rows it marks (the
+all-wrong groups') carry the signal, so a partition holding one has something to learn from. Teacher-forced target rows
+of a term join the RL rows: each target row goes into the partition of its question's plain group, with zero
+advantage and its own mark, and makes that partition one with something to learn from. Under an objective that
+trains zero advantages (``dense``: KDRL's reverse KL acts on every rollout) every partition has something to learn
+from.
 
 Either way a partition in which no rank has anything to learn from makes no optimizer update at all:
 its micro-batches are :data:`SKIP` markers, which the trainer turns into steps without a forward or a
@@ -24,21 +25,24 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .advantages import nontrivial_groups, partition_groups, two_step_advantages
-from .batches import select_rows
-from .losses import policy_objectives
+from .batches import MARKED_ROWS, TARGET_ROWS, select_rows
 from .rollout import FILLER
-from .zero_variance import MARK_FIELD, TARGET_FIELD, partition_signal
 
 __all__ = ["SKIP", "PolicyPartitions", "deal_targets", "is_skipped", "pack_partition", "policy_partitions", "skipped"]
 
 SKIP = "zppo_skip"  # marks the micro-batches of a partition that makes no update
+
+
+def _no_signal(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """No partition signal over ``n`` rows: nothing marked, no extra advantage."""
+    return torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.float64)
 
 
 def skipped(grad_accum: int) -> list[dict]:
@@ -82,7 +86,7 @@ def pack_partition(
     advantages = list(advantages) + [0.0] * (size - len(local))
     flags = {
         field: [float(m) for m in values] + [0.0] * (size - len(local))
-        for field, values in ((MARK_FIELD, marks), (TARGET_FIELD, targets))
+        for field, values in ((MARKED_ROWS, marks), (TARGET_ROWS, targets))
         if values is not None
     }
     items = torch.tensor(tokens * num_partitions, device=device)
@@ -128,6 +132,9 @@ def policy_partitions(
     seed: int,
     confidences_per_rank: Sequence[Sequence[float]] | None = None,
     targets_per_rank: Sequence[Sequence[tuple[int, tuple[int, int]]]] | None = None,
+    *,
+    signal: Callable | None = None,
+    dense: bool = False,
 ) -> PolicyPartitions:
     """Deal every rank's groups (``kinds_per_rank[r]``: the kind of each group of rank ``r``, in row order;
     ``rewards_per_rank[r]``: its rows' rewards) into ``args.num_partitions`` partitions, compute two-step
@@ -161,9 +168,7 @@ def policy_partitions(
                 rows[r][partition_of[anchor]].append(row)
                 target_rows[r][partition_of[anchor]].add(row)
 
-    # KDRL: every rollout carries a signal, even at advantage 0, so no partition is skipped for want of one
-    objective = policy_objectives().get(getattr(args, "policy_objective", "grpo"))
-    dense = objective is not None and objective.trains_zero_advantage
+    # dense (KDRL's): every rollout carries a signal, even at advantage 0, so no partition is skipped for want of one
     loss_mask = _loss_mask(batch)
     device = ranks.accelerator.device
     mine = [loss_mask[rows[ranks.rank][p]] for p in range(partitions)]
@@ -179,7 +184,8 @@ def policy_partitions(
         rewards = [reward_of[m] for m in members]
         group_ids = [group_of[m] for m in members]
         confidences = [confidences_per_rank[r][i] for r, i in members] if confidences_per_rank else None
-        marked, extra = partition_signal(args, rewards, group_ids, confidences)
+        found = signal(rewards, group_ids, confidences) if signal is not None else None
+        marked, extra = found if found is not None else _no_signal(len(members))
         if not (has_targets or (members and (dense or nontrivial_groups(rewards, group_ids) or marked.any()))):
             skipped_count += 1
             micro_batches += skipped(grad_accum)

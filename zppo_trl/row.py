@@ -9,16 +9,26 @@ teacher?", "which models sit next to the student?") and never test a row's name.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from .augmentations import AUGMENTATIONS, Augmentation
-from .distill import DISTILLATION_NEEDS
-from .losses import Loss, loss_for
+from .augmentations import AUGMENTATIONS, Augmentation, candidate_content
+from .distill import DISTILLATION_NAMES, DISTILLATION_NEEDS
+from .losses import Loss, loss_for, policy_objectives
 from .needs import Needs
+from .reformulate import KINDS
 from .terms import Description, Term, terms_for
 
-__all__ = ["Row", "resolve_row"]
+__all__ = [
+    "MATCHED_REPLAY_FRACTION",
+    "PAPER_GROUP_SIZE",
+    "PAPER_REPLAY_FRACTION",
+    "SUPERVISED_NAMES",
+    "Row",
+    "resolve_row",
+    "row_name",
+]
 
 
 @dataclass(frozen=True)
@@ -79,3 +89,99 @@ def resolve_row(args: Any) -> Row:
         needs = needs | term.needs
     loads_teacher = bool(getattr(args, "distill_teacher", None)) and bool(needs.teacher_scores)
     return Row(augmentation, distillation, objective, terms, needs, loads_teacher)
+
+
+# ---------------------------------------------------------------------- the row's name
+
+# How the paper's mistakes table prints the supervised controls (the dagger marks the replay buffer).
+SUPERVISED_NAMES = {"correction": "Correction-SFT", "reflection": "Error-reflection-SFT"}
+# The paper's defaults that the appendix's controls vary, and that a row's name states when it differs from them:
+# G_S and the corpus passes (the group-size and corpus-pass controls), rho_replay (the replay control).
+PAPER_GROUP_SIZE = 8
+PAPER_REPLAY_FRACTION = 0.25
+# "Replay-matched": GRPO†'s replay raised until its per-step cap (|X_new| new + rho_replay |X_new| replayed groups)
+# equals the headline ZPPO's (|X_new| new + 0.25 |X_new| replayed + at most rho_aug = 0.25 |X_new| reformulated).
+MATCHED_REPLAY_FRACTION = PAPER_REPLAY_FRACTION + 0.25
+_DAGGER = "\u2020"
+
+
+def row_name(args: Any) -> str:
+    """The paper's name of configuration ``args``'s row (see :attr:`zppo_trl.ZPPOConfig.variant`)."""
+    name, qualifiers = _base_name(args)
+    if _replay_matched(args):
+        name = f"Replay-matched {name}"
+    qualifiers += _control_qualifiers(args)
+    if not qualifiers:
+        return name
+    if name.endswith(")"):  # one pair of brackets: "ZPPO (GSPO, G_S=16, 1 pass)"
+        return f"{name[:-1]}, {', '.join(qualifiers)})"
+    return f"{name} ({', '.join(qualifiers)})"
+
+
+def _renamed(name: str, printed: str) -> str | None:
+    """GRPO† (or GRPO) with a part named after its method: ``"GRPO-CARE†"``; None for any other row."""
+    return {f"GRPO{_DAGGER}": f"{printed}{_DAGGER}", "GRPO": printed}.get(name)
+
+
+def _base_name(args: Any) -> tuple[str, list[str]]:
+    """The row's name from its augmentations, buffer, distillation, objective and terms, and the qualifiers the
+    terms add where they do not rename the row."""
+    kinds = set(args.augmentations)
+    dagger = _DAGGER if args.replay_fraction > 0 else ""
+    if args.distillation is not None:
+        name = DISTILLATION_NAMES[args.distillation] + dagger
+    elif kinds == set(KINDS):
+        name = "ZPPO" if dagger else "GRPO+Both"
+    elif not kinds:
+        name = f"GRPO{dagger}"
+    else:
+        kind = next(iter(kinds))
+        if kind in SUPERVISED_NAMES:  # a supervised row of its own, not GRPO plus a branch
+            name = SUPERVISED_NAMES[kind] + dagger
+        else:
+            kind = kind.upper() if kind in KINDS else kind.capitalize()
+            name = f"GRPO{dagger}+{kind}"
+    if args.policy_objective != "grpo":
+        objective = policy_objectives()[args.policy_objective].printed
+        name = _renamed(name, objective) or f"{name} ({objective})"
+    qualifiers = []
+    # the terms the objective field selects are named as the objective; the others rename GRPO† ("GRPO-CARE†") or
+    # are a suffix, or, for a qualifying term, a qualifier ("ZPPO (LENS)"); suffixes before qualifiers
+    for term in sorted((t for t in terms_for(args) if t.selector != "policy_objective"), key=lambda t: t.qualifies):
+        renamed = _renamed(name, term.printed)
+        if renamed is not None:
+            name = renamed
+        elif term.qualifies:
+            qualifiers.append(term.printed)
+        else:
+            name = f"{name} ({term.printed})"
+    return name, qualifiers
+
+
+def _replay_matched(args: Any) -> bool:
+    """GRPO† with its replay raised until its per-step cap is the headline ZPPO's (the replay control)."""
+    plain = (
+        not args.augmentations
+        and args.distillation is None
+        and all(term.selector == "policy_objective" for term in terms_for(args))
+    )
+    return plain and math.isclose(args.replay_fraction, MATCHED_REPLAY_FRACTION)
+
+
+def _control_qualifiers(args: Any) -> list[str]:
+    """What the appendix's controls vary, where it is not the paper's default: the replay fraction (GRPO† and ZPPO),
+    the BCQ candidate content, G_S with the corpus passes, and a backbone outside Qwen3.5."""
+    kinds = set(args.augmentations)
+    qualifiers = []
+    replay_row = args.replay_fraction > 0 and args.distillation is None and kinds in (set(), set(KINDS))
+    if replay_row and not _replay_matched(args) and not math.isclose(args.replay_fraction, PAPER_REPLAY_FRACTION):
+        qualifiers.append(f"\u03c1_replay={args.replay_fraction:.2f}")
+    printed = candidate_content(args.bcq_candidate_content).printed
+    if printed and "bcq" in kinds:
+        qualifiers.append(printed)
+    if args.num_generations > PAPER_GROUP_SIZE or args.corpus_passes != 1:
+        passes = args.corpus_passes
+        qualifiers.append(f"G_S={args.num_generations}, {passes} pass{'' if passes == 1 else 'es'}")
+    if args.student_family:
+        qualifiers.append(args.student_family)
+    return qualifiers

@@ -40,7 +40,7 @@ import os
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -55,23 +55,17 @@ from . import data, host_memory
 from .augmentations import Augmentation, BuiltGroup, BuiltGroups, Evidence, make_augmentation, teacher_results
 from .backbones import backbone_family
 from .batches import (
-    SELF_TEACHER_LOGPS,
-    SELF_TEACHER_MASK,
-    SELF_TEACHER_TOPK_IDS,
-    SELF_TEACHER_TOPK_LOGPS,
+    TOKEN_TYPE_FIELDS,
     concat_batches,
-    select_rows,
 )
 from .callbacks import EMAReferenceCallback, QuietProgressCallback, RolloutSummaryCallback
 from .config import ZPPOConfig
-from .consistency import CARE_CAP, EMAReference, answer_likelihood, answer_token_span, consistency_bonus
 from .distill import (
     DistillInputs,
     TeacherTopK,
     chosen_token_logps,
     completion_states,
     frozen_distill_teacher,
-    top_k_logps,
 )
 from .evaluation.condition import CONDITION_KEY, record_condition
 from .lm_head import score_loss_positions, use_full_logits
@@ -80,7 +74,6 @@ from .model_card import PAPER_CITATION, PAPER_TITLE, CardFacts, render_model_car
 from .optim import ANYPRECISION_OPTIM, AnyPrecisionAdamW, anyprecision_kwargs
 from .packing import batch_refusal, model_refusal, pack
 from .partitioning import deal_targets, is_skipped, policy_partitions
-from .perception import ANNOTATIONS, judge_perception, row_annotations
 from .prefetch import BatchLookahead, PrefetchedSampling, joined_futures
 from .prompts import compose_prompt
 from .ranks import Ranks
@@ -99,7 +92,6 @@ from .rollout import (
     merge_lists,
     plain_accuracy,
 )
-from .self_distillation import SELF_TEACHERS, opsd_context, sdpo_context, sdpo_demonstrations
 from .step_metrics import (
     accumulate_totals,
     admission_bins,
@@ -110,30 +102,18 @@ from .step_metrics import (
     service_metrics,
     timing_metrics,
 )
-from .structure_reward import decompose, judge_replies, reasoning_of, structure_rewards
+from .student_copy import EMAReference
 from .student_server import stand_in_for_overlong, student_generation, student_server_errors, weight_syncs
-from .teacher import TeacherClient, strip_thinking
+from .teacher import TeacherClient
+from .teacher_scores import TEACHER_LOGPS_FIELD, TEACHER_TOPK_IDS, TEACHER_TOPK_LOGPS, attach_teacher_scores
+from .terms import PlainStep, Term, TermContext
 from .trace_log import TRACE_LOG_NAME, TraceLog
-from .zero_variance import (
-    MARK_FIELD,
-    all_wrong_keys,
-    relift_targets,
-    response_log_confidence,
-    signal_for,
-    teacher_target_term,
-    token_advantages,
-)
 
 __all__ = ["ZPPO_STATE_NAME", "ZPPOTrainer"]
 
 logger = logging.getLogger(__name__)
 
 ZPPO_STATE_NAME = "zppo_state.json"
-CARE_REFERENCE_NAME = "care_reference.pt"  # GRPO-CARE's EMA weights in a checkpoint
-SELF_TEACHER_NAME = "self_teacher.pt"  # SDPO's / OPSD's self-teacher in a checkpoint
-# The micro-batch field with the teacher server's log-prob of each sampled token (KDRL, RLAD), (B, C).
-TEACHER_LOGPS_FIELD = "teacher_logps"
-_TOKEN_TYPE_FIELDS = ("token_type_ids", "mm_token_type_ids")  # per-token multimodal inputs
 _MULTIMODAL_FIELDS = (
     "pixel_values",
     "image_grid_thw",
@@ -240,11 +220,6 @@ class ZPPOTrainer(GRPOTrainer):
         self.teacher = teacher
         # The row's parts and the union of what they ask of the run (zppo_trl.row): read here, never re-derived.
         self.row = row = args.row
-        # The zero-variance rows' named term (zppo_trl.zero_variance), None for every other row.
-        self.zero_variance = signal_for(args)
-        # The self-teacher rows (SDPO, OPSD; zppo_trl.self_distillation): a copy of the student under a privileged
-        # prompt.
-        self.self_teacher_spec = self_teacher = SELF_TEACHERS.get(args.policy_objective)
         # The teacher's scores of the trained rows come from its server, or from the teacher loaded next to the
         # student (its full distributions) when one is given.
         local = bool(row.needs.teacher_scores) and (distill_teacher_model is not None or row.loads_teacher)
@@ -253,30 +228,8 @@ class ZPPOTrainer(GRPOTrainer):
         ):
             self.teacher = TeacherClient.from_config(args)
         self.distill_teacher = self._prepare_distill_teacher(distill_teacher_model) if local else None
-        # GRPO-CARE's reference (zppo_trl.consistency): an EMA copy of the student, moved after optimizer steps.
-        self.care_reference = (
-            self._prepare_ema_copy(args.care_ema_decay, args.care_ema_every, "reward_term='grpo_care'")
-            if args.reward_term == "grpo_care"
-            else None
-        )
-        # The self-teacher's weights: SDPO's an EMA of the initial student moved every update, OPSD's the initial
-        # student, frozen.
-        self.self_teacher = (
-            self._prepare_ema_copy(
-                1.0 - args.sdpo_teacher_update_rate if self_teacher.moves else 1.0,
-                1,
-                f"policy_objective={args.policy_objective!r}",
-            )
-            if self_teacher is not None
-            else None
-        )
-        # Perception-R1's judge (zppo_trl.perception): whether each rollout states its question's visual annotations.
-        self.perception_judge = self._prepare_perception_judge() if args.reward_term == "perception_r1" else None
-        # RLKD's GSRM and judge (zppo_trl.structure_reward), and each question's teacher trace, held once found
-        # (checkpointed) with its decomposition (found again after a resume: the GSRM is greedy).
-        self.structure_judge = TeacherClient.from_config(args, role="judge") if args.reward_term == "rlkd" else None
-        self._structure_traces: dict[Any, str] = {}
-        self._structure_steps: dict[Any, Any] = {}
+        # The row's named terms (zppo_trl.terms), each with what the trainer offers it.
+        self.terms: list[Term] = [term(args, self._term_context()) for term in row.terms]
         # Step 5's augmentation: ZPPO's BCQ/NCQ prompts, or a comparison row's; None for GRPO†.
         self.augmentation: Augmentation | None = make_augmentation(
             args.augmentations,
@@ -326,28 +279,33 @@ class ZPPOTrainer(GRPOTrainer):
         return reference
 
     def _ema_copies(self) -> list[tuple[str, EMAReference, str]]:
-        """The run's EMA copies of the student, each with its checkpoint file and what it is (for a warning)."""
-        copies = [
-            (CARE_REFERENCE_NAME, self.care_reference, "GRPO-CARE's reference"),
-            (SELF_TEACHER_NAME, self.self_teacher, "the self-teacher"),
-        ]
-        return [(name, copy, what) for name, copy, what in copies if copy is not None]
+        """The run's copies of the student (the terms'), each with its checkpoint file and what it is."""
+        return [copy for term in self.terms for copy in term.copies]
 
-    def _prepare_perception_judge(self) -> TeacherClient:
-        """Perception-R1's judge client; every row's annotations are checked now (a malformed one raises, naming its
-        row) and how many rows carry any is logged: a row without them trains as GRPO\u2020's."""
-        annotated = 0
-        if ANNOTATIONS in (self.train_dataset.column_names or []):
-            column = self.train_dataset[ANNOTATIONS]
-            ids = self.train_dataset[data.ID]
-            annotated = sum(1 for key, value in zip(ids, column) if row_annotations(value, key))
-        total = len(self.train_dataset)
-        (logger.info if annotated else logger.warning)(
-            "Perception-R1: %d of %d training rows carry visual annotations; the others get no perception reward",
-            annotated,
-            total,
+    def _term_context(self) -> TermContext:
+        """What the trainer offers a term (zppo_trl.terms.TermContext)."""
+        return TermContext(
+            args=self.args,
+            ranks=self.ranks,
+            tokenizer=self._tokenizer,
+            group_size=self.num_generations,
+            temperature=self.temperature,
+            rng=self._rng,
+            dataset=self.train_dataset,
+            row=self._row,
+            teacher_chat=self._teacher_conversation,
+            grade=self._grade_many,
+            evidence=lambda step, keys: self._gather_evidence(
+                step.teacher_future, step.draw, step.round, keys, step.metrics
+            ),
+            student_copy=self._prepare_ema_copy,
+            judge=lambda: TeacherClient.from_config(self.args, role="judge"),
+            teacher=self.teacher,
+            distill_teacher=self.distill_teacher,
+            tokenize_prompts=lambda conversations: self._tokenize_prompts(conversations)[0],
+            token_types=self._token_types,
+            autocast=self.accelerator.autocast,
         )
-        return TeacherClient.from_config(self.args, role="judge")
 
     def _set_up_console(self) -> None:
         """One line per rollout step on the console; TRL's metrics dict only with ``full_console_logs``."""
@@ -367,8 +325,7 @@ class ZPPOTrainer(GRPOTrainer):
     def defers_old_logps(self) -> bool:
         """Whether a rollout step's old log-probs wait for its micro-batches (``defer_old_logps``); LENS reads
         every rollout's at scoring time, so it keeps TRL's schedule."""
-        signal = self.zero_variance
-        return self.args.defer_old_logps and not (signal is not None and signal.needs_confidence)
+        return self.args.defer_old_logps and not self.row.needs.sampling_logps_at_scoring
 
     @property
     def _augmenting(self) -> bool:
@@ -436,7 +393,7 @@ class ZPPOTrainer(GRPOTrainer):
         if request is not None and request.has_prefixes:
             prefixes = request.response_prefixes
             prompt_ids = [[*ids, *(prefix or ())] for ids, prefix in zip(prompt_ids, prefixes, strict=True)]
-            for name in _TOKEN_TYPE_FIELDS:  # per-token fields (Qwen3.5: mm_token_type_ids): prefix tokens are text
+            for name in TOKEN_TYPE_FIELDS:  # per-token fields (Qwen3.5: mm_token_type_ids): prefix tokens are text
                 if name in multimodal_fields:
                     multimodal_fields[name] = [
                         [*types, *[0] * len(prefix or ())]
@@ -486,7 +443,7 @@ class ZPPOTrainer(GRPOTrainer):
             return empty, (torch.zeros_like(empty) if compute_entropy else None), None
         # TRL re-derives the token types of image prompts from the prompt text, which has no response
         # prefix (the Prefix control): rebuild them from the ids when their width does not match.
-        for name in _TOKEN_TYPE_FIELDS:
+        for name in TOKEN_TYPE_FIELDS:
             if multimodal.get(name) is not None and multimodal[name].size(1) != input_ids.size(1):
                 multimodal[name] = self._token_types(input_ids)
         batch_size = batch_size or input_ids.size(0)
@@ -725,25 +682,20 @@ class ZPPOTrainer(GRPOTrainer):
         else:
             loss_inputs.logps, loss_inputs.entropies, aux_loss = self._completion_logps(model, inputs)
             loss_inputs.old_logps, loss_inputs.advantages = inputs.get("old_per_token_logps"), inputs.get("advantages")
-            loss_inputs.advantages = token_advantages(  # RL-ZVP's token-level signal on all-wrong groups
-                self.args, loss_inputs.advantages, loss_inputs.entropies, mask, inputs.get(MARK_FIELD)
-            )
-            if self.objective_loss.needs_teacher_logps:  # KDRL, RLAD
+            for term in self.terms:  # a term's own advantages (token-level on the all-wrong groups)
+                advantages = term.advantages(loss_inputs, inputs)
+                if advantages is not None:
+                    loss_inputs.advantages = advantages
+            if self.objective_loss.needs_teacher_logps:  # the teacher's log-prob of each sampled token
                 loss_inputs.teacher_logps = self._teacher_token_logps(inputs)
                 loss_inputs.step = self.state.global_step
-            if self.objective_loss.self_teacher:  # SDPO, OPSD: computed at the rollout step (_with_self_teacher)
-                self._self_teacher_inputs(model, inputs, loss_inputs)
+            for term in self.terms:  # what the objective reads of a term (a self-teacher's signal)
+                term.prepare_loss(model, inputs, loss_inputs)
         out = self.objective_loss.fn(loss_inputs, self.args)
-        term = teacher_target_term(  # ReLIFT's / RSTG's teacher-target term on the all-wrong questions
-            self.args,
-            inputs,
-            loss_inputs.logps,
-            mask,
-            loss_inputs.normalizer,
-            lambda: self._distill_inputs(model, inputs),
-        )
-        if term is not None:
-            out.loss, out.means = out.loss + term[0], {**out.means, **term[1]}
+        for term in self.terms:  # a term added to the objective's loss (a teacher target on the all-wrong questions)
+            added = term.loss_term(inputs, loss_inputs, lambda: self._distill_inputs(model, inputs))
+            if added is not None:
+                out.loss, out.means = out.loss + added[0], {**out.means, **added[1]}
         loss = out.loss
         if self.aux_loss_enabled and aux_loss is not None:  # as TRL: scaled for gradient accumulation
             loss = loss + self.router_aux_loss_coef * aux_loss / (
@@ -760,27 +712,11 @@ class ZPPOTrainer(GRPOTrainer):
         with self.accelerator.autocast():
             states, head = completion_states(model, inputs, vocab, fused=self.args.fused_lm_head)
             if self.distill_teacher is None:
-                topk = TeacherTopK(inputs["teacher_topk_ids"], inputs["teacher_topk_logps"])
+                topk = TeacherTopK(inputs[TEACHER_TOPK_IDS], inputs[TEACHER_TOPK_LOGPS])
                 return DistillInputs(states, head, vocab, topk=topk)
             with torch.no_grad():
                 teacher_states, teacher_head = completion_states(self.distill_teacher, inputs, vocab)
         return DistillInputs(states, head, vocab, teacher_states=teacher_states, teacher_head=teacher_head)
-
-    def _self_teacher_inputs(self, model, inputs, loss_inputs: LossInputs) -> None:
-        """What a self-teacher row's term reads of a micro-batch, onto ``loss_inputs``: its mask, and SDPO's
-        log-probs of the sampled tokens, or OPSD's top-k with the student's completion states (a second student
-        forward, with gradient, for the divergence). Nothing on a batch ZPPO did not build (TRL's evaluation)."""
-        loss_inputs.teacher_mask = inputs.get(SELF_TEACHER_MASK)
-        if loss_inputs.teacher_mask is None:
-            return
-        if self.self_teacher_spec.signal == "token_logps":
-            loss_inputs.teacher_logps = inputs[SELF_TEACHER_LOGPS]
-            return
-        vocab = len(self._tokenizer)
-        with self.accelerator.autocast():
-            states, head = completion_states(model, inputs, vocab, fused=self.args.fused_lm_head)
-        topk = TeacherTopK(inputs[SELF_TEACHER_TOPK_IDS], inputs[SELF_TEACHER_TOPK_LOGPS])
-        loss_inputs.distill = DistillInputs(states, head, vocab, topk=topk)
 
     def _teacher_token_logps(self, inputs) -> torch.Tensor:
         """The teacher's log-prob of each sampled completion token of a micro-batch (B, C), from its raw
@@ -837,7 +773,7 @@ class ZPPOTrainer(GRPOTrainer):
             "admitted_at": [[key, r] for key, r in self._admitted_at.items()],
             "counters": dict(self.counters),
             "rng": [version, list(internal), gauss],
-            "structure_traces": [[key, trace] for key, trace in self._structure_traces.items()],
+            **{key: value for term in self.terms for key, value in term.state_dict().items()},
         }
 
     def load_zppo_state_dict(self, state: Mapping) -> None:
@@ -847,7 +783,8 @@ class ZPPOTrainer(GRPOTrainer):
         self.counters = defaultdict(float, state["counters"])
         version, internal, gauss = state["rng"]
         self._rng.setstate((version, tuple(internal), gauss))
-        self._structure_traces = dict(state.get("structure_traces", []))
+        for term in self.terms:
+            term.load_state_dict(state)
 
     # ------------------------------------------------------------------ prompts and grading
 
@@ -966,298 +903,34 @@ class ZPPOTrainer(GRPOTrainer):
             return self._target_batches(targets, draw, metrics)
         # 5. The student's group on each built instance; 6. partitions, two-step advantages, padded micro-batches.
         augmented_round = self._augmented_round(built, most_built, draw.plain[0].row, metrics)
-        targets = self._zero_variance_targets(teacher_future, draw, plain_round, metrics)
-        if self.self_teacher is not None:  # SDPO, OPSD: the self-teacher's signal on the plain rollouts
-            plain_round = self._with_self_teacher(teacher_future, draw.plain, plain_round, metrics)
-        if self.care_reference is not None:  # GRPO-CARE: the advantages see the bonus, the buffer does not
-            plain_round = self._with_consistency_bonus(plain_round, metrics)
-        if self.perception_judge is not None:  # Perception-R1: likewise its perception reward
-            plain_round = self._with_perception_reward(draw.plain, plain_round, metrics)
-        if self.structure_judge is not None:  # RLKD: likewise its structure reward
-            plain_round = self._with_structure_reward(teacher_future, draw.plain, plain_round, metrics)
+        plain_round, targets = self._with_terms(PlainStep(draw, plain_round, teacher_future, metrics))
         micro_batches = self._policy_batches(plain_round, augmented_round, metrics, targets)
-        signal = self.zero_variance
-        if signal is not None and signal.distills and self.distill_teacher is None:  # RSTG: the all-wrong rows
-            self._attach_teacher_topk(micro_batches, metrics, only=MARK_FIELD)
-        if self.objective_loss.needs_teacher_logps and self.distill_teacher is None:  # KDRL, RLAD: every rollout
-            self._attach_teacher_logps(micro_batches, metrics)
+        scores = self.row.teacher_scores_from_server
+        if scores and self.distill_teacher is None:  # the teacher server's scores of the trained rows
+            only = next((term.scores_only for term in self.terms if term.scores_only), None)
+            attach_teacher_scores(self.teacher, micro_batches, scores, self.args.distill_top_k, metrics, only)
         if augmenting:
             metrics.update(self._augmentation_metrics(plan, built, augmented_round))
         return micro_batches
 
-    def _with_consistency_bonus(self, plain_round: Round, metrics: dict) -> Round:
-        """The plain round with GRPO-CARE's bonus added to every rank's rewards
-        (:func:`zppo_trl.consistency.consistency_bonus`): the likelihoods of every rank's rollouts are gathered, and
-        every rank computes every group's bonus alike. Fillers get none."""
-        G, world = self.num_generations, self.ranks.world
-        likelihoods = [p for rank in self.ranks.gather(self._answer_likelihoods(plain_round.batch)) for p in rank]
-        rewards = plain_round.rewards.view(world, -1)
-        real = [
-            (rank, g * G + i)
-            for rank, groups in enumerate(plain_round.groups_per_rank)
-            for g, (kind, _key) in enumerate(groups)
-            if kind != FILLER
-            for i in range(G)
-        ]
-        width = rewards.size(1)
-        bonus = consistency_bonus(
-            [float(rewards[rank, i]) for rank, i in real],
-            [likelihoods[rank * width + i] for rank, i in real],
-            [(rank, i // G) for rank, i in real],
-            self.args.care_bonus_coefficient,
-            CARE_CAP,
-            self.args.care_margin,
-        )
-        shaped = rewards.clone()
-        for (rank, i), extra in zip(real, bonus):
-            shaped[rank, i] += extra
-        metrics["care_bonused"] = sum(1 for extra in bonus if extra > 0)
-        metrics["care_likelihood_mean"] = sum(likelihoods[rank * width + i] for rank, i in real) / max(len(real), 1)
-        return Round(plain_round.batch, shaped.view(-1), plain_round.texts, plain_round.groups_per_rank)
-
-    def _with_perception_reward(self, plain: Sequence[Group], plain_round: Round, metrics: dict) -> Round:
-        """The plain round with Perception-R1's reward, ``perception_reward_weight`` times ``r_v``, added to every
-        rank's rewards (:func:`zppo_trl.perception.judge_perception`): each rank asks the judge about its own
-        rollouts of annotated questions and the rewards are gathered, so every rank shapes the same rewards.
-        Fillers, questions without annotations and rollouts whose request failed (counted) get none."""
-        G = self.num_generations
-        items, positions, unannotated = [], [], 0
-        for g, group in enumerate(plain):
-            if group.kind == FILLER:
+    def _with_terms(self, step: PlainStep) -> tuple[Round, Round | None]:
+        """The plain round with every term's contribution (:meth:`zppo_trl.terms.Term.after_plain`, in registry
+        order, each on the correctness rewards): their rewards added for the advantages (never the plain accuracy or
+        the buffer), their fields put on the plain batch; and the target round of their teacher-forced rows."""
+        plain_round, batch, rewards, targets = step.round, None, step.round.rewards, None
+        for term in self.terms:
+            contribution = term.after_plain(step)
+            if contribution is None:
                 continue
-            key = group.row[data.ID]
-            annotations = row_annotations(self._row(key).get(ANNOTATIONS), key)
-            if not annotations:
-                unannotated += G
-                continue
-            for i in range(g * G, (g + 1) * G):
-                items.append((annotations, plain_round.texts[i]))
-                positions.append(i)
-        scores = judge_perception(self.perception_judge, items)
-        judged = [score for score in scores if score is not None]
-        count, total = self.ranks.total(len(judged)), self.ranks.total(sum(judged))  # over every rank, as RLKD's
-        metrics["perception_judged"] = count
-        metrics["perception_judge_failed"] = self.ranks.total(len(scores) - len(judged))
-        metrics["perception_unannotated"] = self.ranks.total(unannotated)
-        metrics["perception_reward_mean"] = total / max(count, 1)
-        return self._with_added_rewards(plain_round, positions, scores, self.args.perception_reward_weight)
-
-    def _with_added_rewards(
-        self, plain_round: Round, positions: Sequence[int], scores: Sequence[float | None], weight: float
-    ) -> Round:
-        """The plain round with ``weight`` times each score added to the reward of this rank's rollout at its
-        position (None: nothing), every rank's scores gathered, so every rank shapes the same rewards."""
-        local = [0.0] * len(plain_round.texts)
-        for i, score in zip(positions, scores):
-            local[i] = score or 0.0
-        rewards = plain_round.rewards.view(self.ranks.world, -1)
-        extra = torch.tensor(self.ranks.gather(local), dtype=rewards.dtype, device=rewards.device)
-        shaped = rewards + weight * extra
-        return Round(plain_round.batch, shaped.view(-1), plain_round.texts, plain_round.groups_per_rank)
-
-    def _with_self_teacher(
-        self, teacher_future: Any, plain: Sequence[Group], plain_round: Round, metrics: dict
-    ) -> Round:
-        """The plain round with the self-teacher's signal on this rank's rows: each rollout's privileged prompt
-        (:meth:`_sibling_contexts` for SDPO, :meth:`_reference_contexts` for OPSD), the self-teacher's signal
-        under it (:meth:`_self_teacher_signal`), and ``self_teacher_mask`` 1 on the rollouts that have one.
-        A rollout without a privileged prompt, and fillers, get none (counted)."""
-        G = self.num_generations
-        if self.self_teacher_spec.context == "sibling":
-            contexts = self._sibling_contexts(plain, plain_round)
-        else:
-            contexts = self._reference_contexts(teacher_future, plain, metrics)
-        rows = [i for i, context in enumerate(contexts) if context is not None]
-        real = sum(G for group in plain if group.kind != FILLER)
-        conversations = [self._teacher_conversation(plain[i // G].row, contexts[i]) for i in rows]
-        batch = dict(plain_round.batch)
-        mask = torch.zeros_like(batch["completion_mask"])
-        t0 = time.perf_counter()
-        batch.update(self._self_teacher_signal(batch, rows, conversations))
-        if rows:
-            mask[rows] = batch["completion_mask"][rows]
-            metrics["time/self_teacher_s"] = time.perf_counter() - t0
-        batch[SELF_TEACHER_MASK] = mask
-        metrics["self_distill_rollouts"] = self.ranks.total(len(rows))
-        metrics["self_distill_without_teacher"] = self.ranks.total(real - len(rows))
-        return Round(batch, plain_round.rewards, plain_round.texts, plain_round.groups_per_rank)
-
-    def _sibling_contexts(self, plain: Sequence[Group], plain_round: Round) -> list[str | None]:
-        """SDPO's privileged prompt per rollout of this rank: its plain prompt and its group's first other correct
-        rollout (:func:`sdpo_context`); None without one, and for fillers."""
-        G = self.num_generations
-        rank_rewards = plain_round.rewards.view(self.ranks.world, -1)[self.ranks.rank].tolist()
-        correct = [reward > CORRECT and plain[i // G].kind != FILLER for i, reward in enumerate(rank_rewards)]
-        contexts: list[str | None] = []
-        for i, demonstration in enumerate(sdpo_demonstrations(correct, G)):
-            group = plain[i // G]
-            if group.kind == FILLER or demonstration is None:
-                contexts.append(None)
-                continue
-            prompt = compose_prompt(group.row[data.QUESTION], group.block, self.args.closer)
-            contexts.append(sdpo_context(prompt, plain_round.texts[demonstration]))
-        return contexts
-
-    def _reference_contexts(self, teacher_future: Any, plain: Sequence[Group], metrics: dict) -> list[str | None]:
-        """OPSD's privileged prompt per rollout of this rank: its question with the teacher's first graded-correct
-        reply to it (:func:`opsd_context`), the same for the group's G rollouts; None where no reply was graded
-        correct (``opsd_questions_without_reference``, over ranks), and for fillers."""
-        G = self.num_generations
-        real = [group for group in plain if group.kind != FILLER]  # in the order the teacher was asked
-        references = [
-            reference if reference is not None and strip_thinking(reference).strip() else None
-            for reference in self._teacher_references(teacher_future, real)
-        ]
-        contexts: list[str | None] = []
-        for group, reference in zip(real, references):
-            context = (
-                None if reference is None else opsd_context(group.row[data.QUESTION], reference, self.args.closer)
-            )
-            contexts += [context] * G
-        contexts += [None] * G * (len(plain) - len(real))  # fillers come last
-        metrics["opsd_questions_without_reference"] = self.ranks.total(references.count(None))
-        return contexts
-
-    def _self_teacher_signal(self, batch: dict, rows: list[int], conversations: list) -> dict[str, torch.Tensor]:
-        """The self-teacher's signal on ``batch``'s ``rows`` under their ``conversations``, as full-batch fields
-        (zero on the other rows): SDPO's log-prob of each sampled token at the sampling temperature
-        (``self_teacher_logps``), or OPSD's top ``opsd_top_k`` log-probs and ids at each position
-        (``self_teacher_topk_*``, the raw distribution as the distillation rows' teacher)."""
-        ids = batch["completion_ids"]
-        vocab, chunk = len(self._tokenizer), self.args.distill_chunk_size
-        if self.self_teacher_spec.signal == "token_logps":
-            logps = torch.zeros(ids.shape, device=ids.device)
-
-            def score(states, head, sub):
-                scaled = lambda hidden: head(hidden) / self.temperature  # noqa: E731  (as the student's log-probs)
-                return chosen_token_logps(states, scaled, vocab, sub["completion_ids"], chunk)
-
-            if rows:
-                logps[rows] = torch.cat(self._under_prompts(batch, rows, conversations, score))
-            return {SELF_TEACHER_LOGPS: logps}
-        k = self.args.opsd_top_k
-        top_ids = torch.zeros((*ids.shape, k), dtype=torch.long, device=ids.device)
-        top_logps = torch.zeros((*ids.shape, k), device=ids.device)
-        if rows:
-            parts = self._under_prompts(
-                batch, rows, conversations, lambda states, head, _sub: top_k_logps(states, head, vocab, k, chunk)
-            )
-            top_ids[rows] = torch.cat([part.ids for part in parts])
-            top_logps[rows] = torch.cat([part.logps for part in parts])
-        return {SELF_TEACHER_TOPK_IDS: top_ids, SELF_TEACHER_TOPK_LOGPS: top_logps}
-
-    def _under_prompts(self, batch: dict, rows: list[int], conversations: list, score: Callable) -> list:
-        """``score(states, head, sub)`` of the self-teacher on ``batch``'s ``rows``, each teacher-forced after its own
-        prompt ``conversations[k]`` in place of the one it was sampled from (same images),
-        ``per_device_train_batch_size`` rows per forward (``sub``), no gradient; one result per forward."""
-        prompt_ids, _images, _fields = self._tokenize_prompts(conversations)
-        pad_id, vocab, size = self._tokenizer.pad_token_id, len(self._tokenizer), self.args.per_device_train_batch_size
-        per_row = concat_batches([batch], pad_id)  # images split per row, for select_rows
-        device = batch["completion_ids"].device
-        out = []
-        with torch.no_grad(), self.accelerator.autocast():
-            for start in range(0, len(rows), size):
-                sub = select_rows(per_row, rows[start : start + size], trim=False)
-                ids = [torch.tensor(p, device=device) for p in prompt_ids[start : start + size]]
-                sub["prompt_ids"] = torch.nn.utils.rnn.pad_sequence(
-                    ids, batch_first=True, padding_value=pad_id, padding_side="left"
-                )
-                sub["prompt_mask"] = torch.nn.utils.rnn.pad_sequence(
-                    [torch.ones_like(i) for i in ids], batch_first=True, padding_value=0, padding_side="left"
-                )
-                for name in _TOKEN_TYPE_FIELDS:  # the new prompt's image placeholders
-                    if name in sub:
-                        sub[name] = self._token_types(torch.cat([sub["prompt_ids"], sub["completion_ids"]], dim=1))
-                states, head = completion_states(self.self_teacher.model, sub, vocab)
-                out.append(score(states, head, sub))
-        return out
-
-    def _with_structure_reward(
-        self, teacher_future: Any, plain: Sequence[Group], plain_round: Round, metrics: dict
-    ) -> Round:
-        """The plain round with RLKD's structure reward, ``rlkd_reward_weight`` times
-        :func:`zppo_trl.structure_reward.structure_rewards`, added to every rank's rewards: each rank decomposes its
-        own rollouts of questions whose teacher trace has a decomposition and has them judged against it; the rewards
-        are gathered, so every rank shapes the same rewards. A question's trace is the teacher's first graded-correct
-        reply, held from the step it appears by every rank (a replayed question may land on another rank). Fillers,
-        rollouts of questions without one and rollouts whose requests failed (counted) get none."""
-        G, judge = self.num_generations, self.structure_judge
-        real = [group for group in plain if group.kind != FILLER]
-        held = lambda group: group.row[data.ID] in self._structure_traces  # noqa: E731
-        found: dict[Any, str] = {}
-        for group, reference in zip(real, self._teacher_references(teacher_future, real, skip=held)):
-            if reference is not None:
-                found.setdefault(group.row[data.ID], reference)
-        for part in self.ranks.gather(found):  # every rank keeps the same traces (and checkpoints them all)
-            for key, trace in part.items():
-                self._structure_traces.setdefault(key, trace)
-        keys = list(dict.fromkeys(group.row[data.ID] for group in real))
-        new = [key for key in keys if key in self._structure_traces and key not in self._structure_steps]
-        traces = [(self._row(key)[data.QUESTION], reasoning_of(self._structure_traces[key])) for key in new]
-        cap = self.args.rlkd_gsrm_max_tokens
-        for key, (answered, steps) in zip(new, decompose(judge, traces, cap)):
-            if answered:  # a failed request is asked again next time
-                self._structure_steps[key] = steps
-        positions, teacher_steps = [], []
-        for g, group in enumerate(plain):
-            steps = self._structure_steps.get(group.row[data.ID]) if group.kind != FILLER else None
-            if steps is not None:
-                positions += range(g * G, (g + 1) * G)
-                teacher_steps += [steps] * G
-        items = [(plain[i // G].row[data.QUESTION], reasoning_of(plain_round.texts[i])) for i in positions]
-        rollouts = decompose(judge, items, cap)
-        scores = structure_rewards(
-            [(t, steps) for t, (_, steps) in zip(teacher_steps, rollouts)], judge_replies(judge)
-        )
-        scores = [score if answered else None for score, (answered, _) in zip(scores, rollouts)]
-        judged = [score for score in scores if score is not None]
-        metrics["rlkd_judged"] = self.ranks.total(len(judged))
-        metrics["rlkd_failed"] = self.ranks.total(len(scores) - len(judged))
-        metrics["rlkd_without_trace"] = self.ranks.total(len(real) * G - len(positions))
-        metrics["rlkd_reward_mean"] = sum(judged) / max(len(judged), 1)
-        metrics["rlkd_traces"] = len(self._structure_traces)
-        return self._with_added_rewards(plain_round, positions, scores, self.args.rlkd_reward_weight)
-
-    def _teacher_references(
-        self, teacher_future: Any, real: Sequence[Group], skip: Callable[[Group], bool] | None = None
-    ) -> list[str | None]:
-        """Per real group of this rank (in the order the teacher was asked), the teacher's first reply to its question
-        that the trainer's reward grades correct, or None (and None, ungraded, for a group ``skip`` marks): OPSD's
-        privileged trace and RLKD's teacher trace."""
-        replies = teacher_results(teacher_future, [[] for _ in real])
-        replies = [[] if skip is not None and skip(group) else texts for group, texts in zip(real, replies)]
-        grades = self._grade_many([group.row for group in real], replies)
-        return [next((text for text, right in zip(texts, ok) if right), None) for texts, ok in zip(replies, grades)]
-
-    def _answer_likelihoods(self, batch: dict) -> list[float]:
-        """GRPO-CARE's ``p`` of each of this rank's rollouts: the reference's geometric-mean probability of the
-        answer's tokens given the question and the reasoning before them, its logits ``distill_chunk_size``
-        positions at a time."""
-        vocab = len(self._tokenizer)
-        with torch.no_grad(), self.accelerator.autocast():
-            states, head = completion_states(self.care_reference.model, batch, vocab)
-            logps = chosen_token_logps(states, head, vocab, batch["completion_ids"], self.args.distill_chunk_size)
-        likelihoods = []
-        for r in range(batch["completion_ids"].size(0)):
-            length = int(batch["completion_mask"][r].sum())
-            span = answer_token_span(batch["completion_ids"][r, :length].tolist(), self._tokenizer)
-            likelihoods.append(answer_likelihood(logps[r, :length], span))
-        return likelihoods
-
-    def _zero_variance_targets(
-        self, teacher_future: Any, draw: Draw, plain_round: Round, metrics: dict
-    ) -> Round | None:
-        """ReLIFT's target rows: one graded-correct teacher rollout per all-wrong plain question, teacher-forced
-        (:func:`zppo_trl.zero_variance.relift_targets`); None on every other row."""
-        signal = self.zero_variance
-        if signal is None or not signal.teacher_targets:
-            return None
-        keys = all_wrong_keys(plain_round.groups_per_rank, plain_round.rewards, self.num_generations)
-        evidence = self._gather_evidence(teacher_future, draw, plain_round, keys, metrics)
-        planned = relift_targets(keys, evidence.teacher_correct, self._rng)
-        built = BuiltGroups([BuiltGroup("relift", key, target=text) for key, text in self.ranks.share(planned)])
-        metrics["relift_all_wrong"], metrics["relift_targets"] = len(keys), len(planned)
-        return self._target_round(built, draw.plain[0].row, metrics)
+            step.metrics.update(contribution.metrics)
+            if contribution.rewards is not None:
+                rewards = rewards + contribution.rewards
+            if contribution.fields:
+                batch = {**(batch or plain_round.batch), **contribution.fields}
+            if contribution.targets is not None:
+                targets = self._target_round(contribution.targets, step.draw.plain[0].row, step.metrics)
+        shaped = Round(batch or plain_round.batch, rewards, plain_round.texts, plain_round.groups_per_rank)
+        return shaped, targets
 
     def _distillation_batches(self, teacher_future: Any, draw: Draw, plain_round: Round, metrics: dict) -> list[dict]:
         """Steps 4-6 of Off-/On-Distill: the sequences to imitate, each in its question's partition.
@@ -1279,93 +952,9 @@ class ZPPOTrainer(GRPOTrainer):
             targets = self._target_round(built, draw.plain[0].row, metrics)
         micro_batches = self._target_batches(targets, draw, metrics)
         if self.distill_teacher is None:  # the teacher's signal comes from its server
-            self._attach_teacher_topk(micro_batches, metrics)
+            scores = self.row.needs.teacher_scores
+            attach_teacher_scores(self.teacher, micro_batches, scores, self.args.distill_top_k, metrics)
         return micro_batches
-
-    def _attach_teacher_topk(self, micro_batches: list[dict], metrics: dict, only: str | None = None) -> None:
-        """Ask the teacher server for its top-k log-probs at every completion position of every sequence
-        this rank trains in the step (one concurrent batch), and put them on each micro-batch
-        (``teacher_topk_ids``/``teacher_topk_logps``, (B, C, k)). A sequence whose request failed is left out
-        of the loss (``distill_teacher_failed``); a step where every request failed is an error. With ``only``
-        (RSTG: ``zero_variance_rows``), only the rows that field marks are sent, and only their micro-batches get
-        the fields."""
-        k = self.args.distill_top_k
-        rows = self._teacher_forced_rows(micro_batches, only)
-        results = (
-            self.teacher.sequence_logprobs_async([seq for _, _, seq, _ in rows], [n for *_, n in rows], k).result()
-            if rows
-            else []
-        )
-        for micro in _holding(rows):
-            shape = (*micro["completion_ids"].shape, k)
-            micro["teacher_topk_ids"] = torch.zeros(shape, dtype=torch.long, device=micro["completion_ids"].device)
-            micro["teacher_topk_logps"] = torch.zeros(shape, device=micro["completion_ids"].device)
-
-        def place(micro: dict, r: int, result) -> None:
-            ids, logps = result
-            micro["teacher_topk_ids"][r, : len(ids)] = torch.tensor(ids)
-            micro["teacher_topk_logps"][r, : len(ids)] = torch.tensor(logps)
-
-        metrics["distill_teacher_failed"] = self._place_teacher_results(rows, results, place)
-
-    def _attach_teacher_logps(self, micro_batches: list[dict], metrics: dict) -> None:
-        """Ask the teacher server for its log-prob of every sampled token of every sequence this rank trains in
-        the step (one concurrent batch), and put them on each micro-batch (``teacher_logps``, (B, C)): the hybrid
-        RL rows' teacher signal. A sequence whose request failed is left out of the loss (``teacher_logps_failed``);
-        a step where every request failed is an error."""
-        rows = self._teacher_forced_rows(micro_batches)
-        results = (
-            self.teacher.token_logprobs_async([seq for _, _, seq, _ in rows], [n for *_, n in rows]).result()
-            if rows
-            else []
-        )
-        for micro in _holding(rows):
-            micro[TEACHER_LOGPS_FIELD] = torch.zeros(
-                micro["completion_ids"].shape, device=micro["completion_ids"].device
-            )
-
-        def place(micro: dict, r: int, logps: list[float]) -> None:
-            micro[TEACHER_LOGPS_FIELD][r, : len(logps)] = torch.tensor(logps)
-
-        metrics["teacher_logps_failed"] = self._place_teacher_results(rows, results, place)
-
-    def _teacher_forced_rows(self, micro_batches: list[dict], only: str | None = None) -> list[tuple]:
-        """``(micro-batch, row, prompt + completion token ids, prompt length)`` of every sequence with a completion
-        token in the trained micro-batches (with ``only``: the rows that field marks), for the teacher server to
-        score teacher-forced. Token ids cannot carry a question's images: image rows are refused."""
-        rows = []
-        for micro in micro_batches:
-            if is_skipped(micro) or (only is not None and only not in micro):
-                continue
-            wanted = [r for r in range(micro["completion_ids"].size(0)) if only is None or micro[only][r] > 0]
-            if wanted and micro.get("pixel_values") is not None:
-                raise ValueError(
-                    "the teacher server scores token ids, which cannot carry a question's images: for image "
-                    "questions set distill_teacher to load the teacher next to the student"
-                )
-            for r in wanted:
-                completion = micro["completion_ids"][r][micro["completion_mask"][r].bool()]
-                if completion.numel():
-                    prompt = micro["prompt_ids"][r][micro["prompt_mask"][r].bool()]
-                    rows.append((micro, r, prompt.tolist() + completion.tolist(), prompt.numel()))
-        return rows
-
-    def _place_teacher_results(self, rows: list[tuple], results: list, place: Callable) -> int:
-        """Put each row's teacher result on its micro-batch with ``place(micro, row, result)``; a row whose request
-        failed (None) leaves the loss (its completion mask zeroed). Returns the failed count; every row failing
-        is an error."""
-        failed = 0
-        for (micro, r, _, _), result in zip(rows, results):
-            if result is None:
-                failed += 1
-                micro["completion_mask"][r] = 0
-            else:
-                place(micro, r, result)
-        if rows and failed == len(rows):
-            raise RuntimeError(
-                f"every teacher log-prob request of this step failed ({self.teacher.base_url}); see the warning above"
-            )
-        return failed
 
     # 1.
 
@@ -1447,7 +1036,7 @@ class ZPPOTrainer(GRPOTrainer):
             batch = super()._generate_and_score_completions(rows)
         for (
             name
-        ) in _TOKEN_TYPE_FIELDS:  # widths as the prompts with their prefixes (see _get_per_token_logps_and_entropies)
+        ) in TOKEN_TYPE_FIELDS:  # widths as the prompts with their prefixes (see _get_per_token_logps_and_entropies)
             if name in batch and batch[name].size(1) != batch["prompt_ids"].size(1) + batch["completion_ids"].size(1):
                 batch[name] = self._token_types(torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1))
         groups_per_rank = self.ranks.gather([(g.kind, g.row[data.ID]) for g in groups])
@@ -1581,6 +1170,14 @@ class ZPPOTrainer(GRPOTrainer):
 
     # 6.
 
+    def _partition_signal(self, rewards, group_ids, confidences):
+        """One partition's ``(marked rows, extra advantages)`` from the terms' signals (None: none has one)."""
+        for term in self.terms:
+            signal = term.partition_signal(rewards, group_ids, confidences)
+            if signal is not None:
+                return signal
+        return None
+
     def _policy_batches(
         self, plain_round: Round, augmented_round: Round, metrics: dict, targets: Round | None = None
     ) -> list[dict]:
@@ -1595,8 +1192,9 @@ class ZPPOTrainer(GRPOTrainer):
         rewards_per_rank = [
             [x for r in rounds for x in r.rewards.view(world, -1)[rank].tolist()] for rank in range(world)
         ]
-        signal = self.zero_variance  # LENS reads each rollout's sampling log-prob, gathered like the rewards
-        confidences = self.ranks.gather(response_log_confidence(batch)) if signal and signal.needs_confidence else None
+        # what a term's partition signal reads of each rollout (LENS: its sampling log-prob), gathered like the rewards
+        reads = [values for term in self.terms if (values := term.partition_reads(batch)) is not None]
+        confidences = self.ranks.gather(reads[0]) if reads else None
         targets_per_rank = None
         if extra:  # each target row anchored to its question's plain group (rank, group)
             anchor = {
@@ -1619,6 +1217,8 @@ class ZPPOTrainer(GRPOTrainer):
             self._rng.getrandbits(32),
             confidences,
             targets_per_rank,
+            signal=self._partition_signal if self.terms else None,
+            dense=self.row.needs.trains_zero_advantage,
         )
         metrics["skipped_partitions"] = result.skipped
         metrics.update(advantage_stats(list(result.trained.values())))
@@ -1762,7 +1362,8 @@ class ZPPOTrainer(GRPOTrainer):
         """Times and teacher counters over all ranks, the running totals, and every metric into TRL's log."""
         teacher_wait = metrics.get("time/teacher_sample_wait_s", 0.0) + metrics.get("time/compression_s", 0.0)
         step_time = time.perf_counter() - start
-        clients = {"teacher": self.teacher, "judge": self.perception_judge or self.structure_judge}
+        judges = [client for term in self.terms for role, client in term.clients if role == "judge"]
+        clients = {"teacher": self.teacher, "judge": judges[0] if judges else None}
         services = []
         for client in clients.values():
             stats = client.stats(reset=True) if client is not None else {"requests": 0, "failed": 0}
@@ -1795,11 +1396,6 @@ class ZPPOTrainer(GRPOTrainer):
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def _holding(rows: list[tuple]) -> list[dict]:
-    """The micro-batches that hold the teacher-forced ``rows``, once each, in order."""
-    return list({id(micro): micro for micro, *_ in rows}.values())
 
 
 def _with_text(completion: Any, text: str) -> Any:

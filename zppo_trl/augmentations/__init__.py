@@ -48,6 +48,7 @@ __all__ = [
     "check_kinds",
     "leaks_answer",
     "make_augmentation",
+    "parse_kinds",
     "teacher_results",
 ]
 
@@ -71,6 +72,13 @@ def _families() -> str:
     shared = [f"a subset of [{', '.join(kinds)}]" for kinds in families.values() if len(kinds) > 1]
     alone = [f"[{kinds[0]}]" for kinds in families.values() if len(kinds) == 1]
     return ", or ".join(shared + [", ".join(alone[:-1]) + f" or {alone[-1]} alone"])
+
+
+def parse_kinds(value) -> list[str]:
+    """A kind list as the command line or a YAML gives it ("bcq,ncq", ["bcq", "ncq"], or [""] for none):
+    flattened, stripped, empties dropped."""
+    parts = [value] if isinstance(value, str) else list(value or [])
+    return [k.strip() for part in parts for k in str(part).split(",") if k.strip()]
 
 
 def check_kinds(kinds: Sequence[str]) -> tuple[str, ...]:

@@ -1,0 +1,134 @@
+"""The step-6 objectives' settings: the :class:`zppo_trl.ZPPOConfig` fields GSPO, CISPO, DISPO, KDRL and RLAD read
+(their losses are registered in :mod:`zppo_trl.losses` and :mod:`zppo_trl.hybrid_objectives`), and their checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .checks import check_number
+from .losses import CISPO_WEIGHT_BOUND, DispoBounds
+
+__all__ = ["DISPO_FIELDS", "DISPO_OUT_OF_BOUNDS", "GSPO_SETTINGS", "ObjectiveSettings", "check_objective_settings"]
+
+# GSPO as its paper trains it, or with the ZPPO table's clip range and aggregation (see gspo_settings).
+GSPO_SETTINGS = ("gspo_paper", "zppo_table")
+DISPO_OUT_OF_BOUNDS = ("zero", "clamp")
+DISPO_FIELDS = ("dispo_epsilon_low_pos", "dispo_epsilon_high_pos", "dispo_epsilon_low_neg", "dispo_epsilon_high_neg")
+
+
+@dataclass
+class ObjectiveSettings:
+    """The fields of the objectives other than GRPO's (each read only by the ``policy_objective`` its help names)."""
+
+    gspo_settings: str = field(
+        default="gspo_paper",
+        metadata={
+            "help": "GSPO's clip range and aggregation: 'gspo_paper' (the GSPO paper's: the sequence ratio clipped to "
+            "[1 - 3e-4, 1 + 4e-4], the loss averaged per response) or 'zppo_table' (the ZPPO hyperparameter "
+            "table's epsilon/epsilon_high and DAPO's token mean, a reading of 'every other setting follows' under "
+            "which the clip essentially never binds). Only policy_objective: gspo reads it."
+        },
+    )
+    cispo_weight_bound: float = field(
+        default=CISPO_WEIGHT_BOUND,
+        metadata={
+            "help": "CISPO's upper bound on the stop-gradient importance weight (no lower bound, as MiniMax-M1). "
+            "MiniMax-M1 does not state its value; 5 is ScaleRL's eps_max for CISPO (TRL's recommendation). Only "
+            "policy_objective: cispo reads it."
+        },
+    )
+    # DISPO's defaults: the values of a public DISPO training script (slime-based), NOT checked against the DISPO
+    # paper's own table, which could not be read here. Correct responses keep a gradient for 0.8 <= r <= 11;
+    # incorrect ones for 0 <= r <= 101 (the paper finds tight bounds on incorrect responses collapse training).
+    dispo_epsilon_low_pos: float = field(
+        default=0.2,
+        metadata={"help": "DISPO, correct responses (A > 0): tokens with weight below 1 - this get no gradient."},
+    )
+    dispo_epsilon_high_pos: float = field(
+        default=10.0,
+        metadata={"help": "DISPO, correct responses (A > 0): tokens with weight above 1 + this get no gradient."},
+    )
+    dispo_epsilon_low_neg: float = field(
+        default=1.0,
+        metadata={
+            "help": "DISPO, incorrect responses (A < 0): tokens with weight below 1 - this get no gradient (1: no "
+            "lower bound)."
+        },
+    )
+    dispo_epsilon_high_neg: float = field(
+        default=100.0,
+        metadata={"help": "DISPO, incorrect responses (A < 0): tokens with weight above 1 + this get no gradient."},
+    )
+
+    dispo_out_of_bounds: str = field(
+        default="zero",
+        metadata={
+            "help": "DISPO, a token whose weight is outside its interval: 'zero' (no gradient, our reading of the "
+            "DISPO abstract) or 'clamp' (the weight clamped into the interval, as secondary summaries write "
+            "J_DISPO). See docs/comparison_rows.md."
+        },
+    )
+    # KDRL's annealed reverse-KL weight (zppo_trl.hybrid_objectives): its paper's best-scoring schedule.
+    kdrl_beta: float = field(
+        default=5e-3,
+        metadata={"help": "KDRL: the reverse-KL weight at step 0. Only policy_objective: kdrl reads it."},
+    )
+    kdrl_beta_decay: float = field(
+        default=5e-5,
+        metadata={
+            "help": "KDRL: how much the reverse-KL weight falls per optimizer step (0: a constant kdrl_beta). Only "
+            "policy_objective: kdrl reads it."
+        },
+    )
+    kdrl_beta_min: float = field(
+        default=1e-3,
+        metadata={"help": "KDRL: the floor of the annealed reverse-KL weight. Only policy_objective: kdrl reads it."},
+    )
+    rlad_alpha: float = field(
+        default=0.5,
+        metadata={
+            "help": "RLAD: the old policy's share of the ratio's anchor pi_old^alpha pi_T^(1 - alpha) (1: GRPO's "
+            "ratio; its paper's 0.5). Only policy_objective: rlad reads it."
+        },
+    )
+    rlad_teacher_log_ratio_bound: float = field(
+        default=1.0,
+        metadata={
+            "help": "RLAD: log pi - log pi_T is clamped to [-bound, bound] in the ratio (its paper's 1). Only "
+            "policy_objective: rlad reads it."
+        },
+    )
+
+    @property
+    def dispo_bounds(self) -> DispoBounds:
+        """DISPO's four clip epsilons (see :func:`zppo_trl.losses.dispo_per_token_loss`)."""
+        return DispoBounds(
+            self.dispo_epsilon_low_pos,
+            self.dispo_epsilon_high_pos,
+            self.dispo_epsilon_low_neg,
+            self.dispo_epsilon_high_neg,
+        )
+
+
+def check_objective_settings(args: Any) -> None:
+    """Refuse a bad value of an objective's field, naming it (whatever the row: a set field must be valid)."""
+    if args.gspo_settings not in GSPO_SETTINGS:
+        raise ValueError(f"gspo_settings must be one of {list(GSPO_SETTINGS)}, got {args.gspo_settings!r}")
+    if args.dispo_out_of_bounds not in DISPO_OUT_OF_BOUNDS:
+        raise ValueError(
+            f"dispo_out_of_bounds must be one of {list(DISPO_OUT_OF_BOUNDS)}, got {args.dispo_out_of_bounds!r}"
+        )
+    bound = args.cispo_weight_bound
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not 1.0 <= bound < float("inf"):
+        raise ValueError(f"cispo_weight_bound must be a finite number >= 1, got {bound!r}")
+    for name in DISPO_FIELDS:
+        check_number(name, getattr(args, name))
+    for name in ("kdrl_beta", "kdrl_beta_decay", "kdrl_beta_min", "rlad_teacher_log_ratio_bound"):
+        check_number(name, getattr(args, name))
+    check_number("rlad_alpha", args.rlad_alpha, high=1.0)
+    if args.kdrl_beta_min > args.kdrl_beta:
+        raise ValueError(
+            f"kdrl_beta_min ({args.kdrl_beta_min}) must not exceed kdrl_beta ({args.kdrl_beta}): "
+            "the weight anneals down to it"
+        )
