@@ -29,7 +29,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["ANYPRECISION_OPTIM", "AnyPrecisionAdamW", "anyprecision_kwargs", "state_bytes_per_parameter"]
+__all__ = [
+    "ANYPRECISION_OPTIM",
+    "AnyPrecisionAdamW",
+    "anyprecision_kwargs",
+    "optimizer_cls_and_kwargs",
+    "state_bytes_per_parameter",
+]
 
 ANYPRECISION_OPTIM = "adamw_anyprecision"  # transformers' OptimizerNames value
 
@@ -293,3 +299,24 @@ def _restore_state_dtypes(optimizer: AnyPrecisionAdamW) -> None:
             for name, dtype_key in _BUFFERS.items():
                 if name in state and state[name].dtype != group[dtype_key]:
                     state[name] = state[name].to(group[dtype_key])
+
+
+def optimizer_cls_and_kwargs(args: Any, model: Any, default: Callable) -> tuple[type, dict]:
+    """transformers' choice of optimizer (``default(args, model)``), except that ``optim="adamw_anyprecision"``
+    builds :class:`AnyPrecisionAdamW`.
+
+    The paper trains with AnyPrecisionAdamW (bf16 optimizer state); transformers would import it from torchdistx,
+    which cannot be installed here, so :class:`AnyPrecisionAdamW` takes its place with transformers' keyword
+    arguments (lr, betas, eps from ``args``; ``optim_args`` parsed by :func:`anyprecision_kwargs`).
+    ``create_optimizer`` still builds the parameter groups and their weight decay; every other ``optim`` is
+    transformers' own.
+    """
+    if args.optim == ANYPRECISION_OPTIM:
+        kwargs = {
+            "lr": args.learning_rate,
+            "betas": (args.adam_beta1, args.adam_beta2),
+            "eps": args.adam_epsilon,
+            **anyprecision_kwargs(args.optim_args),
+        }
+        return AnyPrecisionAdamW, kwargs
+    return default(args, model)

@@ -1,0 +1,241 @@
+"""The per-token log-prob paths of :class:`zppo_trl.ZPPOTrainer`, as a mixin: TRL's log-prob hook (padded, or packed
+with ``padding_free``), the sampling policy's old log-probs of a step's micro-batches, the distillation rows' and
+KDRL/RLAD's teacher signal on a micro-batch, and the loss's divisors and logging.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import torch
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import nanmax, nanmin
+
+from .batches import (
+    TOKEN_TYPE_FIELDS,
+)
+from .distill import (
+    DistillInputs,
+    TeacherTopK,
+    chosen_token_logps,
+    completion_states,
+)
+from .losses import LossOutput
+from .packing import batch_refusal, model_refusal, pack
+from .partitioning import is_skipped
+from .teacher_scores import TEACHER_LOGPS_FIELD, TEACHER_TOPK_IDS, TEACHER_TOPK_LOGPS
+
+__all__ = ["LogProbPaths"]
+
+logger = logging.getLogger(__name__)
+
+_MULTIMODAL_FIELDS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+
+
+class LogProbPaths:
+    """A mixin of :class:`zppo_trl.ZPPOTrainer` (see the module's docstring)."""
+
+    @property
+    def defers_old_logps(self) -> bool:
+        """Whether a rollout step's old log-probs wait for its micro-batches (``defer_old_logps``); LENS reads
+        every rollout's at scoring time, so it keeps TRL's schedule."""
+        return self.args.defer_old_logps and not self.row.needs.sampling_logps_at_scoring
+
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        pixel_values=None,
+        image_grid_thw=None,
+        num_images=None,
+        pixel_attention_mask=None,
+        spatial_shapes=None,
+        num_tiles=None,
+        image_sizes=None,
+        token_type_ids=None,
+        mm_token_type_ids=None,
+        image_position_ids=None,
+    ):
+        # TRL's signature, spelled out (tests/test_trl_coupling.py compares it with the installed TRL's)
+        multimodal = dict(
+            pixel_values=pixel_values,
+            image_grid_thw=image_grid_thw,
+            num_images=num_images,
+            pixel_attention_mask=pixel_attention_mask,
+            spatial_shapes=spatial_shapes,
+            num_tiles=num_tiles,
+            image_sizes=image_sizes,
+            token_type_ids=token_type_ids,
+            mm_token_type_ids=mm_token_type_ids,
+            image_position_ids=image_position_ids,
+        )
+        request = self._active_round
+        if request is not None and not request.old_logps:  # TRL's old log-probs: see _attach_old_logps
+            return None, None, None
+        if request is not None and request.given_responses is not None:
+            # Teacher-forced targets: TRL's old log-probs of them are never read (the SFT and JSD losses).
+            empty = torch.zeros(input_ids.size(0), logits_to_keep, device=input_ids.device)
+            return empty, (torch.zeros_like(empty) if compute_entropy else None), None
+        # TRL re-derives the token types of image prompts from the prompt text, which has no response
+        # prefix (the Prefix control): rebuild them from the ids when their width does not match.
+        for name in TOKEN_TYPE_FIELDS:
+            if multimodal.get(name) is not None and multimodal[name].size(1) != input_ids.size(1):
+                multimodal[name] = self._token_types(input_ids)
+        batch_size = batch_size or input_ids.size(0)
+        if self.args.padding_free:  # the paper's "Padding-free training" (zppo_trl.packing)
+            present = sorted(name for name, value in multimodal.items() if value is not None)
+            refusal = model_refusal(self.accelerator.unwrap_model(model).config) or (
+                f"the batch carries multimodal inputs ({', '.join(present)})" if present else None
+            )
+            if refusal is None:
+                return self._packed_logps(
+                    model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss
+                )
+            self._count_padded(model, refusal, math.ceil(input_ids.size(0) / batch_size))
+        return super()._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size=batch_size,
+            compute_entropy=compute_entropy,
+            compute_aux_loss=compute_aux_loss,
+            **multimodal,
+        )
+
+    def _packed_logps(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, aux):
+        """TRL's per-token log-probs, entropies and MoE balancing loss, each chunk of ``batch_size`` rows run
+        as one packed row (:func:`zppo_trl.packing.pack`); a chunk that cannot be packed runs padded."""
+        logps, entropies, aux_losses = [], [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            ids, mask = input_ids[start : start + batch_size], attention_mask[start : start + batch_size]
+            refusal = batch_refusal(mask, logits_to_keep)
+            if refusal is not None:
+                self._count_padded(model, refusal, 1)
+                chunk = super()._get_per_token_logps_and_entropies(
+                    model, ids, mask, logits_to_keep, compute_entropy=compute_entropy, compute_aux_loss=aux
+                )
+            else:
+                packed = pack(ids, mask, logits_to_keep)
+                with self.accelerator.autocast():  # no attention mask: the position ids separate the rows
+                    out = model(
+                        input_ids=packed.input_ids,
+                        position_ids=packed.position_ids,
+                        labels=packed.labels,
+                        fused_lm_head=True,
+                        **({"output_router_logits": True} if aux else {}),
+                    )
+                entropy = packed.unpack(out.entropy) if compute_entropy else None
+                chunk = packed.unpack(out.log_probs), entropy, out.aux_loss if aux else None
+            logps.append(chunk[0])
+            entropies.append(chunk[1])
+            aux_losses.append(chunk[2])
+        return (
+            torch.cat(logps),
+            torch.cat(entropies) if compute_entropy else None,
+            torch.stack(aux_losses).mean() if aux else None,
+        )
+
+    def _count_padded(self, model, reason: str, micro_batches: int) -> None:
+        """Count micro-batches that ``padding_free`` could not pack (``zppo/padded_micro_batches_total``,
+        this rank's), warning once per reason: they run padded, never packed wrongly."""
+        self.counters["padded_micro_batches_total"] += micro_batches
+        if reason not in self._padding_free_warned:
+            self._padding_free_warned.add(reason)
+            model_type = self.accelerator.unwrap_model(model).config.get_text_config().model_type
+            logger.warning("padding_free: %s micro-batches run padded: %s", model_type, reason)
+
+    def _completion_logps(self, model, inputs, for_loss: bool = True):
+        """Per-token log-probs of the completions, as TRL computes them; ``for_loss`` adds what only the loss
+        reads: the entropies and the router's aux loss (else None)."""
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        return self._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            inputs["completion_ids"].size(1),
+            compute_entropy=for_loss,
+            compute_aux_loss=for_loss and self.aux_loss_enabled,
+            **{key: inputs.get(key) for key in _MULTIMODAL_FIELDS},
+        )
+
+    def _distill_inputs(self, model, inputs) -> DistillInputs:
+        """The student's completion states and LM head, and the teacher's signal: the top-k its server sent
+        for this micro-batch (``teacher_topk_*``), or a local teacher's own states and head."""
+        vocab = len(self._tokenizer)
+        with self.accelerator.autocast():
+            states, head = completion_states(model, inputs, vocab, fused=self.args.fused_lm_head)
+            if self.distill_teacher is None:
+                topk = TeacherTopK(inputs[TEACHER_TOPK_IDS], inputs[TEACHER_TOPK_LOGPS])
+                return DistillInputs(states, head, vocab, topk=topk)
+            with torch.no_grad():
+                teacher_states, teacher_head = completion_states(self.distill_teacher, inputs, vocab)
+        return DistillInputs(states, head, vocab, teacher_states=teacher_states, teacher_head=teacher_head)
+
+    def _teacher_token_logps(self, inputs) -> torch.Tensor:
+        """The teacher's log-prob of each sampled completion token of a micro-batch (B, C), from its raw
+        distribution: what its server sent for it (``teacher_logps``), or the local teacher's, a chunk of positions
+        at a time (``distill_chunk_size``)."""
+        if self.distill_teacher is None:
+            return inputs[TEACHER_LOGPS_FIELD]
+        vocab = len(self._tokenizer)
+        with torch.no_grad(), self.accelerator.autocast():
+            states, head = completion_states(self.distill_teacher, inputs, vocab)
+            return chosen_token_logps(states, head, vocab, inputs["completion_ids"], self.args.distill_chunk_size)
+
+    def _update_count(self, inputs, key: str, mode: str) -> torch.Tensor:
+        """A loss divisor as TRL's ``"dapo"`` divisor rescales ``num_items_in_batch``: to one accumulation
+        window and one rank. ZPPO's micro-batches carry their partition's token count (``num_items_in_batch``)
+        and response count (``num_sequences_in_batch``) x ``num_partitions``, so it is that count / processes
+        (gradients are averaged over ranks)."""
+        count = inputs[key].clamp(min=1.0) / self.accelerator.num_processes
+        if mode == "train":  # in eval the batch is neither split across steps nor accumulated
+            count = count * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        return count
+
+    def _log_loss(self, mode: str, out: LossOutput) -> None:
+        """What the loss reports, over every rank: token means, and per-response minima or maxima."""
+        for name, (total, count) in out.means.items():
+            totals = self.accelerator.reduce(torch.stack([total, count]), reduction="sum")
+            self._metrics[mode][name].append((totals[0] / totals[1].clamp(min=1.0)).item())
+        for name, (values, how) in out.extremes.items():
+            gathered = self.accelerator.gather(values)
+            self._metrics[mode][name].append((nanmin if how == "min" else nanmax)(gathered).item())
+
+    def _attach_old_logps(self, micro_batches: list[dict], metrics: dict) -> None:
+        """The sampling policy's per-token log-probs (``old_per_token_logps``) of the micro-batches that read
+        them, computed before the step's first update (so on the weights that sampled the rollouts): every
+        trained partition but the first one trained, which updates on those very weights (a skipped partition
+        changes none), so its ratio is exactly 1 and its loss takes the detached log-probs of its own forward;
+        and only when the loss is a policy objective. Every rank runs the same number of forward passes
+        (partition sizes and skips agree over ranks), as ZeRO-3's parameter gathering requires."""
+        if not self.objective_loss.reads_old_logps:
+            return
+        t0, rows = time.perf_counter(), 0
+        ga = self.args.gradient_accumulation_steps  # a partition's micro-batches, all skipped or none
+        first_trained = next((i for i in range(0, len(micro_batches), ga) if not is_skipped(micro_batches[i])), 0)
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            for micro in micro_batches[first_trained + ga :]:
+                if not is_skipped(micro):
+                    micro["old_per_token_logps"] = self._completion_logps(self.model, micro, for_loss=False)[0]
+                    rows += micro["completion_ids"].size(0)
+        metrics["time/old_logps_s"], metrics["old_logps_rows"] = time.perf_counter() - t0, rows
