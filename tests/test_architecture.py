@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 import random
 import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -134,9 +136,15 @@ def _example(heading: str) -> list[str]:
 
 
 def _run_as(module: str, code: str) -> dict:
-    namespace = {"__name__": module, "__package__": module.rpartition(".")[0]}
-    exec(compile(code, f"<docs/architecture.md: {module}>", "exec"), namespace)
-    return namespace
+    """Run ``code`` as the module ``module`` (in ``sys.modules`` while it runs, as an import would put it)."""
+    namespace = types.ModuleType(module)
+    namespace.__package__ = module.rpartition(".")[0]
+    sys.modules[module] = namespace
+    try:
+        exec(compile(code, f"<docs/architecture.md: {module}>", "exec"), vars(namespace))
+    finally:
+        sys.modules.pop(module, None)
+    return vars(namespace)
 
 
 def test_the_objective_example_registers_a_trainable_objective():
@@ -201,3 +209,46 @@ def test_the_benchmark_example_is_a_valid_setting():
         == "Which is a mammal?"
     )
     assert "scienceqa" not in BENCHMARK_MODULES  # the example is not part of the paper's suite
+
+
+def test_the_term_example_is_a_row_the_pipeline_reads():
+    from dataclasses import dataclass
+
+    from accelerate import Accelerator
+
+    from zppo_trl import ZPPOConfig
+    from zppo_trl.model_card import _approach
+    from zppo_trl.plan import teacher_lines
+    from zppo_trl.ranks import Ranks
+    from zppo_trl.rollout import Round
+    from zppo_trl.terms import TERMS, PlainStep
+
+    module, registration = _example("A new named term")
+    assert "TERM_MODULES" in registration and '"length_penalty"' in registration
+    try:
+        namespace = _run_as("zppo_trl.terms.length_penalty", module)
+        term = namespace["LengthPenalty"]
+        # what the package's import does for a module in TERM_MODULES: its settings mixed into the config
+        config = dataclass(type("Config", (ZPPOConfig, namespace["LengthPenaltySettings"]), {}))
+        row = dict(augmentations=[], reward_term="length_penalty", max_completion_length=8)
+        args = config(**CPU, **row, length_penalty_weight=0.5)
+        assert args.variant == "Length-Penalty\u2020" and args.row.terms == (term,)
+        assert teacher_lines(args) == ["  teacher: none"]
+        assert args.row.describe(args)[0].plan == (
+            "  reward term: a length penalty (0.5 x the share of max_completion_length used)",
+        )
+        assert "loses 0.5 x the share of the length budget" in _approach(args)
+        with pytest.raises(ValueError, match="reward_term='length_penalty' is a row on GRPO\u2020's pipeline"):
+            config(**CPU, reward_term="length_penalty")
+        with pytest.warns(
+            UserWarning, match="length_penalty_weight=0.5 has no effect .*only reward_term: length_penalty"
+        ):
+            config(**CPU, augmentations=[], length_penalty_weight=0.5)
+        ctx = type("Context", (), {"ranks": Ranks(Accelerator(cpu=True))})()
+        batch = {"completion_mask": torch.tensor([[1, 1, 0, 0, 0, 0, 0, 0], [1] * 8])}
+        plain = Round(batch, torch.tensor([1.0, 0.0], dtype=torch.float64), ["a", "b"], [[("new", "q")]])
+        contribution = term(args, ctx).after_plain(PlainStep(None, plain, None, {}))
+        torch.testing.assert_close(contribution.rewards, torch.tensor([-0.125, -0.5], dtype=torch.float64))
+        assert contribution.metrics == {"length_share_mean": 0.625}
+    finally:
+        TERMS.pop(("reward_term", "length_penalty"), None)

@@ -3,7 +3,6 @@ benchmark by name: what a benchmark needs is a field or hook of its TaskSpec."""
 
 from __future__ import annotations
 
-import ast
 import importlib
 from pathlib import Path
 
@@ -12,6 +11,11 @@ import pytest
 from zppo_trl.evaluation import benchmarks
 from zppo_trl.evaluation.spec import TaskSpec
 from zppo_trl.evaluation.tasks import SUITE
+
+try:  # tests/ on sys.path (pytest's default import mode) or imported as a package
+    from code_scan import code_strings
+except ImportError:
+    from tests.code_scan import code_strings
 
 HARNESS = Path(benchmarks.__file__).resolve().parents[1]
 
@@ -26,25 +30,9 @@ def test_suite_is_the_registered_modules_specs_in_registry_order():
     assert all(SUITE[name] is spec for name, spec in zip(names, benchmarks.SPECS, strict=True))
 
 
-def _code_strings(path: Path) -> list[tuple[int, str]]:
-    """String constants of a module that are neither docstrings nor argparse ``help=`` texts."""
-    tree = ast.parse(path.read_text())
-    prose = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            prose.add(id(node.value))  # docstrings and bare string statements
-        if isinstance(node, ast.keyword) and node.arg == "help":
-            prose.update(id(child) for child in ast.walk(node.value))
-    return [
-        (node.lineno, node.value)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose
-    ]
-
-
 @pytest.mark.parametrize("path", sorted(HARNESS.glob("*.py")), ids=lambda p: p.name)
 def test_the_harness_names_no_benchmark_in_its_code(path):
-    named = [(line, text) for line, text in _code_strings(path) if any(name in text for name in SUITE)]
+    named = [(line, text) for line, text in code_strings(path) if any(name in text for name in SUITE)]
     assert not named, f"{path.name} names a benchmark (make it a TaskSpec field or hook): {named}"
 
 

@@ -1,7 +1,8 @@
 """Every row's needs, declared once (zppo_trl.needs, zppo_trl.row), and everything that reads them agreeing.
 
-A table over every recipe in recipes/rows/ (and the server-teacher variants of the rows that can load their teacher
-next to the student) states what each row asks of the run; the test checks that the resolved row says so, and that
+A table over every recipe in recipes/ (the scale recipes, every row and budget control in recipes/rows/, and the
+server-teacher variants of the rows that can load their teacher next to the student) states what each row asks of the
+run; the test checks that the resolved row says so, and that
 the dry run's plan and memory plan, the launcher's server list, the step composition and the model card all say the
 same. The rows these used to disagree on (KDRL, OPSD, RLKD, ReLIFT, RSTG, Off-/On-Distill with a server teacher,
 the models a row keeps next to the student) are in the table.
@@ -20,7 +21,8 @@ from zppo_trl.plan import HubStatus, _beside_student, print_plan
 from zppo_trl.recipe import endpoints, parse_recipe_args
 
 REPO = Path(__file__).resolve().parent.parent
-ROWS = REPO / "recipes" / "rows"
+RECIPES = REPO / "recipes"
+ROWS = RECIPES / "rows"
 TOP_K, TOKENS = frozenset({SCORES_TOP_K}), frozenset({SCORES_TOKEN_LOGPS})
 
 # recipe (and overrides) -> (teacher server, teacher loaded next to the student, step-2 teacher samples, the teacher's
@@ -62,6 +64,10 @@ TABLE = {
     "perception_r1_dagger": (False, False, False, frozenset(), True, ()),
     "grpo_care_dagger": (False, False, False, frozenset(), False, (COPY_EMA,)),
     "sdpo_dagger": (False, False, False, frozenset(), False, (COPY_EMA,)),
+    # the scale recipes (ZPPO at each scale and backbone, and the CPU demo's)
+    **dict.fromkeys(
+        ("demo", "qwen35_0.8b", "qwen35_2b", "qwen35_4b", "qwen35_9b", "internvl35_2b", "ovis25_2b"), _ZPPO
+    ),
     # the teacher's scores from its server when no distill_teacher is set
     "on_distill_dagger:server": (True, False, False, TOP_K, False, ()),
     "off_distill:server": (True, False, True, TOP_K, False, ()),
@@ -71,9 +77,18 @@ TABLE = {
 CPU = ["--use_cpu", "true", "--bf16", "false", "--use_vllm", "false"]
 
 
+def _recipe(name: str) -> Path:
+    """A table entry's recipe: a row (recipes/rows/), a budget control of a row (recipes/rows/budget/, as its row),
+    or a scale recipe (recipes/)."""
+    for folder in (ROWS, ROWS / "budget", RECIPES):
+        if (folder / f"{name}.yaml").exists():
+            return folder / f"{name}.yaml"
+    raise FileNotFoundError(name)
+
+
 def _parse(entry: str, *more: str):
     name, _, variant = entry.partition(":")
-    argv = ["--config", str(ROWS / f"{name}.yaml"), *CPU, *more]
+    argv = ["--config", str(_recipe(name)), *CPU, *more]
     if variant == "server":
         argv += ["--distill_teacher", ""]
     with warnings.catch_warnings():
@@ -81,8 +96,15 @@ def _parse(entry: str, *more: str):
         return parse_recipe_args(argv)
 
 
-def test_the_table_covers_every_row_recipe():
-    assert {entry.partition(":")[0] for entry in TABLE} == {path.stem for path in ROWS.glob("*.yaml")}
+BUDGET = {path.stem: path.stem.rsplit("_g", 1)[0] for path in (ROWS / "budget").glob("*.yaml")}
+TABLE.update({name: TABLE[row] for name, row in BUDGET.items()})  # a budget control needs what its row needs
+
+
+def test_the_table_covers_every_recipe():
+    recipes = {
+        path.stem for path in [*RECIPES.glob("*.yaml"), *ROWS.glob("*.yaml"), *(ROWS / "budget").glob("*.yaml")]
+    }
+    assert {entry.partition(":")[0] for entry in TABLE} == recipes
 
 
 @pytest.mark.parametrize("entry", sorted(TABLE))

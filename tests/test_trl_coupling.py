@@ -21,7 +21,6 @@ from packaging.requirements import Requirement
 from tiny_models import tiny_text_model, tiny_tokenizer
 from trl import GRPOTrainer
 
-import zppo_trl.trainer as trainer_module
 from zppo_trl import ZPPOConfig, ZPPOTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,8 +61,13 @@ def test_installed_versions_are_within_the_declared_bounds():
         )
 
 
+def _ours() -> list[type]:
+    """ZPPOTrainer and its mixins (every class of its MRO defined in zppo_trl)."""
+    return [cls for cls in ZPPOTrainer.__mro__ if cls.__module__.startswith("zppo_trl.")]
+
+
 def _overridden_hooks() -> list[str]:
-    own = vars(ZPPOTrainer)
+    own = {name: value for cls in reversed(_ours()) for name, value in vars(cls).items()}
     return sorted(
         name for name in own if callable(own[name]) and not name.startswith("__") and hasattr(GRPOTrainer, name)
     )
@@ -85,10 +89,10 @@ def test_every_overridden_hook_exists_upstream_with_the_same_parameters():
 
 
 def test_the_upstream_methods_and_state_the_trainer_uses_exist(tmp_path):
-    source = inspect.getsource(trainer_module)
+    source = "\n".join(inspect.getsource(inspect.getmodule(cls)) for cls in _ours())
     called_upstream = set(re.findall(r"super\(\)\.(\w+)\(", source)) - {"__init__"}
     used = set(re.findall(r"self\.(\w+)", source))
-    defined_here = set(vars(ZPPOTrainer)) | ZPPO_ATTRIBUTES
+    defined_here = {name for cls in _ours() for name in vars(cls)} | ZPPO_ATTRIBUTES
     for name in called_upstream:
         assert callable(getattr(GRPOTrainer, name, None)), f"GRPOTrainer.{name} is gone"
     args = ZPPOConfig(

@@ -351,6 +351,12 @@ class _ZeroVarianceTerm(Term):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return partition_signal(self.args, rewards, group_ids, confidences)
 
+    def loss_term(self, inputs: Mapping, loss_inputs: Any, distill_inputs: Callable[[], Any]):
+        """The teacher-target term (ReLIFT's cross-entropy, RSTG's JSD; None for the others)."""
+        return teacher_target_term(
+            self.args, inputs, loss_inputs.logps, loss_inputs.mask, loss_inputs.normalizer, distill_inputs
+        )
+
 
 @register_term
 class RLZVP(_ZeroVarianceTerm):
@@ -424,11 +430,6 @@ class ReLIFT(_ZeroVarianceTerm):
         built = BuiltGroups([BuiltGroup("relift", key, target=text) for key, text in ctx.ranks.share(planned)])
         return Contribution(targets=built, metrics={"relift_all_wrong": len(keys), "relift_targets": len(planned)})
 
-    def loss_term(self, inputs: Mapping, loss_inputs: Any, distill_inputs: Callable[[], Any]):
-        return teacher_target_term(
-            self.args, inputs, loss_inputs.logps, loss_inputs.mask, loss_inputs.normalizer, distill_inputs
-        )
-
 
 @register_term
 class RSTG(_ZeroVarianceTerm):
@@ -446,8 +447,3 @@ class RSTG(_ZeroVarianceTerm):
     def describe(cls, args: Any) -> Description:
         base = super().describe(args)
         return Description(base.plan, base.card, ("scores the all-wrong rollouts only",))
-
-    def loss_term(self, inputs: Mapping, loss_inputs: Any, distill_inputs: Callable[[], Any]):
-        return teacher_target_term(
-            self.args, inputs, loss_inputs.logps, loss_inputs.mask, loss_inputs.normalizer, distill_inputs
-        )
