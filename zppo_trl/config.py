@@ -548,6 +548,11 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
                     f"{term.selector}={term.name!r} is a row on GRPO\u2020's pipeline: set augmentations: [] and no "
                     f"distillation (got augmentations={self.augmentations}, distillation={self.distillation!r})"
                 )
+            if term.needs.token_level_objective and policy_objectives()[self.policy_objective].sequence_level:
+                raise ValueError(
+                    f"{term.selector}={term.name!r} gives each token its own advantage; policy_objective="
+                    f"{self.policy_objective!r} trains one ratio per response: use a token-level objective"
+                )
             term.validate(self)
 
     def _resolve_augmentations(self) -> None:

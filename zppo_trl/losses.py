@@ -226,6 +226,7 @@ class Loss:
     dual_clip: bool = False
     needs: Needs = Needs()
     self_teacher: bool = False
+    sequence_level: bool = False
 
     @property
     def reads_old_logps(self) -> bool:
@@ -254,6 +255,7 @@ def register_loss(
     dual_clip: bool = False,
     needs: Needs = NO_NEEDS,
     self_teacher: bool = False,
+    sequence_level: bool = False,
 ) -> Callable:
     """Register ``fn(inputs: LossInputs, args) -> LossOutput`` under ``name`` (``args`` is the ZPPOConfig).
 
@@ -267,6 +269,8 @@ def register_loss(
     whose advantage is 0 (KDRL's reverse KL), so a partition without a group of mixed rewards still trains rather
     than being skipped. ``self_teacher`` says the loss reads a self-teacher's signal (SDPO, OPSD), which the
     trainer computes with a copy of the student (:data:`zppo_trl.terms.self_teachers.SELF_TEACHERS` says which).
+    ``sequence_level`` says the loss takes one ratio per response (GSPO), so a part that gives each token its own
+    advantage (``Needs.token_level_objective``) refuses it.
     """
     if computes not in ("logps", "distributions"):
         raise ValueError(f"computes must be 'logps' or 'distributions', got {computes!r}")
@@ -287,6 +291,7 @@ def register_loss(
             dual_clip,
             needs,
             self_teacher,
+            sequence_level,
         )
         return fn
 
@@ -394,7 +399,7 @@ def dapo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     return _clipped_surrogate(inputs, args, inputs.logps - _old_logps(inputs), _epsilons(args))
 
 
-@register_loss("gspo", objective="gspo", printed="GSPO", dual_clip=True)
+@register_loss("gspo", objective="gspo", printed="GSPO", dual_clip=True, sequence_level=True)
 def gspo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """GSPO: the clipped surrogate on one ratio per response, ``exp(mean over its tokens of log r)``.
 

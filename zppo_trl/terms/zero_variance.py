@@ -367,15 +367,6 @@ class RLZVP(_ZeroVarianceTerm):
     needs = Needs(token_level_objective=True)
     what = "an entropy-shaped negative advantage on every token of an all-wrong group (alpha {alpha:g})"
 
-    @classmethod
-    def validate(cls, args: Any) -> None:
-        super().validate(args)
-        if args.policy_objective == "gspo":
-            raise ValueError(
-                "zero_variance_signal='rl_zvp' gives each token its own advantage; policy_objective='gspo' trains one "
-                "ratio per response: use a token-level objective (grpo, cispo, dispo)"
-            )
-
     def advantages(self, loss_inputs: Any, inputs: Mapping) -> torch.Tensor:
         return token_advantages(
             self.args, loss_inputs.advantages, loss_inputs.entropies, loss_inputs.mask, inputs.get(MARK_FIELD)
