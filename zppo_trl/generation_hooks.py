@@ -23,20 +23,10 @@ from trl.trainer.utils import is_async_callable
 
 from . import data, host_memory
 from .augmentations import BuiltGroups
-from .batches import (
-    TOKEN_TYPE_FIELDS,
-    concat_batches,
-)
+from .batches import TOKEN_TYPE_FIELDS, concat_batches
 from .prompts import compose_prompt
 from .rewards import completion_text
-from .rollout import (
-    CORRECT,
-    FILLER,
-    Group,
-    Round,
-    RoundRequest,
-    empty_round,
-)
+from .rollout import CORRECT, FILLER, Group, Round, RoundRequest, empty_round
 from .student_server import stand_in_for_overlong, student_server_errors
 
 __all__ = ["GenerationHooks"]

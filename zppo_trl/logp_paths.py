@@ -13,15 +13,8 @@ import torch
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import nanmax, nanmin
 
-from .batches import (
-    TOKEN_TYPE_FIELDS,
-)
-from .distill import (
-    DistillInputs,
-    TeacherTopK,
-    chosen_token_logps,
-    completion_states,
-)
+from .batches import TOKEN_TYPE_FIELDS
+from .distill import DistillInputs, TeacherTopK, chosen_token_logps, completion_states
 from .losses import LossOutput
 from .packing import batch_refusal, model_refusal, pack
 from .partitioning import is_skipped

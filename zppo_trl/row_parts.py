@@ -1,5 +1,6 @@
-"""What :class:`zppo_trl.ZPPOTrainer` offers the parts of its row, as a mixin: the teacher loaded next to the student,
-the copies of the student a term keeps, the step-5 augmentation and each term's context.
+"""What :class:`zppo_trl.ZPPOTrainer` offers the parts of its row, as a mixin: the teacher's server client and the
+teacher loaded next to the student where the row's needs ask for them, the copies of the student a term keeps, the
+step-5 augmentation, each term's context, and the terms' contributions applied to the plain round.
 """
 
 from __future__ import annotations
@@ -11,18 +12,13 @@ from trl.models import prepare_deepspeed, prepare_fsdp
 from . import data
 from .augmentations import Augmentation, make_augmentation
 from .callbacks import EMAReferenceCallback
-from .distill import (
-    frozen_distill_teacher,
-)
+from .distill import frozen_distill_teacher
+from .rollout import Round
 from .student_copy import EMAReference
 from .teacher import TeacherClient
-from .terms import TermContext
+from .terms import PlainStep, TermContext
 
 __all__ = ["RowParts"]
-
-
-from .rollout import Round
-from .terms import PlainStep
 
 
 class RowParts:

@@ -14,18 +14,8 @@ import torch
 
 from . import data, host_memory
 from .augmentations import BuiltGroups
-from .rollout import (
-    FILLER,
-    Draw,
-    Round,
-)
-from .step_metrics import (
-    accumulate_totals,
-    kind_metrics,
-    memory_metrics,
-    service_metrics,
-    timing_metrics,
-)
+from .rollout import FILLER, Draw, Round
+from .step_metrics import accumulate_totals, kind_metrics, memory_metrics, service_metrics, timing_metrics
 
 __all__ = ["StepRecords"]
 
