@@ -19,8 +19,11 @@ import torch
 from zppo_trl import ZPPOConfig
 from zppo_trl.batches import concat_batches
 from zppo_trl.distill import DistillInputs, TeacherTopK, top_k_logps
-from zppo_trl.losses import LossInputs, loss_for, policy_objectives
+from zppo_trl.losses import LossInputs, loss_for
+from zppo_trl.terms import selected_by
 from zppo_trl.terms.self_teachers import (
+    OPSD,
+    SDPO,
     SELF_TEACHERS,
     opsd_context,
     opsd_loss,
@@ -147,9 +150,9 @@ def test_sdpo_is_a_registered_objective_named_as_the_papers_table():
     config = ZPPOConfig(policy_objective="sdpo", **CPU)
     assert config.variant == "SDPO\u2020"
     loss = loss_for(config)
-    assert loss.self_teacher and loss.trains_zero_advantage and not loss.needs_teacher_logps
+    assert loss.trains_zero_advantage and not loss.needs_teacher_logps and config.row.terms == (SDPO,)
     assert not config.row.uses_teacher  # no external teacher: the row needs no server
-    assert not any(policy_objectives()[o].self_teacher for o in ("grpo", "kdrl", "rlad"))
+    assert not any(selected_by("policy_objective").get(o) for o in ("grpo", "kdrl", "rlad"))
     assert (config.self_distill_weight, config.sdpo_teacher_update_rate, config.sdpo_is_clip) == (1.0, 0.05, 2.0)
 
 
@@ -338,10 +341,10 @@ def test_rounds_without_opsds_top_k_merge_as_rows_without_a_teacher():
 def test_opsd_is_a_registered_objective_that_needs_the_teacher_server():
     teacher = dict(teacher_base_url="http://127.0.0.1:1/v1", teacher_model="t")
     config = ZPPOConfig(policy_objective="opsd", **teacher, **CPU)
-    assert config.variant == "OPSD\u2020" and loss_for(config).self_teacher
+    assert config.variant == "OPSD\u2020" and config.row.terms == (OPSD,)
     assert (config.opsd_beta, config.opsd_top_k, config.self_distill_weight) == (0.5, 20, 1.0)
-    assert SELF_TEACHERS["opsd"].samples_teacher and not SELF_TEACHERS["opsd"].moves
-    assert not SELF_TEACHERS["sdpo"].samples_teacher and SELF_TEACHERS["sdpo"].moves
+    assert OPSD.needs.teacher_samples and not SELF_TEACHERS["opsd"].moves
+    assert not SDPO.needs.teacher_samples and SELF_TEACHERS["sdpo"].moves
     with pytest.raises(ValueError, match="set teacher_base_url and teacher_model"):
         ZPPOConfig(policy_objective="opsd", **CPU)
     with pytest.raises(ValueError, match="opsd_top_k must be an integer >= 1"):

@@ -183,11 +183,11 @@ class LossInputs:
     Log-prob losses get ``logps`` (B, T, with gradient), ``old_logps`` (the sampling policy's; None:
     this policy's, detached), ``advantages`` (B, 1) or (B, T) and ``entropies``; the distillation loss
     gets ``distill`` (the student's completion states and LM head, and the teacher's signal). A loss
-    registered with ``teacher_logps`` also gets ``teacher_logps`` (B, T), the frozen teacher's log-prob
-    of each sampled token, and ``step``, the optimizer steps taken so far (for a coefficient's schedule). A loss
-    registered with ``self_teacher`` gets ``teacher_mask`` (B, T), 1 on the rollouts that have a self-teacher (a
-    copy of the student under a privileged prompt), and its signal: ``teacher_logps`` (SDPO) or, in ``distill``,
-    the student's completion states with the self-teacher's top-k (OPSD).
+    that needs the teacher's token log-probs also gets ``teacher_logps`` (B, T), the frozen teacher's log-prob
+    of each sampled token, and ``step``, the optimizer steps taken so far (for a coefficient's schedule). A
+    self-teacher term (:mod:`zppo_trl.terms.self_teachers`) puts ``teacher_mask`` (B, T), 1 on the rollouts that
+    have a self-teacher (a copy of the student under a privileged prompt), and its signal: ``teacher_logps`` (SDPO)
+    or, in ``distill``, the student's completion states with the self-teacher's top-k (OPSD).
     """
 
     mask: torch.Tensor
@@ -225,7 +225,6 @@ class Loss:
     printed: str | None = None
     dual_clip: bool = False
     needs: Needs = Needs()
-    self_teacher: bool = False
     sequence_level: bool = False
 
     @property
@@ -254,7 +253,6 @@ def register_loss(
     printed: str | None = None,
     dual_clip: bool = False,
     needs: Needs = NO_NEEDS,
-    self_teacher: bool = False,
     sequence_level: bool = False,
 ) -> Callable:
     """Register ``fn(inputs: LossInputs, args) -> LossOutput`` under ``name`` (``args`` is the ZPPOConfig).
@@ -267,10 +265,8 @@ def register_loss(
     teacher's log-prob of every sampled token (``teacher_scores={"token_logps"}``, ``LossInputs.teacher_logps``),
     which the trainer then asks the teacher for; ``trains_zero_advantage`` when the loss has a gradient on rollouts
     whose advantage is 0 (KDRL's reverse KL), so a partition without a group of mixed rewards still trains rather
-    than being skipped. ``self_teacher`` says the loss reads a self-teacher's signal (SDPO, OPSD), which the
-    trainer computes with a copy of the student (:data:`zppo_trl.terms.self_teachers.SELF_TEACHERS` says which).
-    ``sequence_level`` says the loss takes one ratio per response (GSPO), so a part that gives each token its own
-    advantage (``Needs.token_level_objective``) refuses it.
+    than being skipped. ``sequence_level`` says the loss takes one ratio per response (GSPO), so a part that gives
+    each token its own advantage (``Needs.token_level_objective``) refuses it.
     """
     if computes not in ("logps", "distributions"):
         raise ValueError(f"computes must be 'logps' or 'distributions', got {computes!r}")
@@ -290,7 +286,6 @@ def register_loss(
             printed or (objective.upper() if objective else None),
             dual_clip,
             needs,
-            self_teacher,
             sequence_level,
         )
         return fn

@@ -55,12 +55,21 @@ class Row:
     @property
     def teacher_scores_from_server(self) -> frozenset[str]:
         """What the teacher server scores on the trained rows (empty where a loaded teacher does)."""
-        return frozenset() if self.loads_teacher else self.needs.teacher_scores
+        return self.scores_from_server(self.loads_teacher)
 
     @property
     def uses_teacher_server(self) -> bool:
         """Whether the run talks to the teacher server (``teacher_base_url``): samples, requests or scores."""
-        return self.needs.teacher_samples or self.needs.teacher_requests or bool(self.teacher_scores_from_server)
+        return self.needs_teacher_server(self.loads_teacher)
+
+    def scores_from_server(self, loaded: bool) -> frozenset[str]:
+        """What the teacher server scores on the trained rows when a teacher is (``loaded``) or is not loaded next
+        to the student (the trainer may be handed one that ``distill_teacher`` does not name)."""
+        return frozenset() if loaded else self.needs.teacher_scores
+
+    def needs_teacher_server(self, loaded: bool) -> bool:
+        """Whether the run talks to the teacher server, a teacher being ``loaded`` next to the student or not."""
+        return self.needs.teacher_samples or self.needs.teacher_requests or bool(self.scores_from_server(loaded))
 
     @property
     def uses_teacher(self) -> bool:

@@ -54,10 +54,9 @@ class RowParts:
     def _prepare_teachers(self, teacher: TeacherClient | None, distill_teacher_model: Any) -> tuple[Any, Any]:
         """The teacher server's client (``teacher`` as given, or one from ``args.teacher_*`` where the row talks to the
         server) and the teacher loaded next to the student (None: its scores come from the server)."""
-        needs = self.row.needs
-        local = bool(needs.teacher_scores) and (distill_teacher_model is not None or self.row.loads_teacher)
-        server = needs.teacher_samples or needs.teacher_requests or (needs.teacher_scores and not local)
-        if teacher is None and server:
+        row = self.row
+        local = bool(row.needs.teacher_scores) and (distill_teacher_model is not None or row.loads_teacher)
+        if teacher is None and row.needs_teacher_server(local):
             teacher = TeacherClient.from_config(self.args)
         return teacher, self._prepare_distill_teacher(distill_teacher_model) if local else None
 

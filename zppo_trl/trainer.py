@@ -380,10 +380,7 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
         augmented_round = self._augmented_round(built, most_built, draw.plain[0].row, metrics)
         plain_round, targets = self._with_terms(PlainStep(draw, plain_round, teacher_future, metrics))
         micro_batches = self._policy_batches(plain_round, augmented_round, metrics, targets)
-        scores = self.row.teacher_scores_from_server
-        if scores and self.distill_teacher is None:  # the teacher server's scores of the trained rows
-            only = next((term.scores_only for term in self.terms if term.scores_only), None)
-            attach_teacher_scores(self.teacher, micro_batches, scores, self.args.distill_top_k, metrics, only)
+        self._score_on_teacher_server(micro_batches, metrics)
         if augmenting:
             metrics.update(self._augmentation_metrics(plan, built, augmented_round))
         return micro_batches
@@ -407,10 +404,16 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
             metrics["distill_questions_with_target"] = sum(1 for key in keys if evidence.teacher_correct.get(key))
             targets = self._target_round(built, draw.plain[0].row, metrics)
         micro_batches = self._target_batches(targets, draw, metrics)
-        if self.distill_teacher is None:  # the teacher's signal comes from its server
-            scores = self.row.needs.teacher_scores
-            attach_teacher_scores(self.teacher, micro_batches, scores, self.args.distill_top_k, metrics)
+        self._score_on_teacher_server(micro_batches, metrics)
         return micro_batches
+
+    def _score_on_teacher_server(self, micro_batches: list[dict], metrics: dict) -> None:
+        """The teacher server's scores of the trained rows, where the row's needs ask for them and no teacher is
+        loaded next to the student (only the rows a term marks, where one does)."""
+        scores = self.row.scores_from_server(self.distill_teacher is not None)
+        if scores:
+            only = next((term.scores_only for term in self.terms if term.scores_only), None)
+            attach_teacher_scores(self.teacher, micro_batches, scores, self.args.distill_top_k, metrics, only)
 
     # 1.
 

@@ -132,10 +132,6 @@ class SelfTeacher:
     moves: bool
     signal: str
 
-    @property
-    def samples_teacher(self) -> bool:
-        return self.context == "teacher_reference"
-
 
 SELF_TEACHERS: dict[str, SelfTeacher] = {
     "sdpo": SelfTeacher(context="sibling", moves=True, signal="token_logps"),
@@ -214,7 +210,6 @@ def _self_distillation_term(inputs: LossInputs, args: Any, is_clip: float | None
     objective="sdpo",
     printed="SDPO",
     dual_clip=True,
-    self_teacher=True,
     needs=Needs(trains_zero_advantage=True),
 )
 def sdpo_loss(inputs: LossInputs, args: Any) -> LossOutput:
@@ -228,7 +223,6 @@ def sdpo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     objective="opsd",
     printed="OPSD",
     dual_clip=True,
-    self_teacher=True,
     needs=Needs(trains_zero_advantage=True),
 )
 def opsd_loss(inputs: LossInputs, args: Any) -> LossOutput:

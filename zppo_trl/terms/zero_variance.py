@@ -332,7 +332,8 @@ class _ZeroVarianceTerm(Term):
                 f"zero_variance_signal={cls.name!r} shapes RL advantages; this row trains "
                 f"{'the JSD' if args.distillation else 'cross-entropy'}: leave it 'none'"
             )
-        if ZERO_VARIANCE_SIGNALS[cls.name].needs_teacher and not (args.teacher_base_url and args.teacher_model):
+        server = cls.needs.teacher_samples or (cls.needs.teacher_scores and not args.distill_teacher)
+        if server and not (args.teacher_base_url and args.teacher_model):
             raise ValueError(
                 f"zero_variance_signal={cls.name!r} puts the teacher's targets in the loss: set teacher_base_url and "
                 "teacher_model (its vLLM server samples ReLIFT's solutions and scores RSTG's top-k)"
