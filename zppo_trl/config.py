@@ -83,6 +83,7 @@ PAPER_OBJECTIVE: dict[str, tuple[object, str]] = {
     "beta": (0.0, "the objective has no KL penalty"),
     "entropy_coef": (0.0, "the objective has no entropy bonus"),
     "use_adaptive_entropy": (False, "the objective has no entropy bonus"),
+    "multi_objective_aggregation": ("sum_then_normalize", "the advantages read the weighted sum of the rewards"),
 }
 
 # What each Step-6 objective (policy_objective) sets among PAPER_OBJECTIVE's TRL settings; the rest
@@ -195,9 +196,9 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
             "(context_lengths(), printed by the dry run)."
         },
     )
-    closer: str = field(
+    closer: str | None = field(
         default=RL_CLOSER,
-        metadata={"help": "Appended last to every student prompt (plain, BCQ and NCQ); datasets hold raw questions."},
+        metadata={"help": "Appended last to every student prompt (plain, BCQ, NCQ): your text, or null for none."},
     )
     corpus_passes: int = field(
         default=1,

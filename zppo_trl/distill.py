@@ -62,7 +62,7 @@ DISTILLATION_NEEDS = {
 }
 
 
-@dataclass
+@dataclass(kw_only=True)  # after GRPOConfig's positional output_dir in ZPPOConfig
 class DistillationSettings:
     """The distillation rows' fields of :class:`zppo_trl.ZPPOConfig` (the paper's Off-Distill and On-Distill
     algorithms); ``distill_teacher``, ``distill_top_k``, ``distill_chunk_size`` and ``distill_beta`` are also read by

@@ -201,6 +201,8 @@ def _quick_start(facts: CardFacts, closer: str, max_new_tokens: int) -> list[str
         "trained with"
         if condition
         else "end prompts with the RL closer the model was trained with"
+        if closer
+        else "prompts are the question alone, as it was trained (no closer)"
     )
     lines = [
         "## Quick start",
@@ -211,10 +213,11 @@ def _quick_start(facts: CardFacts, closer: str, max_new_tokens: int) -> list[str
         "from transformers import pipeline",
         "",
         *([f"CONDITION = {condition!r}"] if condition else []),
-        f"CLOSER = {closer!r}",
+        *([f"CLOSER = {closer!r}"] if closer else []),
         'question = "A train travels 120 km in 1.5 hours. What is its average speed in km/h?"',
     ]
-    text = 'question + "\\n\\n" + CONDITION + "\\n\\n" + CLOSER' if condition else 'question + "\\n\\n" + CLOSER'
+    parts = ["question", *(["CONDITION"] if condition else []), *(["CLOSER"] if closer else [])]
+    text = ' + "\\n\\n" + '.join(parts)
     if facts.vision:
         lines += [
             f'generator = pipeline("image-text-to-text", model="{facts.load_from}")',

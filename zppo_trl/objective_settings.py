@@ -17,7 +17,7 @@ DISPO_OUT_OF_BOUNDS = ("zero", "clamp")
 DISPO_FIELDS = ("dispo_epsilon_low_pos", "dispo_epsilon_high_pos", "dispo_epsilon_low_neg", "dispo_epsilon_high_neg")
 
 
-@dataclass
+@dataclass(kw_only=True)  # after GRPOConfig's positional output_dir in ZPPOConfig
 class ObjectiveSettings:
     """The fields of the objectives other than GRPO's (each read only by the ``policy_objective`` its help names)."""
 

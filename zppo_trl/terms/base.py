@@ -216,7 +216,7 @@ class Term:
         """Restore :meth:`state_dict` from a checkpoint's state (keys it did not write are absent)."""
 
 
-@dataclass
+@dataclass(kw_only=True)  # after GRPOConfig's positional output_dir in ZPPOConfig
 class TermSelectors:
     """The :class:`zppo_trl.ZPPOConfig` fields that select a term besides ``policy_objective`` (the objective
     registry's): the reward terms and the zero-variance signals."""

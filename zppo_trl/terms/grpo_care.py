@@ -135,7 +135,7 @@ def answer_likelihood(token_logps: torch.Tensor, span: tuple[int, int]) -> float
 CARE_REFERENCE_NAME = "care_reference.pt"  # GRPO-CARE's EMA weights in a checkpoint
 
 
-@dataclass
+@dataclass(kw_only=True)  # after GRPOConfig's positional output_dir in ZPPOConfig
 class CareSettings:
     """GRPO-CARE's fields of :class:`zppo_trl.ZPPOConfig` (``reward_term: grpo_care`` reads them)."""
 

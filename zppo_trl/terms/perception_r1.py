@@ -146,7 +146,7 @@ def judge_perception(
 # ---------------------------------------------------------------------- the term
 
 
-@dataclass
+@dataclass(kw_only=True)  # after GRPOConfig\'s positional output_dir in ZPPOConfig
 class PerceptionSettings:
     """Perception-R1's field of :class:`zppo_trl.ZPPOConfig` (``reward_term: perception_r1`` reads it)."""
 

@@ -198,7 +198,7 @@ def judge_replies(judge: Any) -> Callable[[list[str]], list[str | None]]:
 # ---------------------------------------------------------------------- the term
 
 
-@dataclass
+@dataclass(kw_only=True)  # after GRPOConfig\'s positional output_dir in ZPPOConfig
 class RLKDSettings:
     """RLKD's fields of :class:`zppo_trl.ZPPOConfig` (``reward_term: rlkd`` reads them)."""
 

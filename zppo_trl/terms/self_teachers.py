@@ -247,7 +247,7 @@ def opsd_loss(inputs: LossInputs, args: Any) -> LossOutput:
 SELF_TEACHER_NAME = "self_teacher.pt"  # SDPO's / OPSD's self-teacher in a checkpoint
 
 
-@dataclass
+@dataclass(kw_only=True)  # after GRPOConfig\'s positional output_dir in ZPPOConfig
 class SelfTeacherSettings:
     """SDPO's and OPSD's fields of :class:`zppo_trl.ZPPOConfig` (their official defaults)."""
 

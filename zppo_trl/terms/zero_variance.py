@@ -294,7 +294,7 @@ def teacher_target_term(
 # ---------------------------------------------------------------------- the terms
 
 
-@dataclass
+@dataclass(kw_only=True)  # after GRPOConfig's positional output_dir in ZPPOConfig
 class ZeroVarianceSettings:
     """The zero-variance rows' field of :class:`zppo_trl.ZPPOConfig`."""
 
