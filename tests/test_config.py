@@ -103,6 +103,7 @@ def test_trl_defaults_that_change_the_objective_are_the_papers():
         ("beta", 0.04),
         ("entropy_coef", 0.01),
         ("use_adaptive_entropy", True),
+        ("multi_objective_aggregation", "normalize_then_sum"),  # the advantages read the weighted reward sum
     ],
 )
 def test_settings_that_change_the_objective_are_refused_naming_the_field(name, value):
