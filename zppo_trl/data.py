@@ -28,7 +28,6 @@ __all__ = [
     "demo_questions",
     "is_hub_id",
     "load_questions",
-    "row_index",
     "validate_dataset",
     "validate_row",
     "write_jsonl",
@@ -336,26 +335,3 @@ def write_jsonl(rows, path: str | Path) -> None:
     """Write text-only rows as JSON lines (one row per line, keys in schema order)."""
     with open(path, "w") as f:
         f.writelines(json.dumps({c: row[c] for c in COLUMNS}) + "\n" for row in rows)
-
-
-def row_index(dataset: Any) -> dict[Any, int]:
-    """Check a training ``dataset`` against what the trainer needs (map-style, the id/question/answer/images
-    columns, unique ids); return its ``{id: row}`` index, by which replayed questions are looked up."""
-    if dataset is None:
-        raise ValueError("ZPPOTrainer needs a train_dataset")
-    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "column_names") or not hasattr(dataset, "__len__"):
-        raise ValueError("train_dataset must be a map-style datasets.Dataset: replayed questions are looked up by id")
-    missing = [c for c in (ID, QUESTION, ANSWER, IMAGES) if c not in dataset.column_names]
-    if missing:
-        raise ValueError(
-            f"train_dataset is missing column(s) {missing}; expected the schema of zppo_trl.data {list(COLUMNS)}"
-        )
-    seen: dict[Any, int] = {}
-    for i, key in enumerate(dataset[ID]):
-        if key in seen:
-            raise ValueError(
-                f"train_dataset rows {seen[key]} and {i}: duplicate id {key!r}; ids key the replay buffer and "
-                "must be unique"
-            )
-        seen[key] = i
-    return seen

@@ -24,7 +24,6 @@ from trl.trainer.utils import is_async_callable
 from . import data, host_memory
 from .augmentations import BuiltGroups
 from .batches import TOKEN_TYPE_FIELDS, concat_batches
-from .prompts import compose_prompt
 from .rewards import completion_text
 from .rollout import CORRECT, FILLER, Group, Round, RoundRequest, empty_round
 from .student_server import stand_in_for_overlong, student_server_errors
@@ -110,11 +109,13 @@ class GenerationHooks:
                 _with_text(c, self._tokenizer.decode([*prefix, *ids], skip_special_tokens=True)) if prefix else c
                 for c, ids, prefix in zip(completions, completion_ids_list, request.response_prefixes, strict=True)
             ]
+        prompts, completions = self.dataset_format.for_rewards(prompts, completions)  # as TRL would give them
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if request is not None:  # hand the round its gathered weighted rewards and this rank's texts
             weighted = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
             weighted[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
             request.rewards = weighted.detach().cpu().double()
+            request.rewards_per_func = rewards_per_func.detach().cpu().double()
             request.texts = [completion_text(c) for c in completions]
         return rewards_per_func
 
@@ -128,26 +129,18 @@ class GenerationHooks:
             self._active_round = None
 
     def _with_prompt(self, row: Mapping, block: str | None = None) -> dict:
-        """The row with TRL's conversational ``prompt``: question, block, closer (images added by TRL)."""
-        text = compose_prompt(row[data.QUESTION], block, self.args.closer)
-        return {**row, "prompt": [{"role": "user", "content": text}]}
+        """The row with TRL's ``prompt`` in the dataset's format: question, block, closer (images added by TRL)."""
+        return {**row, "prompt": self.dataset_format.prompt(row, block, self.args.closer)}
 
     def _row(self, key: Any) -> Mapping:
-        """The training dataset's row of question ``key``."""
+        """The training dataset's row of question ``key`` (a stream's: of the step being trained)."""
+        if self._row_of is None:
+            return self._streamed_rows[key]
         return self.train_dataset[self._row_of[key]]
 
     def _teacher_conversation(self, row: Mapping, text: str | None = None) -> list[dict]:
         """A chat for the teacher's server: the row's images, then ``text`` (default: the student's plain prompt)."""
-        text = compose_prompt(row[data.QUESTION], None, self.args.closer) if text is None else text
-        images = row.get(data.IMAGES) or []
-        if not images:
-            return [{"role": "user", "content": text}]
-        return [
-            {
-                "role": "user",
-                "content": [*({"type": "image", "image": im} for im in images), {"type": "text", "text": text}],
-            }
-        ]
+        return self.dataset_format.chat(row, text, self.args.closer)
 
     def _grade_many(self, rows: Sequence[Mapping], texts: Sequence[Sequence[str]]) -> list[list[bool]]:
         """Grade teacher rollouts with the trainer's own reward functions (sync or async, as TRL allows):
@@ -158,6 +151,7 @@ class GenerationHooks:
             return [[] for _ in rows]
         prompts = [self._with_prompt(row)["prompt"] for row in rows]
         completions = [[{"role": "assistant", "content": t}] for replies in texts for t in replies]
+        prompts, completions = self.dataset_format.for_rewards(prompts, completions)  # as TRL would give them
         names = dict.fromkeys(name for row in rows for name in row if name != "prompt")
         columns = {name: [row.get(name) for row in reply_rows] for name in names}
         total = torch.zeros(len(reply_rows), dtype=torch.float64)
@@ -204,7 +198,7 @@ class GenerationHooks:
         rewards = torch.nan_to_num(request.rewards, nan=0.0)
         metrics[f"time/{round_name}_generation_s"] = time.perf_counter() - t0
         self._check_context(batch, groups, round_name, metrics)
-        return Round(batch, rewards, request.texts, groups_per_rank)
+        return Round(batch, rewards, request.texts, groups_per_rank, request.rewards_per_func)
 
     def _check_context(self, batch: Mapping, groups: Sequence[Group], round_name: str, metrics: dict) -> None:
         """Log the round's longest prompt; warn about prompts that leave the student's context

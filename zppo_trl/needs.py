@@ -41,6 +41,8 @@ class Needs:
         trains_zero_advantage: a partition without a group of mixed rewards still trains.
         plain_pipeline_only: the part reads GRPO†'s plain rollouts: no augmentation, no distillation.
         token_level_objective: the part gives each token its own advantage: a sequence-level objective is refused.
+        gold_answers: the part reads each question's gold answer (the dataset's ``answer`` column) itself, besides
+            what the reward functions read.
     """
 
     teacher_samples: bool = False
@@ -52,6 +54,7 @@ class Needs:
     trains_zero_advantage: bool = False
     plain_pipeline_only: bool = False
     token_level_objective: bool = False
+    gold_answers: bool = False
 
     def __or__(self, other: Needs) -> Needs:
         if not isinstance(other, Needs):

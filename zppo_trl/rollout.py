@@ -60,7 +60,8 @@ class RoundRequest:
     ``old_logps``: whether TRL's scoring computes the sampling policy's log-probs of every row (False: the
     trainer computes them later, for the micro-batches that read them; ``ZPPOConfig.defer_old_logps``).
     ``rewards`` / ``texts``: filled by the scoring hook: every rank's weighted rewards (gathered,
-    rank-major; NaN where no reward function scored a rollout) and this rank's completion texts.
+    rank-major; NaN where no reward function scored a rollout) and this rank's completion texts;
+    ``rewards_per_func``: every rank's rewards per reward function (rollouts x functions; NaN: unscored).
     """
 
     response_prefixes: list[tuple[int, ...] | None] | None = None
@@ -68,6 +69,7 @@ class RoundRequest:
     old_logps: bool = True
     rewards: torch.Tensor | None = None
     texts: list[str] = field(default_factory=list)
+    rewards_per_func: torch.Tensor | None = None
 
     @property
     def has_prefixes(self) -> bool:
@@ -78,12 +80,14 @@ class RoundRequest:
 class Round:
     """A finished round: TRL's scored batch (None when no rank had a group), every rank's rewards
     (rank-major; None for target rounds), this rank's completion texts, and every rank's
-    ``(kind, key)`` per group (per row for target rounds), indexed by rank."""
+    ``(kind, key)`` per group (per row for target rounds), indexed by rank; a sampled round's rewards per
+    reward function as TRL scored them (rollouts x functions, NaN where unscored)."""
 
     batch: dict | None
     rewards: torch.Tensor | None
     texts: list[str]
     groups_per_rank: list[list[tuple[str, Any]]]
+    rewards_per_func: torch.Tensor | None = None
 
 
 def empty_round(world: int) -> Round:

@@ -71,6 +71,7 @@ class RowParts:
             rng=self._rng,
             dataset=self.train_dataset,
             row=self._row,
+            question=self.dataset_format.question,
             teacher_chat=self._teacher_conversation,
             grade=self._grade_many,
             evidence=lambda step, keys: self._gather_evidence(
@@ -92,7 +93,7 @@ class RowParts:
             args.augmentations,
             prefix_fraction=args.prefix_fraction,
             tokenizer=self._tokenizer,
-            question_of=lambda key: self._row(key)[data.QUESTION],
+            question_of=lambda key: self.dataset_format.question(self._row(key)),
             teacher_chat=lambda key, text: self._teacher_conversation(self._row(key), text),
             grade=lambda keys, texts: self._grade_many([self._row(key) for key in keys], texts),
             answer_of=lambda key: self._row(key)[data.ANSWER],

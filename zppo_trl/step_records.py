@@ -42,6 +42,18 @@ class StepRecords:
             logged.pop()
         logged.extend(ours[len(ours) - keep :])
 
+    def _check_reward_signal(self, plain_round: Round) -> None:
+        """Warn, once per function, about reward functions whose plain rewards carry no signal this step
+        (:class:`zppo_trl.reward_signal.RewardSignalWatch`; fillers left out); on the main process."""
+        if plain_round.rewards_per_func is None or not self.accelerator.is_main_process:
+            return
+        kinds = [kind for groups in plain_round.groups_per_rank for kind, _ in groups]
+        real = torch.tensor([kind != FILLER for kind in kinds], dtype=torch.bool).repeat_interleave(
+            self.num_generations
+        )
+        step = self.state.global_step // self.args.num_partitions + 1
+        self.reward_signal.check(plain_round.rewards_per_func[real], plain_round.rewards[real], step)
+
     def _in_zero_bin(self, key: Any, accuracy: Mapping) -> bool:
         """Admitted at plain accuracy 0 (a resident), or about to be (a non-resident at 0 this step)."""
         return self._admitted_at.get(key, accuracy.get(key)) == 0.0
@@ -50,7 +62,7 @@ class StepRecords:
         """The teacher candidate each of this step's BCQ prompts showed, for questions of the 0% bin, over
         all ranks; the file keeps a question's first (its fixed reference)."""
         local = [
-            (inst.key, self._row(inst.key)[data.QUESTION], shown[inst.teacher_position])
+            (inst.key, self.dataset_format.question(self._row(inst.key)), shown[inst.teacher_position])
             for inst, shown in zip(built.instances, built.shown)
             if inst.kind == "bcq" and self._in_zero_bin(inst.key, accuracy)
         ]
@@ -64,7 +76,12 @@ class StepRecords:
         G = self.num_generations
         rewards = plain_round.rewards.view(self.ranks.world, -1)[self.ranks.rank].tolist()
         local = [
-            (key, g.row[data.QUESTION], plain_round.texts[i * G : (i + 1) * G], rewards[i * G : (i + 1) * G])
+            (
+                key,
+                self.dataset_format.question(g.row),
+                plain_round.texts[i * G : (i + 1) * G],
+                rewards[i * G : (i + 1) * G],
+            )
             for i, g in enumerate(draw.plain)
             if g.kind != FILLER
             and (key := g.row[data.ID]) in self.replay_buffer

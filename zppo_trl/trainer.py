@@ -60,6 +60,7 @@ from .batches import concat_batches
 from .callbacks import QuietProgressCallback, RolloutSummaryCallback
 from .checkpoint_state import ZPPO_STATE_NAME, CheckpointState
 from .config import ZPPOConfig
+from .dataset_formats import IMAGE, PROMPT, prepare_datasets
 from .evaluation.condition import record_condition
 from .generation_hooks import GenerationHooks
 from .lm_head import score_loss_positions, use_full_logits
@@ -72,6 +73,7 @@ from .prefetch import BatchLookahead, PrefetchedSampling
 from .ranks import Ranks
 from .reformulate import augment_limit, select_hard
 from .replay import PromptReplayBuffer, replay_count
+from .reward_signal import RewardSignalWatch
 from .rewards import boxed_accuracy_reward
 from .rollout import FILLER, Draw, Round, RoundRequest, draw_questions, plain_accuracy
 from .row_parts import RowParts
@@ -96,12 +98,17 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
 
     Args:
         model: the student (a model id/path or a loaded model).
-        reward_funcs: callable TRL reward functions returning binary accuracies;
+        reward_funcs: callable TRL reward functions returning binary accuracies, called as TRL calls
+            them (prompts and completions in the dataset's format, every column by name);
             default :func:`zppo_trl.rewards.boxed_accuracy_reward`. The same functions
             grade the teacher's rollouts.
-        train_dataset: a map-style dataset in the schema of :mod:`zppo_trl.data`
-            (``id``, ``question`` without the closer, ``images``, ``answer``, ...). The
-            trainer renders prompts itself: question (+ images), block, closer.
+        args: a :class:`zppo_trl.ZPPOConfig`; None builds the default one (the ZPPO row) with
+            ``output_dir`` ``"<model name>-ZPPO"``, as GRPOTrainer builds its own.
+        train_dataset: a dataset in the schema of :mod:`zppo_trl.data` (``id``, ``question``
+            without the closer, ``images``, ``answer``, ...) or in TRL's standard or
+            conversational prompt-only format (:mod:`zppo_trl.dataset_formats`); streaming
+            (``IterableDataset``) in rows without replay. The trainer renders prompts
+            itself: question (+ images), block, closer.
         teacher: a ready :class:`zppo_trl.teacher.TeacherClient`; by default one is
             built from ``args.teacher_*`` where the row talks to the teacher server.
         distill_teacher_model: for the distillation rows, a loaded teacher for its logits
@@ -134,6 +141,8 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
         model_license: str | None = None,
         **kwargs: Any,
     ):
+        if args is None:  # as GRPOTrainer: a default config named after the model
+            args = ZPPOConfig(f"{_model_name(model)}-ZPPO")
         if not isinstance(args, ZPPOConfig):
             raise TypeError(f"args must be a ZPPOConfig, got {type(args).__name__}")
         if args.fp16:
@@ -144,7 +153,8 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
         for func in reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]:
             if not callable(func) or isinstance(func, (str, torch.nn.Module)):
                 raise ValueError(f"ZPPO needs verifiable rewards: reward_funcs must be plain callables, got {func!r}")
-        row_of = data.row_index(train_dataset)
+        # TRL's dataset formats or ZPPO's schema, checked against what the reward functions and the row read
+        train_dataset, self.dataset_format, row_of = prepare_datasets(train_dataset, eval_dataset, reward_funcs, args)
         # TRL's student vLLM generation, or its server mode with weights synced through shared memory
         with _gspo_warning_expected(args), student_generation(args):
             super().__init__(
@@ -165,7 +175,8 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
         else:  # TRL's PyTorch tiles would score the prompts' positions too (zppo_trl.lm_head)
             score_loss_positions(student)
         self.ranks = Ranks(self.accelerator)
-        self._row_of = row_of  # id -> dataset row, for replayed questions and augmented prompts
+        self._row_of = row_of  # id -> dataset row, for replayed questions and augmented prompts (None: a stream)
+        self._streamed_rows: dict[Any, Mapping] = {}  # a stream's rows of the step, by id
         self.replay_buffer = PromptReplayBuffer(capacity=args.replay_capacity, threshold=args.hard_threshold)
         self._rng = random.Random(args.seed)  # identical on every rank: every decision is replicated
         self._admitted_at: dict[Any, float] = {}  # resident -> plain accuracy at admission (for the bin metrics)
@@ -191,6 +202,10 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
         self.objective_loss = row.objective  # step 6's loss (zppo_trl.losses)
         # The generation round in flight: what TRL's hooks read and where its scoring leaves the rewards.
         self._active_round: RoundRequest | None = None
+        # Reward functions whose rewards carry no signal, warned once each (zppo_trl.reward_signal)
+        self.reward_signal = RewardSignalWatch(
+            self.reward_func_names, "lists of chat messages" if self.dataset_format.messages_for_rewards else "strings"
+        )
         self._padding_free_warned: set[str] = set()  # the reasons padding_free fell back for, warned once each
         self._set_up_console()
 
@@ -209,8 +224,8 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
     # ------------------------------------------------------------------ TRL hooks: the training loop
 
     def _set_signature_columns_if_needed(self):
-        if self._signature_columns is None:
-            self._signature_columns = list(data.COLUMNS)
+        if self._signature_columns is None:  # ZPPO's schema and TRL's prompt-only formats
+            self._signature_columns = [*data.COLUMNS, PROMPT, IMAGE]
 
     def training_step(self, model, inputs, num_items_in_batch):
         model.train()  # before generating: the rollout step reads the training mode
@@ -338,6 +353,7 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
             self.num_generations,
             order=draw.new_keys + draw.replay_keys,
         )
+        self._check_reward_signal(plain_round)  # a reward function that cannot teach, said in the step it shows
         # 4-6. The row's optimizer micro-batches.
         if args.distillation is not None:
             micro_batches = self._distillation_batches(teacher_future, draw, plain_round, metrics)
@@ -424,6 +440,9 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
             count = replay_count(new_count, self.args.replay_fraction, len(self.replay_buffer))
             return self.replay_buffer.sample(count, rng=self._rng)
 
+        if self._row_of is None:  # a stream: this step's questions, from every rank, are the ones looked up
+            local = [inputs[i] for i in range(0, len(inputs), self.num_generations)]
+            self._streamed_rows = {row[data.ID]: row for part in self.ranks.gather(local) for row in part}
         return draw_questions(inputs, self.num_generations, sample_replay, self.ranks, self._row)
 
     # 5.
@@ -560,3 +579,9 @@ def _gspo_warning_expected(args: ZPPOConfig):
         yield
     finally:
         trl_logger.removeFilter(expected)
+
+
+def _model_name(model: Any) -> str:
+    """The model's name for a default ``output_dir``: its id's last part."""
+    name = model if isinstance(model, str) else getattr(model.config, "name_or_path", "") or "model"
+    return name.rstrip("/").split("/")[-1]

@@ -19,6 +19,7 @@ from typing import Any
 
 from mathruler.math_normalize import normalize_answer
 
+from ..needs import Needs
 from ..prompts import hint_block
 from ..rewards import strip_degree_percent
 from .base import Augmentation, AugmentationInputs, BuiltGroup, BuiltGroups, Evidence, teacher_results
@@ -130,6 +131,7 @@ class TeacherHint(_TeacherGuidance):
     kind = "hint"
     kinds = ("hint",)
     summed_metrics = ("hint_rejected",)
+    needs = Augmentation.needs | Needs(gold_answers=True)  # the leak count reads each question's gold answer
 
     def __init__(self, answer_of: Callable[[Hashable], Any]):
         self.answer_of = answer_of

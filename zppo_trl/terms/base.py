@@ -93,7 +93,8 @@ class TermContext:
     Attributes:
         args: the configuration. ranks: :class:`zppo_trl.ranks.Ranks`. tokenizer: the student's.
         group_size: G_S. temperature: the sampling temperature. rng: the step's shared RNG (every rank alike).
-        dataset: the training dataset. row: key -> its dataset row.
+        dataset: the training dataset. row: key -> its dataset row. question: row -> its question's text, without
+            block or closer, whatever the dataset's format (:mod:`zppo_trl.dataset_formats`).
         teacher_chat: (row, text or None) -> a conversation for a server (the row's images, then the text).
         grade: (rows, replies per row) -> verdicts, by the trainer's reward functions.
         evidence: (step, keys) -> step 4's :class:`~zppo_trl.augmentations.Evidence` on those questions.
@@ -115,6 +116,7 @@ class TermContext:
     rng: Any
     dataset: Any
     row: Callable[[Hashable], Mapping]
+    question: Callable[[Mapping], str]
     teacher_chat: Callable[[Mapping, str | None], list]
     grade: Callable[[Sequence[Mapping], Sequence[Sequence[str]]], list[list[bool]]]
     evidence: Callable[[PlainStep, Sequence[Hashable]], Any]

@@ -146,7 +146,7 @@ def judge_perception(
 # ---------------------------------------------------------------------- the term
 
 
-@dataclass(kw_only=True)  # after GRPOConfig\'s positional output_dir in ZPPOConfig
+@dataclass(kw_only=True)  # after GRPOConfig's positional output_dir in ZPPOConfig
 class PerceptionSettings:
     """Perception-R1's field of :class:`zppo_trl.ZPPOConfig` (``reward_term: perception_r1`` reads it)."""
 
@@ -201,6 +201,10 @@ class PerceptionR1(Term):
         any is logged: a row without them trains as GRPO\u2020's."""
         super().__init__(args, ctx)
         dataset = ctx.dataset
+        self.judge = ctx.judge()
+        if not hasattr(dataset, "__len__"):  # a stream: each row's annotations are checked as the row is trained
+            logger.info("Perception-R1: a streamed training set's annotations are read as its rows come")
+            return
         annotated = 0
         if ANNOTATIONS in (dataset.column_names or []):
             column, ids = dataset[ANNOTATIONS], dataset[data.ID]
@@ -210,7 +214,6 @@ class PerceptionR1(Term):
             annotated,
             len(dataset),
         )
-        self.judge = ctx.judge()
 
     @property
     def clients(self) -> list[tuple[str, Any]]:

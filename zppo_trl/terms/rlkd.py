@@ -198,7 +198,7 @@ def judge_replies(judge: Any) -> Callable[[list[str]], list[str | None]]:
 # ---------------------------------------------------------------------- the term
 
 
-@dataclass(kw_only=True)  # after GRPOConfig\'s positional output_dir in ZPPOConfig
+@dataclass(kw_only=True)  # after GRPOConfig's positional output_dir in ZPPOConfig
 class RLKDSettings:
     """RLKD's fields of :class:`zppo_trl.ZPPOConfig` (``reward_term: rlkd`` reads them)."""
 
@@ -293,7 +293,7 @@ class RLKD(Term):
                 self.traces.setdefault(key, trace)
         keys = list(dict.fromkeys(group.row[data.ID] for group in real))
         new = [key for key in keys if key in self.traces and key not in self.steps]
-        traces = [(ctx.row(key)[data.QUESTION], reasoning_of(self.traces[key])) for key in new]
+        traces = [(ctx.question(ctx.row(key)), reasoning_of(self.traces[key])) for key in new]
         cap = self.args.rlkd_gsrm_max_tokens
         for key, (answered, steps) in zip(new, decompose(judge, traces, cap)):
             if answered:  # a failed request is asked again next time
@@ -304,7 +304,7 @@ class RLKD(Term):
             if steps is not None:
                 positions += range(g * G, (g + 1) * G)
                 teacher_steps += [steps] * G
-        items = [(plain[i // G].row[data.QUESTION], reasoning_of(plain_round.texts[i])) for i in positions]
+        items = [(ctx.question(plain[i // G].row), reasoning_of(plain_round.texts[i])) for i in positions]
         rollouts = decompose(judge, items, cap)
         scores = structure_rewards(
             [(t, steps) for t, (_, steps) in zip(teacher_steps, rollouts)], judge_replies(judge)

@@ -58,7 +58,6 @@ from typing import Any
 
 import torch
 
-from .. import data
 from ..batches import (
     SELF_TEACHER_LOGPS,
     SELF_TEACHER_MASK,
@@ -247,7 +246,7 @@ def opsd_loss(inputs: LossInputs, args: Any) -> LossOutput:
 SELF_TEACHER_NAME = "self_teacher.pt"  # SDPO's / OPSD's self-teacher in a checkpoint
 
 
-@dataclass(kw_only=True)  # after GRPOConfig\'s positional output_dir in ZPPOConfig
+@dataclass(kw_only=True)  # after GRPOConfig's positional output_dir in ZPPOConfig
 class SelfTeacherSettings:
     """SDPO's and OPSD's fields of :class:`zppo_trl.ZPPOConfig` (their official defaults)."""
 
@@ -460,7 +459,7 @@ class SDPO(_SelfTeacherTerm):
             if group.kind == FILLER or demonstration is None:
                 contexts.append(None)
                 continue
-            prompt = compose_prompt(group.row[data.QUESTION], group.block, self.args.closer)
+            prompt = compose_prompt(self.ctx.question(group.row), group.block, self.args.closer)
             contexts.append(sdpo_context(prompt, plain_round.texts[demonstration]))
         return contexts
 
@@ -506,7 +505,7 @@ class OPSD(_SelfTeacherTerm):
         contexts: list[str | None] = []
         for group, reference in zip(real, references):
             context = (
-                None if reference is None else opsd_context(group.row[data.QUESTION], reference, self.args.closer)
+                None if reference is None else opsd_context(self.ctx.question(group.row), reference, self.args.closer)
             )
             contexts += [context] * G
         contexts += [None] * G * (len(plain) - len(real))  # fillers come last
