@@ -8,7 +8,8 @@ never contains the answer's text) every update of the run is skipped, counted as
 :class:`RewardSignalWatch` reads each plain round's rewards, per reward function and summed: a function, or the
 weighted sum, that gives every rollout of the round one value is warned about once per run, with what to check,
 
-* at the run's first rollout step, whatever the value: a broken function shows there, before a run is spent;
+* at the first rollout step of a run (or of a resumed one), whatever the value: a broken function shows
+  there, before a run is spent;
 * at any later step when the value is not 0. Under verifiable rewards 0 is a wrong answer, so a later step whose
   rollouts all score 0 is a genuinely all-wrong step (the student failed every question, every group without
   signal): it stays what it was, counted in the step's skipped updates and logged, and is not warned about.
