@@ -29,7 +29,7 @@ from trl import ModelConfig, get_peft_config
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
 from zppo_trl.callbacks import JsonlMetricsCallback
-from zppo_trl.data import load_questions
+from zppo_trl.data import DatasetError, load_questions
 from zppo_trl.plan import dry_run
 from zppo_trl.recipe import (
     RecipeError,
@@ -116,7 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if script_args.dry_run:
         return dry_run(script_args, args, model_args)
-    train(script_args, args, model_args)
+    try:
+        train(script_args, args, model_args)
+    except DatasetError as err:  # found before training: one line naming the file, row or field
+        print(f"error: dataset {script_args.dataset_name}: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

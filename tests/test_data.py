@@ -168,3 +168,50 @@ def test_an_existing_folder_is_never_a_hub_id(tmp_path, monkeypatch):
     (tmp_path / "org" / "name").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     assert data.is_hub_id("org/name") is False
+
+
+# ---------------------------------------------------------------------- found before training
+
+
+def test_numbers_given_as_answers_are_read_as_their_text(tmp_path):
+    """One integer answer among strings: its row keeps it, as text, and no other row is blamed; a table whose whole
+    answer column is numeric is read the same way."""
+    rows = [_row(0), _row(1), _row(2, answer=16, id=7), _row(3, answer=2.5)]
+    dataset, skipped = data.load_questions(str(_write_jsonl(rows, tmp_path / "mixed.jsonl")))
+    assert skipped == [] and dataset["answer"] == ["1", "2", "16", "2.5"] and dataset["id"][2] == "7"
+    numeric = tmp_path / "numeric.parquet"
+    datasets.Dataset.from_list([_row(i, answer=i * 3) for i in range(3)]).to_parquet(str(numeric))
+    assert data.load_questions(str(numeric))[0]["answer"] == ["0", "3", "6"]
+
+
+def test_image_files_must_exist_and_decode(tmp_path):
+    Image.new("RGB", (4, 4), "red").save(tmp_path / "red.png")
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    rows = [_row(0, images=["red.png"]), _row(1, images=["missing.png"]), _row(2, images=["broken.png"])]
+    path = _write_jsonl(rows, tmp_path / "train.jsonl")
+    with pytest.raises(data.DatasetError, match=r"row 1: field 'images' item 0: no such image file .*missing.png"):
+        data.load_questions(str(path))
+    dataset, skipped = data.load_questions(str(path), skip_invalid=True)
+    assert dataset["id"] == ["q0"] and [index for index, _ in skipped] == [1, 2]
+    assert "broken.png' is not an image PIL can decode" in skipped[1][1]
+
+
+def test_undecodable_bytes_are_named_by_file_and_line(tmp_path):
+    path = tmp_path / "train.jsonl"
+    lines = [json.dumps(_row(i)).encode() for i in range(3)]
+    lines[1] = lines[1].replace(b"What", b"Wh\xe9t")  # Latin-1, not UTF-8
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(data.DatasetError, match=rf"{re.escape(str(path))}:2: not UTF-8 \(byte 0xe9 at column \d+\)"):
+        data.load_questions(str(path))
+    dataset, skipped = data.load_questions(str(path), skip_invalid=True)
+    assert dataset["id"] == ["q0", "q2"] and len(skipped) == 1 and f"{path}:2:" in skipped[0][1]
+
+
+def test_a_dataset_with_no_valid_row_left_is_refused(tmp_path):
+    rows = [_row(0, images=["nope.png"]), _row(1, question=" ")]
+    path = _write_jsonl(rows, tmp_path / "train.jsonl")
+    with pytest.raises(data.DatasetError, match=r"no valid row left: all 2 rows are invalid.*no such image file"):
+        data.load_questions(str(path), skip_invalid=True)
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(data.DatasetError, match="the dataset has no rows"):
+        data.load_questions(str(tmp_path / "empty.jsonl"))

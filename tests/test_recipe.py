@@ -460,3 +460,19 @@ def test_a_backbone_recipe_names_its_family_and_keeps_the_2b_recipe(recipe, fami
             run.returncode != 0
             and "FAIL  student AIDC-AI/Ovis2.5-2B (ovis2_5): Ovis2.5 has no transformers" in run.stdout
         )
+
+
+def test_a_dataset_with_no_valid_row_fails_before_training_in_one_line(tmp_path):
+    """Every row invalid and --skip_invalid: the run stops before loading anything with one `error:` line naming
+    the dataset and the reason (it used to train 0 updates and exit 0), and the dry run fails it."""
+    bad = tmp_path / "bad.jsonl"
+    row = dict(id="q0", question="What is 1 + 1?", images=["missing.png"], answer=2, source="s", subdataset="d")
+    bad.write_text(json.dumps(row) + "\n" + json.dumps({**row, "id": "q1", "question": ""}) + "\n")
+    common = ("--config", "recipes/demo.yaml", "--dataset_name", bad, "--skip_invalid", "true", "--use_cpu", "true")
+    run = _dry_run(*common)
+    lines = [line for line in run.stderr.splitlines() if line.startswith("error:")]  # besides progress bars
+    assert run.returncode == 2 and len(lines) == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert lines[0].startswith(f"error: dataset {bad}: no valid row left: all 2 rows are invalid"), lines
+    assert "no such image file" in lines[0]
+    run = _dry_run(*common, "--dry_run")
+    assert run.returncode == 1 and f"FAIL  dataset {bad}: no valid row left" in run.stdout, run.stdout[-3000:]

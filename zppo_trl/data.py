@@ -20,6 +20,7 @@ from typing import Any
 __all__ = [
     "ANSWER",
     "COLUMNS",
+    "DatasetError",
     "ID",
     "IMAGES",
     "QUESTION",
@@ -43,6 +44,14 @@ SOURCE = "source"  # upstream dataset, e.g. "vero" or "mmfinereason"
 SUBDATASET = "subdataset"  # canonical sub-dataset name, e.g. "ai2d"
 
 COLUMNS = (ID, QUESTION, IMAGES, ANSWER, SOURCE, SUBDATASET)
+# Given as numbers, these are read as their text ("answer": 16 is "16"): a JSON file's or table's own typing.
+NUMBERS_AS_TEXT = (ID, ANSWER)
+
+
+class DatasetError(ValueError):
+    """A training set the run cannot train on, found before training (a bad row, file or image, or no valid row
+    left); the recipe prints it as one ``error:`` line."""
+
 
 _TEXT_FIELDS = (ID, QUESTION, ANSWER, SOURCE, SUBDATASET)
 
@@ -59,7 +68,8 @@ def validate_row(row: Mapping, index) -> None:
     """Raise ``ValueError`` naming ``index`` and the field when ``row`` breaks the schema.
 
     Every column of :data:`COLUMNS` must be present; the text fields must be non-empty
-    strings; ``images`` must be a list (empty for text-only rows) of images.
+    strings; ``images`` must be a list (empty for text-only rows) of images, each one's file
+    present and decodable.
     """
     if not isinstance(row, Mapping):
         raise ValueError(f"row {index}: expected a mapping, got {type(row).__name__}")
@@ -76,6 +86,35 @@ def validate_row(row: Mapping, index) -> None:
     for position, image in enumerate(images):
         if not _is_image(image):
             raise ValueError(f"row {index}: field {IMAGES!r} item {position} is not an image ({type(image).__name__})")
+        problem = _undecodable(image)
+        if problem:
+            raise ValueError(f"row {index}: field {IMAGES!r} item {position}: {problem}")
+
+
+def _undecodable(image) -> str | None:
+    """Why ``image`` (a path, encoded bytes or a ``{"bytes", "path"}`` entry) cannot be decoded, or None: its file
+    must exist and its bytes must be an image PIL can read (checked by ``verify``, without decoding every pixel)."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(image, Mapping):
+        image = image.get("bytes") or image.get("path")
+    if isinstance(image, str):
+        if not Path(image).is_file():
+            return f"no such image file {image!r}"
+        source = image
+    elif isinstance(image, bytes):
+        source = io.BytesIO(image)
+    else:  # a decoded PIL image
+        return None
+    try:
+        with Image.open(source) as opened:
+            opened.verify()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        where = f"{image!r}" if isinstance(image, str) else "its bytes"
+        return f"{where} is not an image PIL can decode ({type(err).__name__}: {err})"
+    return None
 
 
 # ---------------------------------------------------------------------- whole datasets
@@ -84,19 +123,24 @@ def validate_row(row: Mapping, index) -> None:
 def validate_dataset(dataset, skip_invalid: bool = False):
     """Check every row of ``dataset`` against the schema, up front.
 
-    A bad row (see :func:`validate_row`) or a repeated ``id`` raises ``ValueError``
+    A bad row (see :func:`validate_row`) or a repeated ``id`` raises :class:`DatasetError`
     naming the row and field; with ``skip_invalid`` it is dropped instead, and the count
-    and the first reasons are logged. Returns ``(dataset, skipped)`` where ``skipped``
-    lists ``(row, reason)``. Images are checked without decoding them.
+    and the first reasons are logged; a dataset with no row, or none valid, is an error.
+    Ids and answers typed as numbers are cast to their text first. Returns ``(dataset,
+    skipped)`` where ``skipped`` lists ``(row, reason)``. Each image's file must exist and
+    PIL must be able to read it (``verify``: its headers and checksums, not every pixel).
     """
     import datasets
     from tqdm.auto import tqdm
 
+    if len(dataset) == 0:
+        raise DatasetError("the dataset has no rows")
     missing = [c for c in COLUMNS if c not in dataset.column_names]
     if missing:  # a schema problem, not a row problem: never skippable
-        raise ValueError(
+        raise DatasetError(
             f"dataset is missing column(s) {missing}; expected the columns {list(COLUMNS)} of zppo_trl.data"
         )
+    dataset = _numbers_as_text(dataset)
     view = dataset.select_columns(list(COLUMNS))
     if _is_image_list(view.features[IMAGES]):
         view = view.cast_column(IMAGES, datasets.List(datasets.Image(decode=False)))
@@ -112,8 +156,13 @@ def validate_dataset(dataset, skip_invalid: bool = False):
             seen[row[ID]] = index
         except ValueError as err:
             if not skip_invalid:
-                raise ValueError(f"{err} (pass --skip_invalid to drop bad rows instead)") from None
+                raise DatasetError(f"{err} (pass --skip_invalid to drop bad rows instead)") from None
             skipped.append((index, str(err)))
+    if len(skipped) == len(view):
+        raise DatasetError(
+            f"no valid row left: all {len(view)} rows are invalid, so nothing could be trained; first: "
+            + "; ".join(reason for _, reason in skipped[:3])
+        )
     if skipped:
         bad = {index for index, _ in skipped}
         dataset = dataset.select([i for i in range(len(dataset)) if i not in bad])
@@ -124,6 +173,17 @@ def validate_dataset(dataset, skip_invalid: bool = False):
             "; ".join(r for _, r in skipped[:3]),
         )
     return dataset, skipped
+
+
+def _numbers_as_text(dataset):
+    """``dataset`` with the :data:`NUMBERS_AS_TEXT` columns that a file typed as numbers cast to their text."""
+    import datasets
+
+    for column in NUMBERS_AS_TEXT:
+        feature = dataset.features.get(column)
+        if isinstance(feature, datasets.Value) and feature.dtype != "string" and feature.dtype != "bool":
+            dataset = dataset.cast_column(column, datasets.Value("string"))
+    return dataset
 
 
 def _is_image_list(feature) -> bool:
@@ -167,7 +227,8 @@ def is_hub_id(name: str | None) -> bool:
     return len(parts) == 2 and all(part.strip() == part and part for part in parts)
 
 
-def _local_dataset(path: Path, split: str):
+def _local_dataset(path: Path, split: str, skip_invalid: bool = False):
+    """The dataset at ``path`` and the lines of its JSONL files skipped as unreadable (see :func:`read_jsonl`)."""
     import datasets
 
     if path.is_dir() and any(
@@ -178,14 +239,60 @@ def _local_dataset(path: Path, split: str):
             if split not in loaded:
                 raise ValueError(f"{path}: no split {split!r} (has {list(loaded)})")
             loaded = loaded[split]
-        return loaded
+        return loaded, []
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in _SUFFIX_BUILDERS)
     builders = {_SUFFIX_BUILDERS.get(p.suffix) for p in files}
     if not files or None in builders or len(builders) > 1:
         raise ValueError(
             f"{path}: expected a .parquet/.jsonl file, a folder of them (one format), or a save_to_disk folder"
         )
-    return datasets.load_dataset(builders.pop(), data_files=[str(p) for p in files], split="train")
+    if all(p.suffix == ".jsonl" for p in files):  # read here: a bad line is named by file and line
+        rows, skipped = read_jsonl(files, skip_invalid)
+        return datasets.Dataset.from_list(rows), skipped
+    return datasets.load_dataset(builders.pop(), data_files=[str(p) for p in files], split="train"), []
+
+
+def read_jsonl(files, skip_invalid: bool = False) -> tuple[list[dict], list[tuple[int, str]]]:
+    """The rows of JSON Lines ``files``, in order: each line decoded as UTF-8 and parsed as one JSON object, the
+    :data:`NUMBERS_AS_TEXT` fields given as numbers read as their text (so one number among strings does not
+    retype a column). A line that is not UTF-8 or not a JSON object raises :class:`DatasetError` naming the file
+    and line, or with ``skip_invalid`` is skipped: ``(row index it would have had, reason)``. Blank lines are
+    left out."""
+    rows: list[dict] = []
+    skipped: list[tuple[int, str]] = []
+    for path in files:
+        with open(path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                if not raw.strip():
+                    continue
+                try:
+                    row = _jsonl_row(raw)
+                except ValueError as err:
+                    reason = f"{path}:{number}: {err}"
+                    if not skip_invalid:
+                        raise DatasetError(f"{reason} (pass --skip_invalid to drop bad rows instead)") from None
+                    skipped.append((len(rows) + len(skipped), reason))
+                    continue
+                rows.append(row)
+    return rows, skipped
+
+
+def _jsonl_row(raw: bytes) -> dict:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"not UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1})") from None
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"a JSON {type(row).__name__}, not an object")
+    for field in NUMBERS_AS_TEXT:
+        value = row.get(field)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            row[field] = str(value)
+    return row
 
 
 def _absolute_image_paths(dataset, root: Path):
@@ -213,15 +320,17 @@ def load_questions(source: str, split: str = "train", *, name: str | None = None
     ``Dataset.save_to_disk`` folder) or a Hub dataset id (``name`` is its config; see
     :func:`is_hub_id` for which names are ids; any other missing name is an error). The
     ``images`` column is decoded to PIL images (paths, bytes and ``{"bytes", "path"}``
-    entries all work). Every row is validated up front (:func:`validate_dataset`): a bad
-    row is an error naming the row and field, or with ``skip_invalid`` a counted, logged
-    skip. Returns ``(dataset, skipped)``.
+    entries all work). Every row is validated up front (:func:`validate_dataset`; a JSONL
+    file's lines by :func:`read_jsonl`): a bad row is a :class:`DatasetError` naming the
+    row and field (a bad line: its file and line), or with ``skip_invalid`` a counted,
+    logged skip; none left is an error. Returns ``(dataset, skipped)``.
     """
     import datasets
 
     path = Path(source).expanduser()
+    unreadable: list[tuple[int, str]] = []
     if path.exists():
-        dataset = _local_dataset(path, split)
+        dataset, unreadable = _local_dataset(path, split, skip_invalid)
         if IMAGES in dataset.column_names and not _is_image_list(dataset.features[IMAGES]) and any(dataset[IMAGES]):
             dataset = _absolute_image_paths(dataset, path if path.is_dir() else path.parent)
     elif is_hub_id(source):
@@ -230,7 +339,12 @@ def load_questions(source: str, split: str = "train", *, name: str | None = None
         raise FileNotFoundError(
             f"dataset {source!r}: no such file or folder (a Hub id reads org/name, without a file suffix)"
         )
+    if unreadable and len(dataset) == 0:
+        raise DatasetError(f"no valid row left: every line is unreadable; first: {unreadable[0][1]}")
     dataset, skipped = validate_dataset(dataset, skip_invalid=skip_invalid)
+    if unreadable:
+        logger.warning("skipped %d unreadable line(s); first: %s", len(unreadable), unreadable[0][1])
+        skipped = sorted(unreadable + skipped)
     if not _is_image_list(dataset.features[IMAGES]) and any(dataset[IMAGES]):
         dataset = dataset.cast_column(IMAGES, datasets.List(datasets.Image()))
     return dataset, skipped
