@@ -13,6 +13,7 @@ import os
 import re
 import urllib.request
 
+import peft
 import pytest
 import torch
 from datasets import Dataset
@@ -20,6 +21,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
+from zppo_trl.checkpoint_state import ZPPO_STATE_NAME
 from zppo_trl.rewards import boxed_accuracy_reward
 from zppo_trl.student_server import SharedMemoryVLLMClient, stand_in_for_overlong, write_safetensors
 
@@ -167,6 +169,16 @@ class LastStepAllRight:
         return boxed_accuracy_reward(completions, answer)
 
 
+def _fixed_sequence(tokenizer) -> tuple[list[int], int]:
+    """A fixed scored sequence: the first toy question's prompt as the trainer renders it, and a boxed answer."""
+    question = tokenizer.apply_chat_template(
+        [{"role": "user", "content": toy_rows("text")[0]["question"]}], tokenize=False, add_generation_prompt=True
+    )
+    prompt_ids = tokenizer(question)["input_ids"]
+    answer = tokenizer("<think> Let me compute. </think> \\boxed{7}<|im_end|>")["input_ids"]
+    return prompt_ids + answer, len(prompt_ids)
+
+
 def _server_requests(server) -> float:
     """The student server's finished requests, from its Prometheus metrics."""
     with urllib.request.urlopen(f"{server.root_url}/metrics", timeout=10) as response:
@@ -253,12 +265,7 @@ class TestOneStudentServer:
     ):
         server, teacher = student_server, vllm_boxed_teacher_server
         tokenizer = AutoTokenizer.from_pretrained(boxed_text_student_dir)
-        question = tokenizer.apply_chat_template(
-            [{"role": "user", "content": toy_rows("text")[0]["question"]}], tokenize=False, add_generation_prompt=True
-        )
-        prompt_ids = tokenizer(question)["input_ids"]
-        sequence = prompt_ids + tokenizer("<think> Let me compute. </think> \\boxed{7}<|im_end|>")["input_ids"]
-        in_sync = ServerInSync(sequence, len(prompt_ids))
+        in_sync = ServerInSync(*_fixed_sequence(tokenizer))
         reward = LastStepAllRight(from_update=4)  # the third rollout step
         args = ZPPOConfig(
             output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to=[], save_strategy="no", seed=0,
@@ -352,6 +359,77 @@ class TestOneStudentServer:
         assert "fill the student server's whole context (vllm_max_model_length=2048)" in caplog.text
         assert "question ids ['long']" in caplog.text
         assert trainer.state.global_step == 2  # the step trained on the other seven questions
+
+    def test_a_lora_student_syncs_its_merged_weights_and_checkpoints_its_adapter(
+        self, student_server, boxed_text_student_dir, tmp_path
+    ):
+        """A GRPO user's LoRA run in server mode (the GRPO row, no teacher): TRL's sync merges the adapter, streams the
+        base model's tensors under their own names and unmerges; the server scores as the adapted model after every
+        update, and the checkpoint holds the adapter and the ZPPO state."""
+        server = student_server
+        tokenizer = AutoTokenizer.from_pretrained(boxed_text_student_dir)
+        base = AutoModelForCausalLM.from_pretrained(boxed_text_student_dir)
+        base_params = {name: param.detach().clone() for name, param in base.named_parameters()}
+        sequence, prompt_length = _fixed_sequence(tokenizer)
+        in_sync = ServerInSync(sequence, prompt_length)
+        lora = peft.LoraConfig(
+            r=8, lora_alpha=16, task_type="CAUSAL_LM",
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        )  # fmt: skip
+        # one rollout step (two updates) saved at its end; completions long enough for a boxed answer (a signal),
+        # and a LoRA learning rate that moves the adapted policy well past the sync tolerance in two updates
+        args = _grpo_dagger(tmp_path, server, max_completion_length=32, learning_rate=1e-2, save_strategy="steps",
+                            save_steps=2)  # fmt: skip
+        assert args.vllm_weight_transfer == "shm" and not args.augmentations and args.teacher_base_url is None
+        trainer = ZPPOTrainer(
+            model=base,
+            args=args,
+            train_dataset=Dataset.from_list(toy_rows("text")),
+            processing_class=tokenizer,
+            peft_config=lora,
+            callbacks=[in_sync],
+        )
+        assert isinstance(trainer.model, peft.PeftModel)
+        in_sync.trainer = trainer
+        trainer.train()
+        assert trainer.state.global_step == 2
+
+        # What reached the server: the base model's tensors, under its names and shapes (the adapter merged into
+        # them, no lora_A/lora_B/base_layer names); the client checks that the server reloaded every one of them.
+        client = trainer.vllm_generation.vllm_client
+        assert isinstance(client, SharedMemoryVLLMClient)
+        sent = trainer.vllm_generation._weight_metadata  # TRL's announcement, which the written stream must match
+        assert [(name, shape) for name, _, shape in sent] == [(n, list(p.shape)) for n, p in base_params.items()]
+        assert len(client.sync_seconds) == 1 + 2 + 1  # the callback's (before training, after each update) and TRL's
+        assert all(s["bytes"] > 4 * sum(p.numel() for p in base_params.values()) for s in client.sync_seconds)
+
+        # The server followed the adapted (merged) policy after every update, and that policy moved: the adapter's
+        # B starts at zero, so the first comparison is the base model's and only training can move it.
+        assert len(in_sync.differences) == 1 + 2
+        assert not all(in_sync.skipped), in_sync.skipped  # at least one update trained
+        assert max(in_sync.differences) < TOLERANCE, in_sync.differences
+        moved = float((in_sync.server_logps[-1] - in_sync.server_logps[0]).abs().max())
+        assert moved > 20 * TOLERANCE, moved
+        # Every sync merged and unmerged: the frozen base weights are what they were.
+        for name, param in trainer.model.get_base_model().named_parameters():
+            if "lora_" not in name:
+                original = base_params[name.replace(".base_layer", "")]
+                torch.testing.assert_close(param.detach(), original, atol=1e-6, rtol=0)
+
+        # The checkpoint at the end of the rollout step: the adapter (not a full model) and ZPPO's state.
+        checkpoint = tmp_path / "out" / "checkpoint-2"
+        assert (checkpoint / "adapter_model.safetensors").is_file() and (checkpoint / "adapter_config.json").is_file()
+        assert not (checkpoint / "model.safetensors").exists()
+        state = json.loads((checkpoint / ZPPO_STATE_NAME).read_text())
+        assert state["buffer"] == trainer.replay_buffer.state_dict()
+        assert state["buffer"]["residents"], "no hard question reached the buffer"  # hard toy rows are near 0
+        # The saved adapter, merged into the base model, is the policy the server ended on.
+        merged = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(boxed_text_student_dir),
+                                                str(checkpoint)).merge_and_unload()  # fmt: skip
+        with torch.no_grad():
+            logps = merged(torch.tensor([sequence])).logits[0, prompt_length - 1 : -1].double().log_softmax(-1)
+        merged_logps = logps.gather(1, torch.tensor(sequence[prompt_length:])[:, None])[:, 0]
+        torch.testing.assert_close(in_sync.server_logps[-1], merged_logps, atol=TOLERANCE, rtol=0)
 
     def test_a_student_server_lost_mid_run_stops_training_naming_it(
         self, student_server, boxed_text_student_dir, tmp_path
