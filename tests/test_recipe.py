@@ -9,6 +9,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -283,10 +284,18 @@ def test_bad_config_and_bad_rows_are_named(tmp_path, tiny_text_model_dir):
     bad_yaml.write_text(yaml.safe_dump({**config, "bogus_field": 3}))
     run = _dry_run("--config", bad_yaml, "--dry_run")
     assert run.returncode != 0 and "bogus_field" in run.stderr
+    # a YAML syntax error names the file, line and column (a flow mapping left open on line 2)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("augmentations: []\nreplay_fraction: {0.5\nseed: 1\n")
+    run = _dry_run("--config", broken, "--dry_run")
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert run.returncode == 2 and len(lines) == 1, run.stderr[-2000:]
+    assert re.match(rf"error: {re.escape(str(broken))}:\d+:\d+: YAML syntax error: ", lines[0]), lines
 
     # a bad value: one line naming the field, no traceback, a usage-error exit code
     for flags, message in (
         (["--hard_threshold", "1.5"], "error: hard_threshold must be a number in [0, 1], got 1.5"),
+        (["--epsilon", "0.3", "--epsilon_high", "0.1"], "error: epsilon (0.3) is above epsilon_high (0.1)"),
         (["--loss_type", "grpo"], "error: loss_type='grpo' changes ZPPO's objective"),
     ):
         run = _dry_run("--config", "recipes/qwen35_0.8b.yaml", "--dry_run", *flags)

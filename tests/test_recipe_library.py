@@ -4,6 +4,8 @@ functions and the servers a run waits for."""
 
 from __future__ import annotations
 
+import logging
+import re
 import socket
 from pathlib import Path
 
@@ -182,6 +184,33 @@ def test_wait_for_servers_names_the_fields_of_a_server_that_does_not_answer():
     judge_only = _config(teacher_base_url=url, teacher_model="t", augmentations=[])
     with pytest.raises(SystemExit, match="fix judge_base_url / judge_model"):
         wait_for_servers(ScriptArguments(teacher_wait_s=1e-6), judge_only)
+
+
+def test_a_server_awaited_gets_a_line_every_report_interval_naming_it(monkeypatch, caplog):
+    """A teacher down at start: a warning every WAIT_REPORT_S (shortened here) says what is awaited, for how long
+    of teacher_wait_s, and why; the judge's own health warning calls it the judge."""
+    import zppo_trl.recipe as recipe
+    from zppo_trl.teacher import TeacherClient
+
+    url = _closed_url()
+    monkeypatch.setattr(recipe, "WAIT_REPORT_S", 0.2)
+    with caplog.at_level(logging.WARNING, logger="zppo"), pytest.raises(SystemExit):
+        wait_for_servers(ScriptArguments(teacher_wait_s=0.9), _config(teacher_base_url=url, teacher_model="t"))
+    lines = [r.message for r in caplog.records if r.name == "zppo"]
+    assert len(lines) >= 2, lines
+    assert all(
+        re.match(
+            rf"still waiting for the teacher at {re.escape(url)} \(model t\): \d+ s of teacher_wait_s=0.9 s \(.+\)",
+            line,
+        )
+        for line in lines
+    ), lines
+    caplog.clear()
+    judge = TeacherClient(url, "j", role="judge")
+    with caplog.at_level(logging.WARNING, logger="zppo_trl.teacher"):
+        assert not judge.health(timeout=2.0)
+    judge.close()
+    assert caplog.records[-1].message.startswith(f"judge endpoint {url} (model j) is not healthy")
 
 
 def test_student_config_reads_the_local_cache_only_when_asked(tiny_text_model_dir):

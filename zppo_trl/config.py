@@ -525,6 +525,8 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
                 "teacher_base_url and teacher_model (its vLLM server's prompt_logprobs), or distill_teacher to load "
                 "it next to the student"
             )
+        if self.epsilon_high is not None and self.epsilon > self.epsilon_high:  # clip-higher: upper >= lower
+            raise ValueError(f"epsilon ({self.epsilon}) is above epsilon_high ({self.epsilon_high}); paper: 0.2, 0.28")
         if not policy_objectives()[self.policy_objective].dual_clip:
             return  # CISPO and DISPO bound the importance weight themselves: delta plays no part in them
         if self.delta is None:

@@ -152,8 +152,7 @@ def load_recipe(path: str | os.PathLike, _seen: tuple[str, ...] = ()) -> dict:
         raise ValueError(f"{path}: base recipes form a cycle ({' -> '.join(_seen + (path,))})")
     if not os.path.isfile(path):
         raise ValueError(f"config {path} does not exist" + (f" (the base of {_seen[-1]})" if _seen else ""))
-    with open(path) as f:
-        fields = yaml.safe_load(f) or {}
+    fields = read_yaml(path)
     if not isinstance(fields, dict):
         raise ValueError(f"{path}: a recipe is a mapping of field: value")
     fields = _renamed(fields, path)
@@ -161,6 +160,19 @@ def load_recipe(path: str | os.PathLike, _seen: tuple[str, ...] = ()) -> dict:
     if base is None:
         return fields
     return {**load_recipe(os.path.join(os.path.dirname(path), base), (*_seen, path)), **fields}
+
+
+def read_yaml(path: str | os.PathLike) -> object:
+    """A YAML file's content (``{}`` for an empty one); a syntax error is a ``ValueError`` naming the file,
+    line and column where YAML found it, and what it found."""
+    with open(path) as f:
+        try:
+            return yaml.safe_load(f) or {}
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+            what = " ".join(part for part in (getattr(err, "context", None), getattr(err, "problem", None)) if part)
+            raise ValueError(f"{where}: YAML syntax error: {what or _first_line(err)}") from None
 
 
 def resolve_base(argv: list[str]) -> list[str]:
@@ -172,8 +184,7 @@ def resolve_base(argv: list[str]) -> list[str]:
     if "--config" not in argv or argv.index("--config") + 1 >= len(argv):
         return argv
     at = argv.index("--config") + 1
-    with open(argv[at]) as f:
-        fields = yaml.safe_load(f) or {}
+    fields = read_yaml(argv[at])
     if not isinstance(fields, dict) or not ({"base", _OLD_KEY} & set(fields)):
         return argv
     merged = tempfile.NamedTemporaryFile("w", prefix="zppo-recipe-", suffix=".yaml", delete=False)
@@ -320,23 +331,35 @@ def endpoints(script_args: ScriptArguments, args: ZPPOConfig) -> list[tuple[str,
     return out
 
 
+WAIT_REPORT_S = 30.0  # while a server is awaited, a line this often saying what and for how long
+
+
 def wait_for_servers(script_args: ScriptArguments, args: ZPPOConfig) -> None:
-    """Block until the teacher/judge answer, or raise naming the field to fix."""
+    """Block until the teacher/judge answer, or raise naming the field to fix; while one is awaited, a warning every
+    :data:`WAIT_REPORT_S` seconds says which, for how long so far, and why it does not answer yet."""
     if script_args.teacher_wait_s <= 0:
         return
     for role, url, model in endpoints(script_args, args):
-        client = TeacherClient(url, model, api_key_env=args.teacher_api_key_env)
-        deadline = time.monotonic() + script_args.teacher_wait_s
+        client = TeacherClient(url, model, api_key_env=args.teacher_api_key_env, role=role)
+        start = time.monotonic()
+        deadline, report = start + script_args.teacher_wait_s, start + WAIT_REPORT_S
         try:
-            while not client.health(timeout=10.0):
-                if time.monotonic() > deadline:
+            while (reason := client.unhealthy_reason(timeout=10.0)) is not None:
+                now = time.monotonic()
+                if now > deadline:
                     fields = f"{role}_base_url / {role}_model"
                     raise SystemExit(
                         f"the {role} at {url} (model {model!r}) did not answer within "
-                        f"teacher_wait_s={script_args.teacher_wait_s:g} s; start it (recipes/launch/) or fix {fields}"
+                        f"teacher_wait_s={script_args.teacher_wait_s:g} s ({reason}); start it (recipes/launch/) or "
+                        f"fix {fields}"
                     )
-                logger.info("waiting for the %s at %s ...", role, url)
-                time.sleep(min(5.0, max(0.1, deadline - time.monotonic())))  # no longer than teacher_wait_s asks
+                if now >= report:
+                    logger.warning(
+                        "still waiting for the %s at %s (model %s): %.0f s of teacher_wait_s=%g s (%s)",
+                        role, url, model, now - start, script_args.teacher_wait_s, reason,
+                    )  # fmt: skip
+                    report = now + WAIT_REPORT_S
+                time.sleep(min(5.0, WAIT_REPORT_S, max(0.1, deadline - now)))  # no longer than teacher_wait_s asks
         finally:
             client.close()
         logger.info("%s at %s is up (model %s)", role, url, model)

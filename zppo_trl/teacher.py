@@ -305,6 +305,7 @@ class TeacherClient:
         extra_body: Mapping[str, Any] | None = None,
         backoff_base: float = 1.0,
         backoff_max: float = 30.0,
+        role: str = "teacher",
     ):
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
@@ -312,6 +313,7 @@ class TeacherClient:
             raise ValueError(f"model must be a non-empty string, got {model!r}")
         self.base_url = base_url.rstrip("/")
         self.model = model
+        self.role = role  # what the endpoint is to the run ("teacher", "judge"), for its messages
         self.max_concurrency = _check_int("max_concurrency", max_concurrency, 1)
         self.timeout = _check_float("timeout", timeout, 0.0, low_open=True)
         self.max_retries = _check_int("max_retries", max_retries, 0)
@@ -348,6 +350,7 @@ class TeacherClient:
             timeout=args.teacher_timeout,
             api_key_env=args.teacher_api_key_env,
             extra_body=getattr(args, f"{role}_extra_body"),
+            role=role,
         )
 
     def __repr__(self) -> str:
@@ -557,11 +560,16 @@ class TeacherClient:
         path, a model the server does not serve, or a non-OpenAI reply. Not retried and
         not counted in :meth:`stats`.
         """
-        limit = min(self.timeout, 60.0) if timeout is None else _check_float("timeout", timeout, 0.0, low_open=True)
-        reason = self._submit(self._probe(limit)).result()
+        reason = self.unhealthy_reason(timeout)
         if reason is not None:
-            logger.warning("teacher endpoint %s (model %s) is not healthy: %s", self.base_url, self.model, reason)
+            logger.warning("%s endpoint %s (model %s) is not healthy: %s", self.role, self.base_url, self.model,
+                           reason)  # fmt: skip
         return reason is None
+
+    def unhealthy_reason(self, timeout: float | None = None) -> str | None:
+        """What :meth:`health` checks, without the warning: why the endpoint does not serve ``model``, or None."""
+        limit = min(self.timeout, 60.0) if timeout is None else _check_float("timeout", timeout, 0.0, low_open=True)
+        return self._submit(self._probe(limit)).result()
 
     def stats(self, reset: bool = False) -> dict[str, float]:
         """Counters since creation (or the last reset), all numeric, for logging.
