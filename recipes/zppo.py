@@ -24,11 +24,11 @@ import os
 import sys
 import warnings
 
-from transformers.trainer_utils import get_last_checkpoint
 from trl import ModelConfig, get_peft_config
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
 from zppo_trl.callbacks import JsonlMetricsCallback
+from zppo_trl.checkpoint_state import last_complete_checkpoint
 from zppo_trl.data import DatasetError, load_questions
 from zppo_trl.plan import dry_run
 from zppo_trl.recipe import (
@@ -78,7 +78,7 @@ def train(
     )
     checkpoint = args.resume_from_checkpoint
     if checkpoint is None and os.path.isdir(args.output_dir):
-        checkpoint = get_last_checkpoint(args.output_dir)
+        checkpoint = last_complete_checkpoint(args.output_dir)
     if checkpoint:
         logger.info("resuming from %s (replay buffer and ZPPO counters included)", checkpoint)
     trainer.train(resume_from_checkpoint=checkpoint)

@@ -15,6 +15,7 @@ numbers a researcher watches, the process's resident memory among them. Loggers 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 
@@ -31,6 +32,8 @@ __all__ = [
     "read_metrics",
     "rollout_summary",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 class JsonlMetricsCallback(TrainerCallback):
@@ -68,9 +71,19 @@ class JsonlMetricsCallback(TrainerCallback):
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """The rows of a ``metrics.jsonl`` file, in order."""
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The rows of a ``metrics.jsonl`` file, in order. A last line cut short (a run killed while writing it) is
+    dropped with a warning; a bad line before it is an error naming the file and line."""
+    with open(path, "rb") as f:
+        lines = [(number, line) for number, line in enumerate(f, start=1) if line.strip()]
+    rows = []
+    for position, (number, line) in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            if position < len(lines) - 1:
+                raise ValueError(f"{path}:{number}: not a JSON line ({err})") from None
+            logger.warning("%s:%d: dropped a torn last line (a run stopped while writing it)", path, number)
+    return rows
 
 
 def _kind(logs: dict, kind: str) -> str:

@@ -17,11 +17,50 @@ from .evaluation.condition import CONDITION_KEY
 from .model_card import CardFacts, render_model_card
 from .student_copy import EMAReference
 
-__all__ = ["ZPPO_STATE_NAME", "CheckpointState"]
+__all__ = ["ZPPO_STATE_NAME", "CheckpointState", "last_complete_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
 ZPPO_STATE_NAME = "zppo_state.json"
+TRAINER_STATE_NAME = "trainer_state.json"  # transformers writes it last of a checkpoint's files
+# A checkpoint's weights: a full model (one file or an index), a PEFT adapter, or DeepSpeed's own folder.
+_WEIGHTS = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+)
+
+
+def checkpoint_gaps(checkpoint: str) -> list[str]:
+    """What a checkpoint folder lacks of a whole one (TRL's trainer state, the weights, the ZPPO state)."""
+    names = set(os.listdir(checkpoint))
+    gaps = [name for name in (TRAINER_STATE_NAME, ZPPO_STATE_NAME) if name not in names]
+    if not names & set(_WEIGHTS) and not any(name.startswith("global_step") for name in names):
+        gaps.append("weights")
+    return gaps
+
+
+def last_complete_checkpoint(output_dir: str) -> str | None:
+    """The newest ``checkpoint-N`` of ``output_dir`` that is whole (:func:`checkpoint_gaps`), or None; each newer one
+    that is not (a run killed while saving it) is skipped with a warning naming what it lacks."""
+    if not os.path.isdir(output_dir):
+        return None
+    steps = []
+    for name in os.listdir(output_dir):
+        number = name.removeprefix("checkpoint-")
+        if number != name and number.isdigit() and os.path.isdir(os.path.join(output_dir, name)):
+            steps.append(int(number))
+    for step in sorted(steps, reverse=True):
+        checkpoint = os.path.join(output_dir, f"checkpoint-{step}")
+        gaps = checkpoint_gaps(checkpoint)
+        if not gaps:
+            return checkpoint
+        logger.warning("skipping %s: an incomplete checkpoint (no %s), left by a run stopped while saving it",
+                       checkpoint, ", no ".join(gaps))  # fmt: skip
+    return None
 
 
 class CheckpointState:
@@ -33,7 +72,18 @@ class CheckpointState:
 
     def _save_rng_state(self, output_dir: str) -> None:
         super()._save_rng_state(output_dir)
+        self._save_zppo_state(output_dir)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        if self.args.save_only_model:  # transformers then skips _save_rng_state, where ZPPO's state is written
+            self._save_zppo_state(os.path.join(self._get_output_dir(trial), f"checkpoint-{self.state.global_step}"))
+        super()._save_checkpoint(model, trial)
+
+    def _save_zppo_state(self, output_dir: str) -> None:
+        """``zppo_state.json`` and the student copies' weights, before TRL's trainer state (written last): a
+        checkpoint with its trainer state has them (:func:`last_complete_checkpoint`)."""
         if self.args.should_save:
+            os.makedirs(output_dir, exist_ok=True)
             with open(os.path.join(output_dir, ZPPO_STATE_NAME), "w") as f:
                 json.dump(self.zppo_state_dict(), f)
             for name, copy, _what in self._ema_copies():  # EMA weights, for an exact resume

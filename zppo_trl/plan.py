@@ -26,11 +26,11 @@ from dataclasses import dataclass
 import huggingface_hub
 import transformers
 from huggingface_hub.utils import get_session
-from transformers.trainer_utils import get_last_checkpoint
 from trl import ModelConfig
 
 from .augmentations import candidate_content
 from .backbones import known_model_type, unsupported_reason
+from .checkpoint_state import last_complete_checkpoint
 from .config import ZPPOConfig
 from .data import is_hub_id, load_questions
 from .memory_plan import (
@@ -282,7 +282,7 @@ def print_checks(
         client.close()
         state = "ok  " if healthy else "down"
         out(f"  {state}  {role} {model} at {url}{'' if healthy else ' (not reachable now; start it before training)'}")
-    last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
+    last = last_complete_checkpoint(args.output_dir)
     out(f"  ok    output_dir {args.output_dir}: {'resumes from ' + last if last else 'starts fresh'}")
     if args.push_to_hub:
         target, strategy = args.hub_model_id, args.hub_strategy

@@ -58,7 +58,7 @@ from .augmentations import Augmentation, BuiltGroup, BuiltGroups
 from .backbones import backbone_family
 from .batches import concat_batches
 from .callbacks import QuietProgressCallback, RolloutSummaryCallback
-from .checkpoint_state import ZPPO_STATE_NAME, CheckpointState
+from .checkpoint_state import ZPPO_STATE_NAME, CheckpointState, last_complete_checkpoint
 from .config import ZPPOConfig
 from .dataset_formats import IMAGE, PROMPT, prepare_datasets
 from .evaluation.condition import record_condition
@@ -77,6 +77,7 @@ from .reward_signal import RewardSignalWatch
 from .rewards import boxed_accuracy_reward
 from .rollout import FILLER, Draw, Round, RoundRequest, draw_questions, plain_accuracy
 from .row_parts import RowParts
+from .run_lock import run_lock
 from .step_metrics import admission_bins, advantage_stats, bin_label
 from .step_records import StepRecords
 from .student_server import student_generation, weight_syncs
@@ -208,6 +209,17 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
         )
         self._padding_free_warned: set[str] = set()  # the reasons padding_free fell back for, warned once each
         self._set_up_console()
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        """TRL's training loop, holding ``output_dir``'s lock (:mod:`zppo_trl.run_lock`: one run per folder);
+        ``resume_from_checkpoint=True`` resumes from the newest *complete* checkpoint (one a kill left half written
+        is skipped, named: :func:`zppo_trl.checkpoint_state.last_complete_checkpoint`)."""
+        with run_lock(self.args.output_dir, active=self.args.should_save):
+            if resume_from_checkpoint is True:
+                resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
+                if resume_from_checkpoint is None:
+                    raise ValueError(f"no complete checkpoint in output_dir {self.args.output_dir} to resume from")
+            return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def _set_up_console(self) -> None:
         """One line per rollout step on the console; TRL's metrics dict only with ``full_console_logs``."""

@@ -1,0 +1,181 @@
+"""Runs that cannot collide or resume from half a checkpoint (zppo_trl.run_lock, zppo_trl.checkpoint_state).
+
+One ``output_dir`` holds one run: a second is refused naming the first, a lock whose process is gone is taken
+over. A trainer SIGKILLed in the middle of writing a checkpoint leaves it without TRL's trainer state: the resume
+skips it, naming it, and goes on from the checkpoint before; a torn last line of ``metrics.jsonl`` is dropped;
+``save_only_model`` checkpoints keep the ZPPO state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import zlib
+from pathlib import Path
+
+import pytest
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from zppo_trl import ZPPOConfig, ZPPOTrainer
+from zppo_trl.callbacks import JsonlMetricsCallback, read_metrics
+from zppo_trl.checkpoint_state import ZPPO_STATE_NAME, last_complete_checkpoint
+from zppo_trl.run_lock import LOCK_NAME, RunLocked, run_lock
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _write_lock(directory: Path, pid: int, host: str | None = None) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    holder = {"host": host or socket.gethostname(), "pid": pid, "started": "2026-11-28 08:00:00 UTC"}
+    (directory / LOCK_NAME).write_text(json.dumps(holder))
+
+
+def test_a_second_run_is_refused_naming_the_first_and_a_stale_lock_is_taken_over(tmp_path, caplog):
+    out = tmp_path / "out"
+    with run_lock(str(out)):
+        holder = json.loads((out / LOCK_NAME).read_text())
+        assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
+        with pytest.raises(RunLocked, match=rf"in use by another run \(PID {os.getpid()} on {socket.gethostname()}"):
+            with run_lock(str(out)):
+                pass
+    assert not (out / LOCK_NAME).exists()  # a finished run leaves none
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    _write_lock(out, gone.pid)
+    with caplog.at_level(logging.WARNING, logger="zppo_trl.run_lock"), run_lock(str(out)):
+        assert json.loads((out / LOCK_NAME).read_text())["pid"] == os.getpid()
+    assert f"taking over the lock of a run that is gone (PID {gone.pid}" in caplog.text
+    _write_lock(out, 1, host="another-node")
+    with pytest.raises(RunLocked, match=rf"another-node.*if that run is over, remove {out / LOCK_NAME}"):
+        with run_lock(str(out)):
+            pass
+    with run_lock(str(out), active=False):  # ranks other than the main process take no lock
+        pass
+
+
+def test_a_torn_last_metrics_line_is_dropped_and_an_earlier_bad_line_named(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "loss": 0.')
+    with caplog.at_level(logging.WARNING, logger="zppo_trl.callbacks"):
+        assert read_metrics(path) == [{"step": 1}, {"step": 2}]
+    assert f"{path}:3: dropped a torn last line" in caplog.text
+    path.write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=rf"{path}:2: not a JSON line"):
+        read_metrics(path)
+
+
+# A training script SIGKILLed while it writes its second checkpoint: after the weights and ZPPO's state, before
+# TRL's trainer state (which transformers writes last).
+_KILLED_MID_SAVE = textwrap.dedent(
+    """
+    import os, signal, sys
+    sys.path.insert(0, sys.argv[3])
+    from test_run_safety import QUESTIONS, hashed_reward, settings
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from zppo_trl import ZPPOConfig, ZPPOTrainer
+    from zppo_trl.callbacks import JsonlMetricsCallback
+
+    class KilledMidSave(ZPPOTrainer):
+        def _save_zppo_state(self, output_dir):
+            super()._save_zppo_state(output_dir)
+            if self.state.global_step == 4:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    model_dir, out = sys.argv[1], sys.argv[2]
+    trainer = KilledMidSave(
+        model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=hashed_reward,
+        args=ZPPOConfig(**settings(out, max_steps=6)), train_dataset=Dataset.from_list(QUESTIONS),
+        processing_class=AutoTokenizer.from_pretrained(model_dir), callbacks=[JsonlMetricsCallback()],
+    )
+    trainer.train()
+    """
+)
+
+QUESTIONS = [
+    dict(id=f"q{i:02d}", question=f"What is {i} + {i}?", images=[], answer=str(2 * i), source="toy", subdataset="sum")
+    for i in range(24)
+]
+
+
+def hashed_reward(completions, id, **kwargs):
+    """0/1 by a hash of the question and the completion: the same rollout scores alike in every process."""
+    texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]
+    return [float(zlib.crc32(f"{key}|{text}".encode()) % 3 == 0) for key, text in zip(id, texts)]
+
+
+def settings(out, **overrides) -> dict:
+    values = dict(
+        output_dir=str(out), use_cpu=True, bf16=False, report_to=[], seed=0, data_seed=0, disable_tqdm=True,
+        per_device_train_batch_size=8, num_generations=4, max_completion_length=6, num_partitions=2,
+        gradient_accumulation_steps=1, augmentations=[], replay_fraction=0.5, learning_rate=1e-2, logging_steps=1,
+        save_strategy="steps", save_steps=2,
+    )  # fmt: skip
+    values.update(overrides)
+    return values
+
+
+@pytest.mark.integration
+def test_a_run_killed_mid_save_resumes_from_the_last_whole_checkpoint(tiny_text_model_dir, tmp_path, caplog):
+    out = tmp_path / "out"
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_MID_SAVE, str(tiny_text_model_dir), str(out), str(REPO / "tests")],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert (out / "checkpoint-4" / ZPPO_STATE_NAME).exists() and not (
+        out / "checkpoint-4" / "trainer_state.json"
+    ).exists()
+    assert (out / LOCK_NAME).exists()  # the killed run's lock, left behind
+    with open(out / "metrics.jsonl", "a") as f:  # and a line cut short, as a kill mid-write leaves it
+        f.write('{"step": 5, "loss": 0.1')
+
+    trainer = ZPPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(tiny_text_model_dir),
+        reward_funcs=hashed_reward,
+        args=ZPPOConfig(**settings(out, max_steps=6, save_only_model=True)),
+        train_dataset=Dataset.from_list(QUESTIONS),
+        processing_class=AutoTokenizer.from_pretrained(tiny_text_model_dir),
+        callbacks=[JsonlMetricsCallback()],
+    )
+    with caplog.at_level(logging.WARNING):
+        assert last_complete_checkpoint(str(out)) == str(out / "checkpoint-2")
+        trainer.train(resume_from_checkpoint=True)
+    assert f"skipping {out / 'checkpoint-4'}: an incomplete checkpoint (no trainer_state.json)" in caplog.text
+    assert "taking over the lock of a run that is gone" in caplog.text
+    assert "dropped a torn last line" in caplog.text
+    saved = json.loads((out / "checkpoint-2" / ZPPO_STATE_NAME).read_text())
+    assert trainer.state.global_step == 6 and not (out / LOCK_NAME).exists()
+    steps = [row["step"] for row in read_metrics(out / "metrics.jsonl") if "loss" in row]
+    assert steps == [1, 2, 3, 4, 5, 6], steps  # the killed run's 1-2, then the resumed 3-6 (its 3-4 dropped)
+    assert saved["buffer"]["residents"] or saved["counters"]  # the state the resume started from
+    # save_only_model checkpoints keep the ZPPO state (buffer, counters) next to the weights
+    state = json.loads((out / "checkpoint-6" / ZPPO_STATE_NAME).read_text())
+    assert state["buffer"] == trainer.replay_buffer.state_dict()
+    assert last_complete_checkpoint(str(out)) == str(out / "checkpoint-6")
+
+
+def test_a_second_trainer_on_a_live_runs_output_dir_is_refused(tiny_text_model_dir, tmp_path):
+    out = tmp_path / "out"
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _write_lock(out, live.pid)
+        trainer = ZPPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(tiny_text_model_dir),
+            reward_funcs=hashed_reward,
+            args=ZPPOConfig(**settings(out, max_steps=2)),
+            train_dataset=Dataset.from_list(QUESTIONS),
+            processing_class=AutoTokenizer.from_pretrained(tiny_text_model_dir),
+        )
+        with pytest.raises(RunLocked, match=rf"output_dir {out} is in use by another run \(PID {live.pid} on "):
+            trainer.train()
+        assert trainer.state.global_step == 0 and json.loads((out / LOCK_NAME).read_text())["pid"] == live.pid
+    finally:
+        live.kill()
+        live.wait()
