@@ -210,7 +210,7 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
         self._padding_free_warned: set[str] = set()  # the reasons padding_free fell back for, warned once each
         self._set_up_console()
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None):
         """TRL's training loop, holding ``output_dir``'s lock (:mod:`zppo_trl.run_lock`: one run per folder);
         ``resume_from_checkpoint=True`` resumes from the newest *complete* checkpoint (one a kill left half written
         is skipped, named: :func:`zppo_trl.checkpoint_state.last_complete_checkpoint`)."""
@@ -219,7 +219,7 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
                 resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
                 if resume_from_checkpoint is None:
                     raise ValueError(f"no complete checkpoint in output_dir {self.args.output_dir} to resume from")
-            return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+            return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
 
     def _set_up_console(self) -> None:
         """One line per rollout step on the console; TRL's metrics dict only with ``full_console_logs``."""
