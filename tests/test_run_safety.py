@@ -1,9 +1,10 @@
-"""Runs that cannot collide or resume from half a checkpoint (zppo_trl.run_lock, zppo_trl.checkpoint_state).
+"""Runs that cannot collide, resume from half a checkpoint or train on verdicts never given.
 
 One ``output_dir`` holds one run: a second is refused naming the first, a lock whose process is gone is taken
 over. A trainer SIGKILLed in the middle of writing a checkpoint leaves it without TRL's trainer state: the resume
 skips it, naming it, and goes on from the checkpoint before; a torn last line of ``metrics.jsonl`` is dropped;
-``save_only_model`` checkpoints keep the ZPPO state.
+``save_only_model`` checkpoints keep the ZPPO state. A judge that stops answering leaves the groups it could not
+score out of the step, counted.
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ import zlib
 from pathlib import Path
 
 import pytest
+import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
 from zppo_trl.callbacks import JsonlMetricsCallback, read_metrics
 from zppo_trl.checkpoint_state import ZPPO_STATE_NAME, last_complete_checkpoint
+from zppo_trl.rewards import judged_accuracy_reward
 from zppo_trl.run_lock import LOCK_NAME, RunLocked, run_lock
+from zppo_trl.teacher import TeacherClient
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -179,3 +183,67 @@ def test_a_second_trainer_on_a_live_runs_output_dir_is_refused(tiny_text_model_d
     finally:
         live.kill()
         live.wait()
+
+
+# ---------------------------------------------------------------------- a judge that stops answering
+
+
+def test_a_group_with_an_unscored_rollout_leaves_the_step():
+    from zppo_trl.generation_hooks import _without_unscored
+    from zppo_trl.rollout import FILLER, plain_accuracy
+
+    groups = [[("new", "a"), ("new", "b")], [("replay", "c"), (FILLER, "a")]]
+    unscored = torch.tensor([False, False, False, True, False, False, False, False])  # b's second rollout
+    kept, left_out = _without_unscored(groups, unscored, 2)
+    assert kept == [[("new", "a"), (FILLER, "b")], [("replay", "c"), (FILLER, "a")]] and left_out == 1
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0])
+    assert plain_accuracy(kept, rewards, 2, order=["a", "b", "c"]) == {"a": 0.5, "c": 1.0}  # b: no accuracy
+
+
+class _ShortJudge(TeacherClient):
+    """The real client, asking the tiny served model for short verdicts (it writes no JSON verdict anyway: each
+    is unparseable, so wrong, while the server answers)."""
+
+    def judge(self, items, max_tokens=8, **kwargs):
+        return super().judge(items, max_tokens, **kwargs)
+
+
+class KillAfterFirstStep(TrainerCallback):
+    def __init__(self, server):
+        self.server = server
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == args.num_partitions:  # the first rollout step is done
+            self.server.kill()
+
+
+@pytest.mark.integration
+def test_a_judge_killed_mid_run_leaves_its_groups_out_counted(make_server, tiny_text_model_dir, tmp_path, capsys):
+    """A judge server SIGKILLed after the first rollout step: the second step's verdicts fail, and its groups leave
+    the step (nothing admitted to the buffer from them, nothing trained), counted on the metrics, the console and
+    the card's counters, with the judge's failures logged as zppo/judge/failures."""
+    server = make_server()
+    judge = _ShortJudge(server.base_url, server.model, max_retries=0, timeout=60)
+    out = tmp_path / "out"
+    trainer = ZPPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(tiny_text_model_dir),
+        reward_funcs=judged_accuracy_reward(judge),
+        args=ZPPOConfig(**settings(out, max_steps=4, save_strategy="no")),
+        train_dataset=Dataset.from_list(QUESTIONS),
+        processing_class=AutoTokenizer.from_pretrained(tiny_text_model_dir),
+        callbacks=[KillAfterFirstStep(server)],
+    )
+    trainer.train()
+    judge.close()
+    first, second = [h for h in trainer.state.log_history if "zppo/rollout_steps" in h]
+    assert (
+        first["zppo/judge/requests"] > 0 and first["zppo/judge/failures"] == 0 and first["zppo/unscored_groups"] == 0
+    )
+    assert first["zppo/admitted"] > 0  # every answer wrong while the judge answered: hard questions admitted
+    groups = second["zppo/new"] + second["zppo/replayed"]
+    assert second["zppo/judge/failures"] == second["zppo/judge/requests"] > 0
+    assert second["zppo/unscored_groups"] == groups and second["zppo/admitted"] == 0 and second["zppo/graduated"] == 0
+    assert second["zppo/skipped_partitions"] == 2  # nothing left to train on
+    assert trainer.counters["unscored_groups_total"] == groups
+    console = capsys.readouterr().out
+    assert f"{int(groups)} groups unscored (left out)" in console and "judge " in console

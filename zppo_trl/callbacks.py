@@ -116,6 +116,10 @@ def rollout_summary(
     if logs.get("zppo/skipped_partitions"):
         of = f"/{updates_per_step}" if updates_per_step else ""
         parts.append(f"{int(logs['zppo/skipped_partitions'])}{of} updates skipped (no signal)")
+    if logs.get("zppo/unscored_groups"):
+        parts.append(f"{int(logs['zppo/unscored_groups'])} groups unscored (left out)")
+    if logs.get("zppo/judge/failures"):
+        parts.append(f"judge {int(logs['zppo/judge/failures'])}/{int(logs.get('zppo/judge/requests', 0))} failed")
     wait, took = logs.get("zppo/time/teacher_wait_s", 0.0), logs.get("zppo/time/rollout_step_s", 0.0)
     parts.append(f"teacher wait {wait:.1f} s of {took:.1f} s" if wait else f"{took:.1f} s")
     if "zppo/rss_gb" in logs:  # the trainer process's host memory (the largest rank's)

@@ -195,6 +195,8 @@ class GenerationHooks:
             [kind != FILLER for rank_groups in groups_per_rank for kind, _ in rank_groups]
         ).repeat_interleave(G)
         self.counters["unscorable_total"] += int((unscorable & real).sum())
+        groups_per_rank, left_out = _without_unscored(groups_per_rank, unscorable, G)
+        metrics["unscored_groups"] = metrics.get("unscored_groups", 0) + left_out
         rewards = torch.nan_to_num(request.rewards, nan=0.0)
         metrics[f"time/{round_name}_generation_s"] = time.perf_counter() - t0
         self._check_context(batch, groups, round_name, metrics)
@@ -274,6 +276,24 @@ class GenerationHooks:
             batch = super()._generate_and_score_completions(rows)
         metrics["time/target_scoring_s"] = time.perf_counter() - t0
         return Round(concat_batches([batch], self._tokenizer.pad_token_id), None, [], self.ranks.gather(row_keys))
+
+
+def _without_unscored(
+    groups_per_rank: list[list[tuple[str, Any]]], unscorable: torch.Tensor, group_size: int
+) -> tuple[list[list[tuple[str, Any]]], int]:
+    """Every group with a rollout no reward function scored (a judge that did not answer) left out of the step:
+    marked a filler, so that it trains nothing and its question gets no accuracy (no admission, graduation or
+    hard-question selection from it); and how many real groups were. A missing verdict is not a wrong answer."""
+    out, left_out, offset = [], 0, 0
+    for rank_groups in groups_per_rank:
+        kept = []
+        for kind, key in rank_groups:
+            if kind != FILLER and bool(unscorable[offset : offset + group_size].any()):
+                kind, left_out = FILLER, left_out + 1
+            kept.append((kind, key))
+            offset += group_size
+        out.append(kept)
+    return out, left_out
 
 
 def _with_text(completion: Any, text: str) -> Any:

@@ -86,6 +86,7 @@ _FINAL = (
     ("correction_trained_total", "verified Correction-SFT corrections"),
     ("reflection_trained_total", "verified Error-reflection-SFT revisions"),
     ("skipped_partitions_total", "skipped (empty-signal) partitions"),
+    ("unscored_groups_total", "groups left out unscored (a reward function, e.g. the judge, gave no verdict)"),
     ("compression_failures_total", "failed candidate compressions"),
     ("dropped_total", "augmented instances dropped for them"),
 )

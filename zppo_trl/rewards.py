@@ -438,7 +438,7 @@ def boxed_accuracy_reward(completions: Sequence[Any], answer: Sequence[Any], **k
 class Judge(Protocol):
     """What :func:`judged_accuracy_reward` needs, e.g. a `zppo_trl.teacher.TeacherClient`."""
 
-    def judge(self, items: Sequence[Mapping[str, Any]]) -> list[bool]: ...
+    def judge(self, items: Sequence[Mapping[str, Any]]) -> list[bool | None]: ...
 
 
 def judged_accuracy_reward(
@@ -448,12 +448,15 @@ def judged_accuracy_reward(
 
     The deterministic grader scores every completion; only completions it scores 0 go
     to ``judge.judge`` (items with ``question``, ``response``, ``ground_truth`` and
-    ``options`` where the dataset has that column). A judge that fails returns wrong,
-    so an outage never raises here. The question is read from ``question_column``,
-    falling back to the prompt TRL passes.
+    ``options`` where the dataset has that column). A verdict the judge could not give (its
+    request failed) is None, TRL's "not scored", never a wrong answer: the trainer leaves such a
+    rollout's group out of the step (see ``docs/zppo_trainer.md``), and an outage never raises
+    here. The question is read from ``question_column``, falling back to the prompt TRL passes.
+    The function's ``clients`` names the judge, whose requests and failures the trainer logs
+    under ``zppo/judge/``.
     """
 
-    def reward(completions: Sequence[Any], answer: Sequence[Any], **kwargs) -> list[float]:
+    def reward(completions: Sequence[Any], answer: Sequence[Any], **kwargs) -> list[float | None]:
         texts = [completion_text(c) for c in completions]
         scores = [float(ok) for ok in grade_batch(texts, answer)]
         retry = [i for i, score in enumerate(scores) if score == 0.0]
@@ -472,8 +475,9 @@ def judged_accuracy_reward(
                 for i in retry
             ]
             for i, verdict in zip(retry, judge.judge(items)):
-                scores[i] = 1.0 if verdict else 0.0
+                scores[i] = None if verdict is None else 1.0 if verdict else 0.0
         return scores
 
     reward.__name__ = "judged_accuracy_reward"
+    reward.clients = [("judge", judge)]  # the trainer counts its requests and failures (zppo/judge/)
     return reward

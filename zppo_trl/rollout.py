@@ -144,7 +144,8 @@ def plain_accuracy(
                 sums[key] += float(rewards[offset : offset + group_size].sum())
                 counts[key] += group_size
             offset += group_size
-    return {key: min(max(sums[key] / counts[key], 0.0), 1.0) for key in dict.fromkeys(order)}
+    # a question whose only group left the step (a filler now: not scored) has no accuracy this step
+    return {key: min(max(sums[key] / counts[key], 0.0), 1.0) for key in dict.fromkeys(order) if counts[key]}
 
 
 def merge_lists(parts: Sequence[Mapping[Any, list]]) -> dict[Any, list]:

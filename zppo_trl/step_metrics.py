@@ -35,6 +35,7 @@ TOTALS = (
     "admitted",
     "graduated",
     "evicted",
+    "unscored_groups",
 )
 _KIND_TOTALS = ("", "_trained", "_correct", "_rollouts", "_signal", "_targets", "_leaked")
 

@@ -120,7 +120,9 @@ class StepRecords:
         """Times and teacher counters over all ranks, the running totals, and every metric into TRL's log."""
         teacher_wait = metrics.get("time/teacher_sample_wait_s", 0.0) + metrics.get("time/compression_s", 0.0)
         step_time = time.perf_counter() - start
-        judges = [client for term in self.terms for role, client in term.clients if role == "judge"]
+        # a judge of the row's own (Perception-R1, RLKD) or of a reward function (judged_accuracy_reward's)
+        parts = [*(term.clients for term in self.terms), *(getattr(f, "clients", ()) for f in self.reward_funcs)]
+        judges = [client for clients in parts for role, client in clients if role == "judge"]
         clients = {"teacher": self.teacher, "judge": judges[0] if judges else None}
         services = []
         for client in clients.values():
@@ -135,7 +137,7 @@ class StepRecords:
             else local[None]
         )
         metrics.update(timing_metrics(per_rank[:, :5], clients["teacher"] is not None))
-        if clients["judge"] is not None:  # a row's own judge (Perception-R1, RLKD), counted like the teacher
+        if clients["judge"] is not None:  # counted like the teacher
             metrics.update(service_metrics("judge", per_rank[:, 5:8]))
         metrics.update(memory_metrics(per_rank[:, 8:]))
         for role, client in clients.items():

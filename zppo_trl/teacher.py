@@ -515,13 +515,14 @@ class TeacherClient:
         max_tokens: int = JUDGE_MAX_TOKENS,
         *,
         extra_body: Mapping[str, Any] | None = None,
-    ) -> list[bool]:
+    ) -> list[bool | None]:
         """The shared judge's verdict per item: True only for ``{"verdict": "correct"}``.
 
         Items are dicts with ``question``, ``response``, ``ground_truth`` and optional
         ``options``. The judge reads the response's last ``\\boxed{}`` span where one
         parses, else the full response. Decoding: temperature 0, top-p 1, 512 tokens.
-        Unparseable verdicts and failed requests are False.
+        An unparseable verdict is False (the judge answered); a request that failed after its
+        retries is None: no verdict, which is not a wrong answer.
         """
         return self.judge_async(items, max_tokens, extra_body=extra_body).result()
 
@@ -851,13 +852,13 @@ class TeacherClient:
 
         return await self._gather("hint generation", (one(r) for r in responses), failures)
 
-    async def _judge(self, prompts: list[str], params: dict) -> list[bool]:
+    async def _judge(self, prompts: list[str], params: dict) -> list[bool | None]:
         failures: list[str] = []
 
-        async def one(prompt: str) -> bool:
+        async def one(prompt: str) -> bool | None:
             replies, _ = await self._chat([{"role": "user", "content": prompt}], 1, params, failures)
             if replies is None:
-                return False
+                return None  # no verdict (counted as a failed request)
             verdict = parse_verdict(replies[0])
             self._count(judged=1, judged_correct=int(verdict is True), verdict_unparsed=int(verdict is None))
             return verdict is True
