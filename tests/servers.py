@@ -397,3 +397,16 @@ SERVERS = {
     "vllm-launched": LaunchedVLLMServer,
     "vllm-student": VLLMStudentServer,
 }
+
+
+def kill_after_first_rollout_step(server: Server):
+    """A trainer callback that SIGKILLs ``server`` once the first rollout step has trained (its ``num_partitions``
+    updates): the outage tests' server lost mid-run."""
+    from transformers import TrainerCallback
+
+    class KillAfterFirstRolloutStep(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == args.num_partitions:
+                server.kill()
+
+    return KillAfterFirstRolloutStep()

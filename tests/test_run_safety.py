@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
 from zppo_trl.callbacks import JsonlMetricsCallback, read_metrics
@@ -30,6 +30,11 @@ from zppo_trl.checkpoint_state import ZPPO_STATE_NAME, last_complete_checkpoint
 from zppo_trl.rewards import judged_accuracy_reward
 from zppo_trl.run_lock import LOCK_NAME, RunLocked, run_lock
 from zppo_trl.teacher import TeacherClient
+
+try:
+    from servers import kill_after_first_rollout_step
+except ImportError:  # tests/ imported as a package
+    from tests.servers import kill_after_first_rollout_step
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -208,15 +213,6 @@ class _ShortJudge(TeacherClient):
         return super().judge(items, max_tokens, **kwargs)
 
 
-class KillAfterFirstStep(TrainerCallback):
-    def __init__(self, server):
-        self.server = server
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == args.num_partitions:  # the first rollout step is done
-            self.server.kill()
-
-
 @pytest.mark.integration
 def test_a_judge_killed_mid_run_leaves_its_groups_out_counted(make_server, tiny_text_model_dir, tmp_path, capsys):
     """A judge server SIGKILLed after the first rollout step: the second step's verdicts fail, and its groups leave
@@ -231,7 +227,7 @@ def test_a_judge_killed_mid_run_leaves_its_groups_out_counted(make_server, tiny_
         args=ZPPOConfig(**settings(out, max_steps=4, save_strategy="no")),
         train_dataset=Dataset.from_list(QUESTIONS),
         processing_class=AutoTokenizer.from_pretrained(tiny_text_model_dir),
-        callbacks=[KillAfterFirstStep(server)],
+        callbacks=[kill_after_first_rollout_step(server)],
     )
     trainer.train()
     judge.close()

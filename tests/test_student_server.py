@@ -27,9 +27,11 @@ from zppo_trl.student_server import SharedMemoryVLLMClient, stand_in_for_overlon
 
 try:
     from boxed_models import toy_rows
+    from servers import kill_after_first_rollout_step
     from two_ranks import STEPS_PER_ROLLOUT, check_zppo_run, launch
 except ImportError:  # tests/ imported as a package
     from tests.boxed_models import toy_rows
+    from tests.servers import kill_after_first_rollout_step
     from tests.two_ranks import STEPS_PER_ROLLOUT, check_zppo_run, launch
 
 # ---------------------------------------------------------------- the weights file
@@ -218,15 +220,6 @@ def student_server(boxed_text_student_dir, tmp_path_factory):
         yield server.start()
     finally:
         server.stop()
-
-
-class KillServer(TrainerCallback):
-    def __init__(self, server):
-        self.server = server
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == args.num_partitions:  # the first rollout step is trained
-            self.server.kill()
 
 
 @pytest.mark.integration
@@ -440,7 +433,7 @@ class TestOneStudentServer:
             args=_grpo_dagger(tmp_path, server, max_steps=4),
             train_dataset=Dataset.from_list(toy_rows("text")),
             processing_class=AutoTokenizer.from_pretrained(boxed_text_student_dir),
-            callbacks=[KillServer(server)],
+            callbacks=[kill_after_first_rollout_step(server)],
         )
         # TRL's client retries a refused connection five times, backing off 2, 4, 8, 16 and 32 s: the same
         # five retries without the minute of waiting between them
