@@ -155,8 +155,9 @@ def test_the_training_set_is_refused_up_front_naming_row_and_column():
 
 
 def test_args_none_builds_the_default_config_and_names_the_missing_teacher(tiny_text_model_dir):
-    with pytest.raises(ValueError, match=r"need a teacher: set teacher_base_url and teacher_model"):
-        ZPPOTrainer(model=str(tiny_text_model_dir), args=None, train_dataset=Dataset.from_list(_standard()))
+    for model in (str(tiny_text_model_dir), AutoModelForCausalLM.from_pretrained(tiny_text_model_dir)):
+        with pytest.raises(ValueError, match=r"need a teacher: set teacher_base_url and teacher_model"):
+            ZPPOTrainer(model=model, args=None, train_dataset=Dataset.from_list(_standard()))
     assert ZPPOConfig("run", use_cpu=True, bf16=False, augmentations=[], replay_fraction=0).output_dir == "run"
 
 

@@ -52,6 +52,7 @@ import torch
 from accelerate.utils import is_peft_model
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOTrainer
+from trl.trainer.utils import get_config_model_id
 
 from . import data, host_memory
 from .augmentations import Augmentation, BuiltGroup, BuiltGroups
@@ -594,6 +595,5 @@ def _gspo_warning_expected(args: ZPPOConfig):
 
 
 def _model_name(model: Any) -> str:
-    """The model's name for a default ``output_dir``: its id's last part."""
-    name = model if isinstance(model, str) else getattr(model.config, "name_or_path", "") or "model"
-    return name.rstrip("/").split("/")[-1]
+    """The model's name for a default ``output_dir``, as GRPOTrainer names it: its id's last part."""
+    return (model if isinstance(model, str) else get_config_model_id(model.config)).split("/")[-1]
