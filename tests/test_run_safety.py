@@ -163,7 +163,7 @@ def test_a_run_killed_mid_save_resumes_from_the_last_whole_checkpoint(tiny_text_
     assert trainer.state.global_step == 6 and not (out / LOCK_NAME).exists()
     steps = [row["step"] for row in read_metrics(out / "metrics.jsonl") if "loss" in row]
     assert steps == [1, 2, 3, 4, 5, 6], steps  # the killed run's 1-2, then the resumed 3-6 (its 3-4 dropped)
-    assert saved["buffer"]["residents"] or saved["counters"]  # the state the resume started from
+    assert saved["buffer"]["residents"]  # the state the resume started from: hard questions admitted by step 2
     # save_only_model checkpoints keep the ZPPO state (buffer, counters) next to the weights
     state = json.loads((out / "checkpoint-6" / ZPPO_STATE_NAME).read_text())
     assert state["buffer"] == trainer.replay_buffer.state_dict()
