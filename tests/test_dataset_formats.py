@@ -293,12 +293,17 @@ def test_a_vlm_trains_on_each_formats_images(kind, tiny_vlm_dir, tmp_path):
     trainer = ZPPOTrainer(
         model=Qwen3_5ForConditionalGeneration.from_pretrained(tiny_vlm_dir),
         reward_funcs=recorder,
-        args=_args(tmp_path, max_steps=2, closer=None),
+        args=_args(tmp_path, max_steps=2, closer=None, padding_free=True),
         train_dataset=Dataset.from_list(rows),
         processing_class=load_processor(tiny_vlm_dir),
     )
     trainer.train()
     assert trainer.state.global_step == 2 and recorder.completions
+    # The paper's padding-free training on the paper's students' architecture: every pass packed, images and
+    # all (the packed passes' exactness: tests/test_packing.py), and the updates trained.
+    assert trainer.counters["padded_micro_batches_total"] == 0
+    start = Qwen3_5ForConditionalGeneration.from_pretrained(tiny_vlm_dir)
+    assert any(not torch.equal(p, start.get_parameter(name)) for name, p in trainer.model.named_parameters())
     if kind == STANDARD:
         assert all(isinstance(c, str) for c in recorder.completions)
         assert set(recorder.prompts) <= {row["prompt"] for row in rows}  # closer None: the text alone

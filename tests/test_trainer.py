@@ -16,6 +16,7 @@ from collections import defaultdict
 import pytest
 import torch
 from datasets import Dataset
+from tiny_models import save_tiny_hybrid_text_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
@@ -346,16 +347,27 @@ def _assert_same_trained_weights(model, reference, start_dir) -> None:
     assert moved > 1e-2
 
 
-def test_padding_free_trains_the_same_weights(tiny_text_model_dir, tmp_path):
+@pytest.mark.parametrize("student", ["qwen3", "qwen3_5-hybrid"])
+def test_padding_free_trains_the_same_weights(student, tiny_text_model_dir, tmp_path):
     # One rollout step (2 optimizer updates on the same rollouts), its old log-probs and both losses
     # packed, against the padded run: the same rollouts, the same old log-probs, the same weights (up to
     # the float rounding in which the two forward passes differ). Plain SGD: AdamW's first step,
     # g / (|g| + eps), would turn rounding-level differences of near-zero gradient entries into full steps.
+    # The hybrid student (Qwen3.5's Gated DeltaNet + full attention, the paper's students) trains with
+    # gradient checkpointing, so its segmented linear attention is also replayed in the backward pass.
+    model_dir = tiny_text_model_dir if student == "qwen3" else save_tiny_hybrid_text_model(tmp_path / "hybrid")
+    hybrid = dict(gradient_checkpointing=True) if student != "qwen3" else {}
+
     def run(padding_free):
         args = _config(
-            tmp_path / str(padding_free), max_steps=2, padding_free=padding_free, optim="sgd", learning_rate=1.0
+            tmp_path / str(padding_free),
+            max_steps=2,
+            padding_free=padding_free,
+            optim="sgd",
+            learning_rate=1.0,
+            **hybrid,
         )
-        trainer = _trainer(tiny_text_model_dir, args, _staircase_reward)
+        trainer = _trainer(model_dir, args, _staircase_reward)
         trainer.train()
         return trainer
 
@@ -366,7 +378,7 @@ def test_padding_free_trains_the_same_weights(tiny_text_model_dir, tmp_path):
         assert ("old_per_token_logps" in mine) == ("old_per_token_logps" in theirs)
         if "old_per_token_logps" in mine:  # the second partition's (defer_old_logps)
             torch.testing.assert_close(mine["old_per_token_logps"], theirs["old_per_token_logps"], rtol=0, atol=1e-5)
-    _assert_same_trained_weights(packed.model, padded.model, tiny_text_model_dir)
+    _assert_same_trained_weights(packed.model, padded.model, model_dir)
 
 
 def test_deferred_old_logps_train_the_same_weights(tiny_text_model_dir, tmp_path):

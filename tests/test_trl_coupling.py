@@ -196,3 +196,38 @@ def test_trl_leaves_out_the_old_logps_its_hook_does_not_compute():
     source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
     assert "old_per_token_logps, _, _ = self._get_per_token_logps_and_entropies(" in source
     assert re.search(r"if old_per_token_logps is not None:\s+output\[\"old_per_token_logps\"\]", source)
+
+
+def test_grpo_config_padding_free_is_zppos_switch_alone():
+    # TRL 1.16's GRPOConfig has no padding_free; ZPPOConfig's is the paper's switch, read only by ZPPO's log-prob
+    # hook (which replaces TRL's). The field TRL is adding (trl#7087) will mean the same switch and ZPPOConfig's
+    # declaration will override it in place; this fails on the first TRL that has it, until every place that TRL
+    # reads it is checked to be a hook ZPPOTrainer overrides (else a batch could be packed twice, or by TRL's rules).
+    from dataclasses import fields
+
+    from trl import GRPOConfig
+
+    assert "padding_free" not in {f.name for f in fields(GRPOConfig)}, "TRL now declares padding_free: review it"
+    assert "padding_free" not in inspect.getsource(GRPOTrainer)
+    (ours,) = [f for f in fields(ZPPOConfig) if f.name == "padding_free"]
+    assert ours.type in (bool, "bool") and ours.default is False  # TRL's defaults: off, as SFTConfig's
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"])
+def test_the_linear_attention_layers_packing_segments_keep_their_forward(model_type):
+    # zppo_trl.packing.segment_linear_attention wraps these layers' forward and calls the class's own with the
+    # same keywords, one packed sequence at a time: the forward must still take the hidden states, the cache and
+    # the attention mask by those names and pass the rest (**kwargs) on; the decoder layer must hand its
+    # keywords (where transformers' packed-sequence keywords travel) to the layer. tests/test_packing.py checks
+    # the numbers of all three types against each sequence run alone.
+    import importlib
+
+    from zppo_trl.packing import LINEAR_ATTENTION_LAYERS
+
+    module_name, class_name = LINEAR_ATTENTION_LAYERS[model_type]
+    module = importlib.import_module(f"transformers.models.{module_name}.modeling_{module_name}")
+    parameters = inspect.signature(getattr(module, class_name).forward).parameters
+    assert list(parameters)[:4] == ["self", "hidden_states", "cache", "attention_mask"]
+    assert parameters[list(parameters)[-1]].kind is inspect.Parameter.VAR_KEYWORD
+    (decoder,) = [c for name, c in vars(module).items() if name.endswith("DecoderLayer") and "Vision" not in name]
+    assert re.search(r"self\.linear_attn\([^)]*\*\*kwargs", inspect.getsource(decoder.forward))

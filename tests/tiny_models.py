@@ -184,6 +184,19 @@ def save_tiny_text_model(directory: str | Path, seed: int = 0) -> Path:
     return directory
 
 
+def save_tiny_hybrid_text_model(directory: str | Path, seed: int = 0) -> Path:
+    """Write a random `Qwen3_5ForCausalLM` (the tiny VLM's text stack: a Gated DeltaNet layer and a full-attention
+    layer, the hybrid architecture of the paper's students) and its tokenizer to ``directory``."""
+    import torch
+    from transformers import Qwen3_5ForCausalLM
+
+    directory = Path(directory)
+    torch.manual_seed(seed)
+    Qwen3_5ForCausalLM(tiny_vlm(seed).config.text_config).save_pretrained(directory)
+    tiny_tokenizer().save_pretrained(directory)
+    return directory
+
+
 def save_tiny_vlm(directory: str | Path, seed: int = 0) -> Path:
     """Write the tiny VLM and its processor to ``directory``."""
     directory = Path(directory)

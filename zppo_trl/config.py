@@ -308,16 +308,20 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
         },
     )
 
-    # --- "Padding-free training" (zppo_trl.packing)
+    # --- "Padding-free training" (zppo_trl.packing). TRL 1.16's GRPOConfig has no padding_free; the field TRL is
+    # adding (trl#7087) will mean the same switch. When it comes, this declaration overrides it in place: one field,
+    # read only by ZPPO's log-prob hook, which replaces TRL's (tests/test_trl_coupling.py stops a TRL that has the
+    # field until its other readers are checked).
     padding_free: bool = field(
         default=False,
         metadata={
             "help": "Run each micro-batch's forward passes (old log-probs and loss) without padding: its sequences "
             "flattened into one continuous row, position ids restarting per sequence, so pad tokens cost no "
-            "compute or memory (as TRL's SFTConfig.padding_free). Applied where it was checked exact: Llama and "
-            "Qwen3 with sdpa or eager attention. Other models and multimodal batches run padded, warned once "
-            "per reason and counted in zppo/padded_micro_batches_total (Qwen3.5's linear-attention layers mix "
-            "packed sequences in transformers' PyTorch path). Paper: on."
+            "compute or memory (as TRL's SFTConfig.padding_free). Applied where it was checked exact: Llama, "
+            "Qwen3 and the hybrid Qwen3.5 (text and VLM, images included), Qwen3.5-MoE and Qwen3-Next, whose "
+            "Gated DeltaNet layers run once per packed sequence, with sdpa or eager attention. Other models and "
+            "batches run padded, warned once per reason and counted in zppo/padded_micro_batches_total. "
+            "Paper: on."
         },
     )
 

@@ -16,7 +16,7 @@ from trl.trainer.utils import nanmax, nanmin
 from .batches import TOKEN_TYPE_FIELDS
 from .distill import DistillInputs, TeacherTopK, chosen_token_logps, completion_states
 from .losses import LossOutput
-from .packing import batch_refusal, model_refusal, pack
+from .packing import ImageRows, batch_refusal, model_refusal, multimodal_refusal, pack
 from .partitioning import is_skipped
 from .teacher_scores import TEACHER_LOGPS_FIELD, TEACHER_TOPK_IDS, TEACHER_TOPK_LOGPS
 
@@ -94,13 +94,19 @@ class LogProbPaths:
                 multimodal[name] = self._token_types(input_ids)
         batch_size = batch_size or input_ids.size(0)
         if self.args.padding_free:  # the paper's "Padding-free training" (zppo_trl.packing)
+            config = self.accelerator.unwrap_model(model).config
             present = sorted(name for name, value in multimodal.items() if value is not None)
-            refusal = model_refusal(self.accelerator.unwrap_model(model).config) or (
-                f"the batch carries multimodal inputs ({', '.join(present)})" if present else None
-            )
+            refusal = model_refusal(config) or multimodal_refusal(config, present)
             if refusal is None:
                 return self._packed_logps(
-                    model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss
+                    model,
+                    input_ids,
+                    attention_mask,
+                    logits_to_keep,
+                    batch_size,
+                    compute_entropy,
+                    compute_aux_loss,
+                    {name: multimodal[name] for name in present},
                 )
             self._count_padded(model, refusal, math.ceil(input_ids.size(0) / batch_size))
         return super()._get_per_token_logps_and_entropies(
@@ -114,28 +120,36 @@ class LogProbPaths:
             **multimodal,
         )
 
-    def _packed_logps(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, aux):
+    def _packed_logps(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, aux, multimodal
+    ):
         """TRL's per-token log-probs, entropies and MoE balancing loss, each chunk of ``batch_size`` rows run
-        as one packed row (:func:`zppo_trl.packing.pack`); a chunk that cannot be packed runs padded."""
+        as one packed row (:func:`zppo_trl.packing.pack`); a chunk that cannot be packed runs padded.
+        ``multimodal``: a Qwen3.5 VLM's images and token types (:data:`zppo_trl.packing.PACKED_MULTIMODAL_FIELDS`),
+        or empty."""
         logps, entropies, aux_losses = [], [], []
+        images = ImageRows(multimodal)
         for start in range(0, input_ids.size(0), batch_size):
-            ids, mask = input_ids[start : start + batch_size], attention_mask[start : start + batch_size]
+            end = min(start + batch_size, input_ids.size(0))
+            ids, mask = input_ids[start:end], attention_mask[start:end]
+            chunk_images = images.rows(start, end)
             refusal = batch_refusal(mask, logits_to_keep)
             if refusal is not None:
                 self._count_padded(model, refusal, 1)
                 chunk = super()._get_per_token_logps_and_entropies(
-                    model, ids, mask, logits_to_keep, compute_entropy=compute_entropy, compute_aux_loss=aux
+                    model,
+                    ids,
+                    mask,
+                    logits_to_keep,
+                    compute_entropy=compute_entropy,
+                    compute_aux_loss=aux,
+                    **chunk_images,
                 )
             else:
                 packed = pack(ids, mask, logits_to_keep)
+                inputs = packed.model_inputs(self.accelerator.unwrap_model(model), ids, chunk_images)
                 with self.accelerator.autocast():  # no attention mask: the position ids separate the rows
-                    out = model(
-                        input_ids=packed.input_ids,
-                        position_ids=packed.position_ids,
-                        labels=packed.labels,
-                        fused_lm_head=True,
-                        **({"output_router_logits": True} if aux else {}),
-                    )
+                    out = model(**inputs, fused_lm_head=True, **({"output_router_logits": True} if aux else {}))
                 entropy = packed.unpack(out.entropy) if compute_entropy else None
                 chunk = packed.unpack(out.log_probs), entropy, out.aux_loss if aux else None
             logps.append(chunk[0])

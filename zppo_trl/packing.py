@@ -15,61 +15,161 @@ thrown away. Packed, the real tokens of all rows sit end to end in a single row 
 :meth:`PackedBatch.unpack` scatters the fused LM head's per-position outputs (``log_probs``, ``entropy``)
 back into TRL's ``(B, logits_to_keep)`` layout, with zeros at padding as the padded path leaves them.
 
-Packing is exact only when every layer of the model sees those boundaries. :func:`model_refusal` says why a
-model is not packed: only the model types and attention implementations that ``tests/test_packing.py``
-checks against the padded path are packed. Qwen3.5 (the paper's students) is refused: in transformers'
-PyTorch path its Gated DeltaNet layers (a causal convolution and a recurrent state) run straight through
-the boundaries between packed sequences. :func:`batch_refusal` says why one micro-batch cannot be packed.
+Packing is exact only when every layer of the model sees those boundaries. Softmax attention does (the
+block-diagonal mask). A linear-attention layer does not by itself: the Gated DeltaNet layers of Qwen3.5 (the
+paper's students), Qwen3.5-MoE and Qwen3-Next carry a causal convolution and a recurrent state that, in
+transformers' PyTorch path, run straight through the boundaries. :func:`segment_linear_attention` is the
+one patch point that makes them exact: each such layer of a model runs once per packed sequence, with a
+fresh state, exactly as the sequence alone would run it (see its docstring). The boundaries reach the layer
+as transformers' own packed-sequence keyword ``cu_seq_lens_q``, which the decoder layers pass through to
+it (and which gradient checkpointing replays, so a recomputed layer is segmented too).
+
+:func:`model_refusal` says why a model is not packed: only the model types and attention implementations
+that ``tests/test_packing.py`` checks against each sequence run alone are packed. :func:`batch_refusal` says
+why one micro-batch cannot be packed; :func:`multimodal_positions` gives a Qwen3.5 VLM's packed batch with
+images its multimodal RoPE positions.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PACKED_ATTENTION", "PACKED_MODEL_TYPES", "PackedBatch", "batch_refusal", "model_refusal", "pack"]
+__all__ = [
+    "LINEAR_ATTENTION_LAYERS",
+    "PACKED_MULTIMODAL_FIELDS",
+    "ImageRows",
+    "PACKED_ATTENTION",
+    "PACKED_MODEL_TYPES",
+    "PackedBatch",
+    "batch_refusal",
+    "model_refusal",
+    "multimodal_positions",
+    "multimodal_refusal",
+    "pack",
+    "segment_linear_attention",
+]
 
 # Model types made only of softmax attention, whose masks transformers builds from packed position ids, each
 # checked against the padded path in tests/test_packing.py (Qwen3: the text student of the tests; Llama:
 # SmolLM2, the demo's student).
 PACKED_MODEL_TYPES = ("llama", "qwen3")
+# Hybrid model types (softmax attention interleaved with Gated DeltaNet linear attention) and the transformers
+# module (``transformers.models.<module>.modeling_<module>``) and class of their linear-attention layer, which
+# :func:`segment_linear_attention` runs once per packed sequence. Each is checked in tests/test_packing.py
+# against every sequence run alone (Qwen3.5 text and VLM: the paper's students) and its layer's forward
+# signature in tests/test_trl_coupling.py.
+LINEAR_ATTENTION_LAYERS = {
+    "qwen3_5_text": ("qwen3_5", "Qwen3_5GatedDeltaNet"),
+    "qwen3_5_moe_text": ("qwen3_5_moe", "Qwen3_5MoeGatedDeltaNet"),
+    "qwen3_next": ("qwen3_next", "Qwen3NextGatedDeltaNet"),
+}
 # The attention implementations those tests run on CPU. flash_attention_2/3 take packed position ids too
 # (a variable-length kernel), but nothing here can run them: they are refused until a GPU test checks them.
 PACKED_ATTENTION = ("sdpa", "eager")
-
-_GATED_DELTANET = (
-    "its Gated DeltaNet (linear-attention) layers carry their causal convolution and recurrent state across "
-    "the boundaries of packed sequences in transformers' PyTorch path; only the flash-linear-attention kernels "
-    "take sequence boundaries (cu_seqlens), which transformers does not derive from position ids"
-)
-# Model types known to mix sequences when packed, and why (shown on qwen3_5_text in tests/test_packing.py; the
-# other two run the same Gated DeltaNet code in transformers 5.23).
-_MIXES_SEQUENCES = {
-    "qwen3_5_text": _GATED_DELTANET,
-    "qwen3_5_moe_text": _GATED_DELTANET,
-    "qwen3_next": _GATED_DELTANET,
-}
+# VLM model types whose packed batches with images get their multimodal RoPE positions from
+# :func:`multimodal_positions` (the model's own ``get_rope_index``), checked in tests/test_packing.py.
+PACKED_MULTIMODAL_TYPES = ("qwen3_5", "qwen3_5_moe")
+# The multimodal inputs such a batch may carry: the images' patches and grids, which packing keeps in row
+# order (so in the order their placeholder tokens appear), and the token types the positions are read from.
+PACKED_MULTIMODAL_FIELDS = ("pixel_values", "image_grid_thw", "num_images", "mm_token_type_ids")
 
 
 def model_refusal(config) -> str | None:
     """Why a model of ``config`` (a transformers config; a VLM's text config is read) cannot be packed
-    exactly here, or None when it can."""
+    exactly here, or None when it can. A hybrid model packs once :func:`segment_linear_attention` has
+    segmented its linear-attention layers (ZPPOTrainer does it when ``padding_free`` is set)."""
     text = config.get_text_config()
     model_type = text.model_type
-    if model_type in _MIXES_SEQUENCES:
-        return _MIXES_SEQUENCES[model_type]
-    if model_type not in PACKED_MODEL_TYPES:
-        return f"model type {model_type!r} is not one packing was checked on ({', '.join(PACKED_MODEL_TYPES)})"
+    if model_type not in PACKED_MODEL_TYPES and model_type not in LINEAR_ATTENTION_LAYERS:
+        checked = ", ".join((*PACKED_MODEL_TYPES, *LINEAR_ATTENTION_LAYERS))
+        return f"model type {model_type!r} is not one packing was checked on ({checked})"
     attention = text._attn_implementation
     if attention not in PACKED_ATTENTION:
         return (
             f"attention implementation {attention!r} is not one packing was checked on ({', '.join(PACKED_ATTENTION)})"
         )
-    other = sorted({kind for kind in getattr(text, "layer_types", None) or () if kind != "full_attention"})
+    allowed = {"full_attention", "linear_attention"} if model_type in LINEAR_ATTENTION_LAYERS else {"full_attention"}
+    other = sorted({kind for kind in getattr(text, "layer_types", None) or () if kind not in allowed})
     if other:
-        return f"layers of type {other} were not checked packed (only full attention was)"
+        return f"layers of type {other} were not checked packed (only {' and '.join(sorted(allowed))} were)"
     return None
+
+
+def multimodal_refusal(config, present: list[str]) -> str | None:
+    """Why a packed micro-batch carrying the multimodal inputs ``present`` (their names) cannot be packed
+    for a model of ``config``, or None when it can (see :func:`multimodal_positions`)."""
+    if not present:
+        return None
+    if config.model_type not in PACKED_MULTIMODAL_TYPES:
+        return f"the batch carries multimodal inputs ({', '.join(present)})"
+    other = [name for name in present if name not in PACKED_MULTIMODAL_FIELDS]
+    if other:
+        return f"the batch carries multimodal inputs packing was not checked with ({', '.join(other)})"
+    return None
+
+
+def _linear_attention_class(config) -> type | None:
+    entry = LINEAR_ATTENTION_LAYERS.get(config.get_text_config().model_type)
+    if entry is None:
+        return None
+    module, name = entry
+    return getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), name)
+
+
+def segment_linear_attention(model) -> int:
+    """Make every linear-attention layer of ``model`` (see :data:`LINEAR_ATTENTION_LAYERS`) exact on packed
+    sequences; returns how many layers were segmented (0 for a model without such layers). Idempotent.
+
+    The patch point, and the only one: each layer's ``forward`` is wrapped on the instance (its class and every
+    other model are untouched). The wrapper reads transformers' packed-sequence keyword ``cu_seq_lens_q`` (the
+    cumulative sequence lengths ``[0, n_1, n_1 + n_2, ...]``, which the decoder layer passes to its linear
+    attention with the rest of the model's keywords) and, for a batch of one packed row without a cache, calls
+    the layer's own forward once per sequence on that sequence's slice, with no cache (so a fresh convolution
+    window and recurrent state), and concatenates the outputs. Each sequence so goes through the very code it
+    would alone, whichever kernels transformers picked (its PyTorch path or flash-linear-attention's): exact,
+    at the price of one call per sequence instead of a variable-length kernel's one. Any other call (no
+    ``cu_seq_lens_q``, generation with a cache) is the layer's own forward unchanged.
+    """
+    layer_class = _linear_attention_class(model.config)
+    if layer_class is None:
+        return 0
+    segmented = 0
+    for module in model.modules():
+        if isinstance(module, layer_class):
+            if not getattr(module, "_zppo_segmented", False):
+                module.forward = functools.partial(_segmented_forward, module)
+                module._zppo_segmented = True
+            segmented += 1
+    return segmented
+
+
+def _segmented_forward(module, hidden_states, cache=None, attention_mask=None, **kwargs):
+    """The forward of a segmented linear-attention layer (see :func:`segment_linear_attention`)."""
+    bounds = kwargs.get("cu_seq_lens_q")
+    forward = type(module).forward
+    if bounds is None or cache is not None or hidden_states.size(0) != 1:
+        return forward(module, hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
+    inner = {key: value for key, value in kwargs.items() if key not in PACKED_SEQUENCE_KWARGS}
+    bounds = bounds.tolist()
+    outputs = [
+        forward(
+            module,
+            hidden_states[:, start:end],
+            cache=None,
+            attention_mask=None if attention_mask is None else attention_mask[:, start:end],
+            **inner,
+        )
+        for start, end in zip(bounds[:-1], bounds[1:], strict=True)
+    ]
+    return torch.cat(outputs, dim=1)
+
+
+# transformers' keywords for packed sequences (its FlashAttentionKwargs), which the packed forward passes.
+PACKED_SEQUENCE_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
 def batch_refusal(attention_mask: torch.Tensor, logits_to_keep: int) -> str | None:
@@ -103,6 +203,9 @@ class PackedBatch:
         scored: ``(B, logits_to_keep)`` bool, the completion cells that hold a real token.
         sources: for each True cell of ``scored`` in row-major order, the index of the output that
             predicts it among the ``T - 1`` shifted per-position outputs of the fused LM head.
+        cu_seq_lens: ``(S + 1,)`` int32, where each of the ``S`` packed sequences (the rows with a token)
+            starts, and ``T``: transformers' ``cu_seq_lens_q``.
+        real: ``(B, L)`` bool, the padded grid's real tokens (what was packed, row-major).
     """
 
     input_ids: torch.Tensor
@@ -110,6 +213,36 @@ class PackedBatch:
     labels: torch.Tensor
     scored: torch.Tensor
     sources: torch.Tensor
+    cu_seq_lens: torch.Tensor
+    real: torch.Tensor
+
+    def model_inputs(self, model=None, input_ids=None, images: dict | None = None) -> dict:
+        """The keywords of the packed forward pass: the tokens, their per-sequence positions, the labels the
+        fused LM head scores, and the sequence boundaries (transformers' packed-sequence keywords), which
+        segmented linear-attention layers read (:func:`segment_linear_attention`; unsegmented, transformers'
+        PyTorch path refuses them). No attention mask: the position ids separate the sequences for softmax
+        attention. With ``images`` (a Qwen3.5 VLM's, for these rows: :class:`ImageRows`), also the images and
+        the multimodal RoPE positions (:func:`multimodal_positions`) of ``model`` (unwrapped) on the padded
+        ``input_ids``."""
+        if images and images.get("image_grid_thw") is not None:
+            grid = images["image_grid_thw"]
+            return {
+                **self.model_inputs(),
+                "position_ids": multimodal_positions(model, self, input_ids, images["mm_token_type_ids"], grid),
+                "pixel_values": images["pixel_values"],
+                "image_grid_thw": grid,
+            }
+        longest = int((self.cu_seq_lens[1:] - self.cu_seq_lens[:-1]).max())
+        return dict(
+            use_cache=False,  # a scoring pass: no cache to build (and a cache would make the layers skip segmenting)
+            input_ids=self.input_ids,
+            position_ids=self.position_ids,
+            labels=self.labels,
+            cu_seq_lens_q=self.cu_seq_lens,
+            cu_seq_lens_k=self.cu_seq_lens,
+            max_length_q=longest,
+            max_length_k=longest,
+        )
 
     def unpack(self, per_position: torch.Tensor) -> torch.Tensor:
         """``per_position`` (``(1, T - 1)``: output ``p`` is about packed token ``p + 1``, as the fused LM
@@ -134,6 +267,8 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: 
     positions = (real.long().cumsum(dim=1) - 1)[real]
     scored = scored_grid[real]
     labels = packed_ids.masked_fill(~scored, -100)
+    lengths = real.sum(dim=1)
+    lengths = lengths[lengths > 0]
     return PackedBatch(
         input_ids=packed_ids[None],
         position_ids=positions[None],
@@ -141,4 +276,48 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: 
         scored=scored_grid[:, real.size(1) - logits_to_keep :],
         # the fused head's output p predicts token p + 1
         sources=scored.nonzero().squeeze(1) - 1,
+        cu_seq_lens=torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32),
+        real=real,
     )
+
+
+class ImageRows:
+    """A Qwen3.5 VLM batch's multimodal inputs (:data:`PACKED_MULTIMODAL_FIELDS`), sliced by rows as TRL slices
+    them for its chunks: each row's images
+    (``num_images``) are consecutive in ``image_grid_thw``, and each image's patches (the product of its grid)
+    consecutive in ``pixel_values``."""
+
+    def __init__(self, multimodal: dict):
+        self.multimodal = multimodal
+        grid, counts = multimodal.get("image_grid_thw"), multimodal.get("num_images")
+        if grid is not None:
+            patches = grid.prod(dim=-1)
+            images_before = torch.tensor([0, *counts]).cumsum(0)
+            self.image_start = images_before.tolist()
+            self.patch_start = torch.nn.functional.pad(patches.cumsum(0), (1, 0))[images_before].tolist()
+
+    def rows(self, start: int, end: int) -> dict:
+        """The multimodal inputs of rows ``start:end``."""
+        out = {}
+        if "mm_token_type_ids" in self.multimodal:
+            out["mm_token_type_ids"] = self.multimodal["mm_token_type_ids"][start:end]
+        if self.multimodal.get("image_grid_thw") is not None:
+            out["image_grid_thw"] = self.multimodal["image_grid_thw"][self.image_start[start] : self.image_start[end]]
+            out["pixel_values"] = self.multimodal["pixel_values"][self.patch_start[start] : self.patch_start[end]]
+            out["num_images"] = self.multimodal["num_images"][start:end]
+        return out
+
+
+def multimodal_positions(model, packed: PackedBatch, input_ids, mm_token_type_ids, image_grid_thw) -> torch.Tensor:
+    """The position ids of a Qwen3.5 VLM's packed batch with images: ``(4, 1, T)``, the text positions
+    (each sequence's from 0, which the masks read to find the sequences) over the three multimodal RoPE
+    axes, which the model's own ``get_rope_index`` gives each row of the padded ``input_ids`` (from its first
+    real token, as the padded pass computes them) and packing gathers at the real tokens. ``model`` is the
+    unwrapped VLM (``model.model.get_rope_index``)."""
+    mrope, _ = model.model.get_rope_index(
+        input_ids,
+        mm_token_type_ids=mm_token_type_ids,
+        image_grid_thw=image_grid_thw,
+        attention_mask=packed.real.long(),
+    )
+    return torch.cat([packed.position_ids[None], mrope[:, packed.real][:, None]], dim=0)

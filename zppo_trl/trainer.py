@@ -69,6 +69,7 @@ from .logp_paths import LogProbPaths
 from .losses import LossInputs
 from .model_card import PAPER_CITATION, PAPER_TITLE
 from .optim import optimizer_cls_and_kwargs
+from .packing import segment_linear_attention
 from .partitioning import deal_targets, is_skipped, policy_partitions
 from .prefetch import BatchLookahead, PrefetchedSampling
 from .ranks import Ranks
@@ -209,6 +210,8 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
             self.reward_func_names, "lists of chat messages" if self.dataset_format.messages_for_rewards else "strings"
         )
         self._padding_free_warned: set[str] = set()  # the reasons padding_free fell back for, warned once each
+        if args.padding_free:  # a hybrid student's linear attention, run per packed sequence (zppo_trl.packing)
+            segment_linear_attention(self.accelerator.unwrap_model(self.model))
         self._set_up_console()
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None):
