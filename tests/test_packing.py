@@ -32,7 +32,7 @@ from transformers import (
 from trl.trainer.utils import add_fused_lm_head
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
-from zppo_trl.packing import batch_refusal, model_refusal, pack, segment_linear_attention
+from zppo_trl.packing import batch_refusal, model_refusal, pack, segment_packed_sequences
 
 ATOL = 1e-5  # log-probs and entropies (fp32), packed vs padded
 GRAD_TOL = dict(rtol=1e-4, atol=1e-5)
@@ -92,9 +92,13 @@ def _padded(model, ids, mask, keep):
 
 
 def _packed(model, ids, mask, keep):
+    """The trainer's packed pass: sdpa's attention layers segmented (each sequence alone, causal), eager's through
+    the block-diagonal mask the position ids give."""
     assert batch_refusal(mask, keep) is None
+    segmented = segment_packed_sequences(model)
+    assert segmented == (model.config.num_hidden_layers if model.config._attn_implementation == "sdpa" else 0)
     packed = pack(ids, mask, keep)
-    out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, labels=packed.labels, fused_lm_head=True)
+    out = model(**packed.model_inputs(), fused_lm_head=True)
     return packed.unpack(out.log_probs), packed.unpack(out.entropy)
 
 
@@ -257,7 +261,7 @@ def _assert_packed_is_alone(build, ids, mask, keep, fused, packed_extra=lambda m
     alone_model, packed_model = build(), build()
     if fused:
         _fused(alone_model), _fused(packed_model)
-    assert segment_linear_attention(packed_model) >= 1
+    assert segment_packed_sequences(packed_model) >= 1
     scored = mask[:, -ids.size(1) + (ids.size(1) - keep) :].bool()
     logps, entropies = _alone(alone_model, ids, mask, keep, fused, images)
     packed_logps, packed_entropies = _packed_pass(packed_model, ids, mask, keep, fused, **packed_extra(packed_model))
@@ -338,7 +342,7 @@ def test_the_qwen35_vlm_packs_rows_with_images_as_alone(fused):
 
 
 def test_unsegmented_linear_attention_mixes_packed_sequences():
-    # Why segment_linear_attention exists, and a tripwire for the day transformers' PyTorch path separates
+    # Why segment_packed_sequences exists, and a tripwire for the day transformers' PyTorch path separates
     # packed sequences itself: without it, the Gated DeltaNet layer's convolution and recurrent state run
     # across the boundaries, and every sequence after the first is scored wrongly.
     model = _fused(_hybrid("qwen3_5"))
@@ -353,16 +357,16 @@ def test_unsegmented_linear_attention_mixes_packed_sequences():
         )
         mixed = packed.unpack(out.log_probs)
         gap = (mixed - alone)[scored].abs().max()
-        segment_linear_attention(model)
+        segment_packed_sequences(model)
         exact, _ = _packed_pass(model, ids, mask, keep, fused=True)
     assert gap > 1e-3
     torch.testing.assert_close(exact[scored], alone[scored], rtol=0, atol=ATOL)
 
 
 def test_segmenting_leaves_the_layer_alone_outside_packed_passes():
-    # Generation (a cache) and padded batches reach the layer's own forward: same outputs, bit for bit.
+    # Generation (a cache) and padded batches reach the layers' own forward: same outputs, bit for bit.
     plain, segmented = _hybrid("qwen3_5"), _hybrid("qwen3_5")
-    assert segment_linear_attention(segmented) == 1 and segment_linear_attention(segmented) == 1  # idempotent
+    assert segment_packed_sequences(segmented) == 2 and segment_packed_sequences(segmented) == 2  # idempotent
     ids, mask, _ = _batch(plain.config.vocab_size)
     with torch.no_grad():
         assert torch.equal(

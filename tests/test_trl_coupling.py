@@ -215,7 +215,7 @@ def test_grpo_config_padding_free_is_zppos_switch_alone():
 
 @pytest.mark.parametrize("model_type", ["qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"])
 def test_the_linear_attention_layers_packing_segments_keep_their_forward(model_type):
-    # zppo_trl.packing.segment_linear_attention wraps these layers' forward and calls the class's own with the
+    # zppo_trl.packing.segment_packed_sequences wraps these layers' forward and calls the class's own with the
     # same keywords, one packed sequence at a time: the forward must still take the hidden states, the cache and
     # the attention mask by those names and pass the rest (**kwargs) on; the decoder layer must hand its
     # keywords (where transformers' packed-sequence keywords travel) to the layer. tests/test_packing.py checks

@@ -16,13 +16,14 @@ thrown away. Packed, the real tokens of all rows sit end to end in a single row 
 back into TRL's ``(B, logits_to_keep)`` layout, with zeros at padding as the padded path leaves them.
 
 Packing is exact only when every layer of the model sees those boundaries. Softmax attention does (the
-block-diagonal mask). A linear-attention layer does not by itself: the Gated DeltaNet layers of Qwen3.5 (the
-paper's students), Qwen3.5-MoE and Qwen3-Next carry a causal convolution and a recurrent state that, in
-transformers' PyTorch path, run straight through the boundaries. :func:`segment_linear_attention` is the
-one patch point that makes them exact: each such layer of a model runs once per packed sequence, with a
-fresh state, exactly as the sequence alone would run it (see its docstring). The boundaries reach the layer
-as transformers' own packed-sequence keyword ``cu_seq_lens_q``, which the decoder layers pass through to
-it (and which gradient checkpointing replays, so a recomputed layer is segmented too).
+block-diagonal mask), but a mask over the whole packed row costs the square of its length where the
+sequences alone cost the sum of theirs. A linear-attention layer does not by itself: the Gated DeltaNet
+layers of Qwen3.5 (the paper's students), Qwen3.5-MoE and Qwen3-Next carry a causal convolution and a
+recurrent state that, in transformers' PyTorch path, run straight through the boundaries.
+:func:`segment_packed_sequences` is the one patch point for both: each such layer runs once per packed
+sequence, exactly as the sequence alone would run it (see its docstring). The boundaries reach the layer as
+transformers' own packed-sequence keyword ``cu_seq_lens_q``, which the decoder layers pass through to it
+(and which gradient checkpointing replays, so a recomputed layer is segmented too).
 
 :func:`model_refusal` says why a model is not packed: only the model types and attention implementations
 that ``tests/test_packing.py`` checks against each sequence run alone are packed. :func:`batch_refusal` says
@@ -50,7 +51,7 @@ __all__ = [
     "multimodal_positions",
     "multimodal_refusal",
     "pack",
-    "segment_linear_attention",
+    "segment_packed_sequences",
 ]
 
 # Model types made only of softmax attention, whose masks transformers builds from packed position ids, each
@@ -59,7 +60,7 @@ __all__ = [
 PACKED_MODEL_TYPES = ("llama", "qwen3")
 # Hybrid model types (softmax attention interleaved with Gated DeltaNet linear attention) and the transformers
 # module (``transformers.models.<module>.modeling_<module>``) and class of their linear-attention layer, which
-# :func:`segment_linear_attention` runs once per packed sequence. Each is checked in tests/test_packing.py
+# :func:`segment_packed_sequences` runs once per packed sequence. Each is checked in tests/test_packing.py
 # against every sequence run alone (Qwen3.5 text and VLM: the paper's students) and its layer's forward
 # signature in tests/test_trl_coupling.py.
 LINEAR_ATTENTION_LAYERS = {
@@ -80,7 +81,7 @@ PACKED_MULTIMODAL_FIELDS = ("pixel_values", "image_grid_thw", "num_images", "mm_
 
 def model_refusal(config) -> str | None:
     """Why a model of ``config`` (a transformers config; a VLM's text config is read) cannot be packed
-    exactly here, or None when it can. A hybrid model packs once :func:`segment_linear_attention` has
+    exactly here, or None when it can. A hybrid model packs once :func:`segment_packed_sequences` has
     segmented its linear-attention layers (ZPPOTrainer does it when ``padding_free`` is set)."""
     text = config.get_text_config()
     model_type = text.model_type
@@ -112,49 +113,78 @@ def multimodal_refusal(config, present: list[str]) -> str | None:
     return None
 
 
-def _linear_attention_class(config) -> type | None:
-    entry = LINEAR_ATTENTION_LAYERS.get(config.get_text_config().model_type)
+# The softmax-attention layer (``transformers.models.<module>.modeling_<module>``, class) of each packed model type,
+# which :func:`segment_packed_sequences` runs once per packed sequence under sdpa: each sequence attends causally to
+# itself alone (sdpa's causal kernel, no mask), so attention costs the sum of the squared sequence lengths rather
+# than the square of the packed row's. Checked like the linear-attention layers.
+SOFTMAX_ATTENTION_LAYERS = {
+    "llama": ("llama", "LlamaAttention"),
+    "qwen3": ("qwen3", "Qwen3Attention"),
+    "qwen3_5_text": ("qwen3_5", "Qwen3_5Attention"),
+    "qwen3_5_moe_text": ("qwen3_5_moe", "Qwen3_5MoeAttention"),
+    "qwen3_next": ("qwen3_next", "Qwen3NextAttention"),
+}
+
+
+def _layer_class(table: dict, model_type: str) -> type | None:
+    entry = table.get(model_type)
     if entry is None:
         return None
     module, name = entry
     return getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), name)
 
 
-def segment_linear_attention(model) -> int:
-    """Make every linear-attention layer of ``model`` (see :data:`LINEAR_ATTENTION_LAYERS`) exact on packed
-    sequences; returns how many layers were segmented (0 for a model without such layers). Idempotent.
+def segment_packed_sequences(model) -> int:
+    """Make the layers of ``model`` that would otherwise see across packed sequences run once per sequence; returns
+    how many layers were segmented (0 for a model packing does not know). Idempotent.
 
-    The patch point, and the only one: each layer's ``forward`` is wrapped on the instance (its class and every
+    The patch point, and the only one: each such layer's ``forward`` is wrapped on the instance (its class and every
     other model are untouched). The wrapper reads transformers' packed-sequence keyword ``cu_seq_lens_q`` (the
-    cumulative sequence lengths ``[0, n_1, n_1 + n_2, ...]``, which the decoder layer passes to its linear
-    attention with the rest of the model's keywords) and, for a batch of one packed row without a cache, calls
-    the layer's own forward once per sequence on that sequence's slice, with no cache (so a fresh convolution
-    window and recurrent state), and concatenates the outputs. Each sequence so goes through the very code it
-    would alone, whichever kernels transformers picked (its PyTorch path or flash-linear-attention's): exact,
-    at the price of one call per sequence instead of a variable-length kernel's one. Any other call (no
-    ``cu_seq_lens_q``, generation with a cache) is the layer's own forward unchanged.
+    cumulative sequence lengths ``[0, n_1, n_1 + n_2, ...]``, which the decoder layer passes to its token mixer
+    with the rest of the model's keywords) and, for a batch of one packed row without a cache, calls the layer's
+    own forward once per sequence on that sequence's slice and concatenates the outputs. Each sequence so goes
+    through the very code it would alone, whichever kernels transformers picked:
+
+    - the linear-attention (Gated DeltaNet) layers of the hybrid models (:data:`LINEAR_ATTENTION_LAYERS`), with
+      no cache, so a fresh convolution window and recurrent state: exact where they would otherwise carry state
+      across the boundary, at the price of one call per sequence instead of a variable-length kernel's one;
+    - under sdpa, the softmax-attention layers (:data:`SOFTMAX_ATTENTION_LAYERS`), with their slice of the rotary
+      embeddings and no mask (sdpa's causal kernel): the same numbers as the block-diagonal mask the position
+      ids give, for the squared length of each sequence instead of the packed row's. Eager attention needs the
+      mask for causality and keeps it.
+
+    Any other call (no ``cu_seq_lens_q``, generation with a cache) is the layer's own forward unchanged.
     """
-    layer_class = _linear_attention_class(model.config)
-    if layer_class is None:
-        return 0
+    text = model.config.get_text_config()
+    wrappers = [(_layer_class(LINEAR_ATTENTION_LAYERS, text.model_type), _segmented_linear_attention)]
+    if text._attn_implementation == "sdpa":
+        wrappers.append((_layer_class(SOFTMAX_ATTENTION_LAYERS, text.model_type), _segmented_softmax_attention))
     segmented = 0
     for module in model.modules():
-        if isinstance(module, layer_class):
-            if not getattr(module, "_zppo_segmented", False):
-                module.forward = functools.partial(_segmented_forward, module)
-                module._zppo_segmented = True
-            segmented += 1
+        for layer_class, wrapper in wrappers:
+            if layer_class is not None and isinstance(module, layer_class):
+                if not getattr(module, "_zppo_segmented", False):
+                    module.forward = functools.partial(wrapper, module)
+                    module._zppo_segmented = True
+                segmented += 1
     return segmented
 
 
-def _segmented_forward(module, hidden_states, cache=None, attention_mask=None, **kwargs):
-    """The forward of a segmented linear-attention layer (see :func:`segment_linear_attention`)."""
+def _segments(hidden_states, cache, kwargs) -> list[tuple[int, int]] | None:
+    """The packed sequences' ``(start, end)`` a segmented layer runs one by one, or None for a call to leave alone."""
     bounds = kwargs.get("cu_seq_lens_q")
-    forward = type(module).forward
     if bounds is None or cache is not None or hidden_states.size(0) != 1:
+        return None
+    bounds = bounds.tolist()
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def _segmented_linear_attention(module, hidden_states, cache=None, attention_mask=None, **kwargs):
+    """The forward of a segmented linear-attention layer (see :func:`segment_packed_sequences`)."""
+    forward, segments = type(module).forward, _segments(hidden_states, cache, kwargs)
+    if segments is None:
         return forward(module, hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
     inner = {key: value for key, value in kwargs.items() if key not in PACKED_SEQUENCE_KWARGS}
-    bounds = bounds.tolist()
     outputs = [
         forward(
             module,
@@ -163,9 +193,41 @@ def _segmented_forward(module, hidden_states, cache=None, attention_mask=None, *
             attention_mask=None if attention_mask is None else attention_mask[:, start:end],
             **inner,
         )
-        for start, end in zip(bounds[:-1], bounds[1:], strict=True)
+        for start, end in segments
     ]
     return torch.cat(outputs, dim=1)
+
+
+def _segmented_softmax_attention(
+    module, hidden_states, position_embeddings=None, attention_mask=None, cache=None, **kwargs
+):
+    """The forward of a segmented sdpa softmax-attention layer (see :func:`segment_packed_sequences`)."""
+    forward, segments = type(module).forward, _segments(hidden_states, cache, kwargs)
+    if segments is None:
+        return forward(
+            module,
+            hidden_states,
+            position_embeddings=position_embeddings,
+            attention_mask=attention_mask,
+            cache=cache,
+            **kwargs,
+        )
+    inner = {key: value for key, value in kwargs.items() if key not in PACKED_SEQUENCE_KWARGS}
+    positions = inner.pop("position_ids", None)
+    cos, sin = position_embeddings
+    outputs = []
+    for start, end in segments:
+        out, _ = forward(
+            module,
+            hidden_states[:, start:end],
+            position_embeddings=(cos[:, start:end], sin[:, start:end]),
+            attention_mask=None,  # sdpa: causal within the sequence alone
+            cache=None,
+            **({} if positions is None else {"position_ids": positions[..., start:end]}),
+            **inner,
+        )
+        outputs.append(out)
+    return torch.cat(outputs, dim=1), None
 
 
 # transformers' keywords for packed sequences (its FlashAttentionKwargs), which the packed forward passes.
@@ -219,7 +281,7 @@ class PackedBatch:
     def model_inputs(self, model=None, input_ids=None, images: dict | None = None) -> dict:
         """The keywords of the packed forward pass: the tokens, their per-sequence positions, the labels the
         fused LM head scores, and the sequence boundaries (transformers' packed-sequence keywords), which
-        segmented linear-attention layers read (:func:`segment_linear_attention`; unsegmented, transformers'
+        segmented linear-attention layers read (:func:`segment_packed_sequences`; unsegmented, transformers'
         PyTorch path refuses them). No attention mask: the position ids separate the sequences for softmax
         attention. With ``images`` (a Qwen3.5 VLM's, for these rows: :class:`ImageRows`), also the images and
         the multimodal RoPE positions (:func:`multimodal_positions`) of ``model`` (unwrapped) on the padded
@@ -234,7 +296,9 @@ class PackedBatch:
             }
         longest = int((self.cu_seq_lens[1:] - self.cu_seq_lens[:-1]).max())
         return dict(
-            use_cache=False,  # a scoring pass: no cache to build (and a cache would make the layers skip segmenting)
+            # a scoring pass: no cache (with one, transformers builds no packed-sequence mask from the position ids and
+            # the segmented layers run the row whole)
+            use_cache=False,
             input_ids=self.input_ids,
             position_ids=self.position_ids,
             labels=self.labels,
