@@ -228,18 +228,33 @@ class SampleRecorder(TeacherClient):
         return future
 
 
-def test_prefetching_teacher_samples_changes_no_weight(boxed_text_student_dir, vllm_boxed_teacher_server, tmp_path):
-    # A greedy teacher's replies depend on nothing but the question. So the run that asks for the second step's new
-    # questions during the first step's updates and the run that asks when the second step starts get the same
-    # replies, build the same BCQ/NCQ prompts from them and train the same weights, to the bit.
+def test_prefetching_teacher_samples_and_overlapping_old_logps_change_no_weight(
+    boxed_text_student_dir, vllm_boxed_teacher_server, tmp_path, monkeypatch
+):
+    # The step's two overlaps against the serial schedule, seeded. A greedy teacher's replies depend on nothing but
+    # the question. So the run that asks for the second step's new questions during the first step's updates and
+    # the run that asks when the second step starts get the same replies, build the same BCQ/NCQ prompts from them
+    # and train the same weights, to the bit. The overlapped run also computes the plain rollouts' old log-probs on
+    # a second thread while the teacher is waited for, the candidates compressed and the BCQ/NCQ round generated:
+    # the same numbers, to the bit. (It runs where the student's rollouts come from a vLLM server; here the
+    # trainer generates them itself, so that both runs sample the same rollouts from the seed: the decision
+    # "is the second round off this device" is taken as yes for both, and overlap_old_logps alone differs.
+    # tests/test_student_server.py runs it in its real topology.)
     server = vllm_boxed_teacher_server
+    monkeypatch.setattr(ZPPOTrainer, "_second_round_off_device", property(lambda self: True))
 
-    def run(prefetch: bool):
+    def run(overlap: bool):
         teacher = SampleRecorder(server.base_url, server.model)
         trainer = ZPPOTrainer(
             model=AutoModelForCausalLM.from_pretrained(boxed_text_student_dir),
             reward_funcs=Spy(),
-            args=_config(tmp_path / str(prefetch), server, teacher_temperature=0.0, prefetch_teacher_samples=prefetch),
+            args=_config(
+                tmp_path / str(overlap),
+                server,
+                teacher_temperature=0.0,
+                prefetch_teacher_samples=overlap,
+                overlap_old_logps=overlap,
+            ),
             train_dataset=Dataset.from_list(toy_rows("text")),
             processing_class=AutoTokenizer.from_pretrained(boxed_text_student_dir),
             teacher=teacher,
@@ -252,6 +267,10 @@ def test_prefetching_teacher_samples_changes_no_weight(boxed_text_student_dir, v
 
     (serial, serial_logs, serial_replies), (overlapped, overlapped_logs, overlapped_replies) = run(False), run(True)
     assert [log["teacher_prefetched"] for log in serial_logs] == [0, 0]
+    assert all(log["time/old_logps_hidden_s"] > 0 for log in overlapped_logs)
+    assert not any("time/old_logps_hidden_s" in log for log in serial_logs)
+    # every plain rollout was scored on the second thread, the second round's after it
+    assert all(log["old_logps_rows"] >= 16 for log in overlapped_logs)
     assert [log["teacher_prefetched"] for log in overlapped_logs] == [0, 8]
     assert overlapped_logs[1]["replayed"] > 0  # asked for on their own when the second step started
     assert overlapped_replies == serial_replies and len(serial_replies) > 8

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "MARKED_ROWS",
+    "ROUND_ROW",
     "SELF_TEACHER_LOGPS",
     "SELF_TEACHER_MASK",
     "SELF_TEACHER_TOPK_IDS",
@@ -30,6 +31,7 @@ __all__ = [
     "TOKEN_TYPE_FIELDS",
     "concat_batches",
     "num_rows",
+    "rows_alone",
     "select_rows",
 ]
 
@@ -53,6 +55,9 @@ SELF_TEACHER_LOGPS, SELF_TEACHER_MASK = "self_teacher_logps", "self_teacher_mask
 # Rows a term's partition signal marks (the all-wrong groups', 1.0) and a term's teacher-forced target rows (1.0,
 # trained with cross-entropy, never with RL).
 MARKED_ROWS, TARGET_ROWS = "zero_variance_rows", "teacher_target_rows"
+# Each micro-batch row's index in the rollout step's merged batch (the plain round's rows first), which the old
+# log-probs read to find a row computed before the micro-batches existed; removed before the loss.
+ROUND_ROW = "zppo_round_row"
 # Per-token multimodal inputs: a prompt's image/video placeholder types, as wide as prompt + completion.
 TOKEN_TYPE_FIELDS = ("token_type_ids", "mm_token_type_ids")
 SELF_TEACHER_TOPK_IDS, SELF_TEACHER_TOPK_LOGPS = "self_teacher_topk_ids", "self_teacher_topk_logps"
@@ -196,6 +201,16 @@ def concat_batches(batches: Sequence[Mapping], pad_token_id: int) -> dict:
         if any(t is not None for t in tiles):
             out["num_tiles"] = [t or 0 for t in tiles]
     return out
+
+
+def rows_alone(batch: Mapping) -> list[dict]:
+    """Every row of a TRL-layout ``batch`` (a micro-batch) as a batch of its own, trimmed to its tokens and with
+    its own images: exactly what :func:`select_rows` gives for that row of the batch it was selected from, so a
+    rollout scored alone gives the same numbers from either."""
+    known = {*_PROMPT_FIELDS, *_COMPLETION_FIELDS, *_SEQUENCE_FIELDS, *_ROW_FIELDS, *_IMAGE_FIELDS}
+    rows = {"advantages": torch.zeros(num_rows(batch)), **{k: v for k, v in batch.items() if k in known}}
+    regrouped = concat_batches([rows], pad_token_id=0)
+    return [select_rows(regrouped, [j]) for j in range(num_rows(batch))]
 
 
 def _keys(images: list) -> set[str]:

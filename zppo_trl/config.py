@@ -337,6 +337,18 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
             "compares the two), one more forward pass over every rollout of the step."
         },
     )
+    overlap_old_logps: bool = field(
+        default=True,
+        metadata={
+            "help": "With defer_old_logps and the student's rollouts on a vLLM server (vllm_mode: server), compute "
+            "the plain rollouts' old log-probs on a second thread while the teacher's samples are collected, the "
+            "candidates compressed and the BCQ/NCQ round generated (the trainer's device is idle then); only the "
+            "second round's rollouts are scored after it. Every rollout is scored alone either way, so the "
+            "trained numbers do not depend on this setting (tests/test_student_server.py). Not with ZeRO-3 or "
+            "FSDP (their forward passes gather parameters over ranks), nor in rows without a second round or "
+            "with a named term."
+        },
+    )
     prefetch_teacher_samples: bool = field(
         default=True,
         metadata={
@@ -485,6 +497,7 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
             "padding_free",
             "audit_traces",
             "defer_old_logps",
+            "overlap_old_logps",
             "prefetch_teacher_samples",
         ):
             if not isinstance(getattr(self, name), bool):

@@ -8,12 +8,13 @@ from __future__ import annotations
 import logging
 import math
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import nanmax, nanmin
 
-from .batches import TOKEN_TYPE_FIELDS
+from .batches import ROUND_ROW, TOKEN_TYPE_FIELDS, num_rows, rows_alone
 from .distill import DistillInputs, TeacherTopK, chosen_token_logps, completion_states
 from .losses import LossOutput
 from .packing import ImageRows, batch_refusal, model_refusal, multimodal_refusal, pack
@@ -87,6 +88,23 @@ class LogProbPaths:
             # Teacher-forced targets: TRL's old log-probs of them are never read (the SFT and JSD losses).
             empty = torch.zeros(input_ids.size(0), logits_to_keep, device=input_ids.device)
             return empty, (torch.zeros_like(empty) if compute_entropy else None), None
+        return self._token_logps(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, multimodal
+        )
+
+    def _token_logps(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size,
+        compute_entropy,
+        compute_aux_loss,
+        multimodal,
+    ):
+        """TRL's per-token log-probs, entropies and aux loss of a batch, packed with ``padding_free``: the hook's
+        computation, which reads no round in flight (so a second thread may run it: :meth:`_start_plain_old_logps`)."""
         # TRL re-derives the token types of image prompts from the prompt text, which has no response
         # prefix (the Prefix control): rebuild them from the ids when their width does not match.
         for name in TOKEN_TYPE_FIELDS:
@@ -175,14 +193,15 @@ class LogProbPaths:
         reads: the entropies and the router's aux loss (else None)."""
         input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        return self._get_per_token_logps_and_entropies(
+        return self._token_logps(
             model,
             input_ids,
             attention_mask,
             inputs["completion_ids"].size(1),
-            compute_entropy=for_loss,
-            compute_aux_loss=for_loss and self.aux_loss_enabled,
-            **{key: inputs.get(key) for key in _MULTIMODAL_FIELDS},
+            None,
+            for_loss,
+            for_loss and self.aux_loss_enabled,
+            {key: inputs.get(key) for key in _MULTIMODAL_FIELDS},
         )
 
     def _distill_inputs(self, model, inputs) -> DistillInputs:
@@ -228,21 +247,118 @@ class LogProbPaths:
             gathered = self.accelerator.gather(values)
             self._metrics[mode][name].append((nanmin if how == "min" else nanmax)(gathered).item())
 
-    def _attach_old_logps(self, micro_batches: list[dict], metrics: dict) -> None:
+    @property
+    def overlaps_old_logps(self) -> bool:
+        """Whether the plain rollouts' old log-probs are computed while the rest of the step runs off this device
+        (``overlap_old_logps``): the teacher's evidence, the compressions and the student's second round on its
+        vLLM server. Only where the second round has something to hide behind and nothing else uses the
+        trainer's device meanwhile: a policy objective deferring its old log-probs, an augmentation with a second
+        round, rollouts from a server, and parameters every rank holds whole (ZeRO-3's and FSDP's forward passes
+        gather parameters collectively, which a second thread must not interleave with the step's own gathers).
+        """
+        args = self.args
+        return (
+            args.overlap_old_logps
+            and self.defers_old_logps
+            and self.objective_loss.reads_old_logps
+            and self._augmenting
+            and not self.augmentation.supervised
+            and self._second_round_off_device
+            and not self.terms  # a term may run the student on the main thread meanwhile
+            and not self._parameters_sharded
+        )
+
+    @property
+    def _second_round_off_device(self) -> bool:
+        """Whether the student's rollouts are generated off the trainer's device (on its vLLM server)."""
+        return self.args.use_vllm and self.args.vllm_mode == "server"
+
+    @property
+    def _parameters_sharded(self) -> bool:
+        """Whether a forward pass gathers the parameters over ranks (ZeRO-3, FSDP)."""
+        return self.is_fsdp_enabled or (
+            self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+        )
+
+    def _start_plain_old_logps(self, plain_batch: dict) -> Future | None:
+        """Start computing every plain rollout's old log-probs on a second thread (:attr:`overlaps_old_logps`),
+        each rollout alone (:meth:`_rollout_logps`); the step's updates wait for them in :meth:`_attach_old_logps`.
+        The plain rollouts are fixed and the weights that sampled them are the ones in place until the step's first
+        update, so this is the very computation the serial schedule makes later, on the same numbers."""
+        if not self.overlaps_old_logps:
+            return None
+        if self._old_logps_thread is None:
+            self._old_logps_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zppo-old-logps")
+        rows = list(enumerate(rows_alone(plain_batch)))  # the plain round's batch is in TRL's layout
+        device = self.accelerator.device
+
+        def compute() -> tuple[dict[int, torch.Tensor], float]:
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            t0 = time.perf_counter()
+            return self._rollout_logps(rows), time.perf_counter() - t0
+
+        return self._old_logps_thread.submit(compute)
+
+    def _rollout_logps(self, rows: list[tuple[int, dict]]) -> dict[int, torch.Tensor]:
+        """The sampling policy's per-token log-probs of each rollout ``(key, batch of one row)``, the rollout scored
+        alone (no padding, no other row): the same numbers whenever and wherever it is computed."""
+        out = {}
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            for key, row in rows:
+                out[key] = self._completion_logps(self.model, row, for_loss=False)[0][0]
+        return out
+
+    def _attach_old_logps(self, micro_batches: list[dict], metrics: dict, plain: Future | None = None) -> None:
         """The sampling policy's per-token log-probs (``old_per_token_logps``) of the micro-batches that read
-        them, computed before the step's first update (so on the weights that sampled the rollouts): every
-        trained partition but the first one trained, which updates on those very weights (a skipped partition
-        changes none), so its ratio is exactly 1 and its loss takes the detached log-probs of its own forward;
-        and only when the loss is a policy objective. Every rank runs the same number of forward passes
-        (partition sizes and skips agree over ranks), as ZeRO-3's parameter gathering requires."""
-        if not self.objective_loss.reads_old_logps:
+        them, on the weights that sampled the rollouts: every trained partition but the first one trained, which
+        updates on those very weights (a skipped partition changes none), so its ratio is exactly 1 and its loss
+        takes the detached log-probs of its own forward; and only when the loss is a policy objective. Each
+        rollout is scored alone (:meth:`_rollout_logps`); ``plain`` holds the plain rollouts' (by merged-batch row,
+        from :meth:`_start_plain_old_logps`), computed while the step's second round was generated
+        (``time/old_logps_hidden_s``); the rest are computed here (``time/old_logps_s``, with any wait for them).
+        With ZeRO-3 every rank runs as many forward passes as the rank with most rows."""
+        # each row's index in the merged batch (None where a micro-batch was not dealt from one)
+        rows_of = [micro.pop(ROUND_ROW, None) for micro in micro_batches]
+        rows_of = [
+            [] if is_skipped(m) else [None] * num_rows(m) if r is None else r.tolist()
+            for m, r in zip(micro_batches, rows_of, strict=True)
+        ]
+        t0, computed = time.perf_counter(), 0
+        known: dict[int, torch.Tensor] = {}
+        if plain is not None:
+            known, metrics["time/old_logps_hidden_s"] = plain.result()
+            computed += len(known)
+        if not self.defers_old_logps or not self.objective_loss.reads_old_logps:
             return
-        t0, rows = time.perf_counter(), 0
         ga = self.args.gradient_accumulation_steps  # a partition's micro-batches, all skipped or none
         first_trained = next((i for i in range(0, len(micro_batches), ga) if not is_skipped(micro_batches[i])), 0)
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            for micro in micro_batches[first_trained + ga :]:
-                if not is_skipped(micro):
-                    micro["old_per_token_logps"] = self._completion_logps(self.model, micro, for_loss=False)[0]
-                    rows += micro["completion_ids"].size(0)
-        metrics["time/old_logps_s"], metrics["old_logps_rows"] = time.perf_counter() - t0, rows
+        reading = [
+            (micro, rows)
+            for micro, rows in zip(micro_batches[first_trained + ga :], rows_of[first_trained + ga :])
+            if not is_skipped(micro)
+        ]
+        missing = []
+        for m, (micro, rows) in enumerate(reading):
+            has_tokens = micro["completion_mask"].sum(dim=1) > 0  # zero-weight padding rows have none
+            for j, row in enumerate(rows_alone(micro)):
+                if has_tokens[j] and rows[j] not in known:
+                    missing.append(((m, j), row))
+        if self._parameters_sharded and reading:
+            # ZeRO-3 and FSDP gather parameters in every forward pass: every rank runs as many as the rank with most
+            filler = missing[-1] if missing else (None, rows_alone(reading[0][0])[0])
+            missing += [filler] * (int(self.ranks.largest(len(missing))) - len(missing))
+        fresh = self._rollout_logps(missing)
+        computed += len(missing)
+        for micro, _ in reading:
+            micro["old_per_token_logps"] = torch.zeros_like(micro["completion_mask"], dtype=torch.float32)
+        for m, (micro, rows) in enumerate(reading):
+            has_tokens = micro["completion_mask"].sum(dim=1) > 0
+            for j in range(len(rows)):
+                if not has_tokens[j]:
+                    continue
+                logps = known.get(rows[j])
+                if logps is None:
+                    logps = fresh[(m, j)]
+                micro["old_per_token_logps"][j, : logps.size(0)] = logps
+        metrics["time/old_logps_s"], metrics["old_logps_rows"] = time.perf_counter() - t0, computed

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from .advantages import nontrivial_groups, partition_groups, two_step_advantages
-from .batches import MARKED_ROWS, TARGET_ROWS, select_rows
+from .batches import MARKED_ROWS, ROUND_ROW, TARGET_ROWS, select_rows
 from .rollout import FILLER
 
 __all__ = ["SKIP", "PolicyPartitions", "deal_targets", "is_skipped", "pack_partition", "policy_partitions", "skipped"]
@@ -96,6 +96,7 @@ def pack_partition(
     for m in range(grad_accum):
         lo, hi = m * per_micro, (m + 1) * per_micro
         micro = select_rows(batch, index[lo:hi])
+        micro[ROUND_ROW] = torch.tensor(index[lo:hi])
         micro["advantages"] = torch.tensor(advantages[lo:hi], device=micro["advantages"].device)
         for field, values in flags.items():
             micro[field] = torch.tensor(values[lo:hi], device=micro["advantages"].device)

@@ -69,7 +69,7 @@ from .logp_paths import LogProbPaths
 from .losses import LossInputs
 from .model_card import PAPER_CITATION, PAPER_TITLE
 from .optim import optimizer_cls_and_kwargs
-from .packing import segment_linear_attention
+from .packing import segment_packed_sequences
 from .partitioning import deal_targets, is_skipped, policy_partitions
 from .prefetch import BatchLookahead, PrefetchedSampling
 from .ranks import Ranks
@@ -210,8 +210,11 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
             self.reward_func_names, "lists of chat messages" if self.dataset_format.messages_for_rewards else "strings"
         )
         self._padding_free_warned: set[str] = set()  # the reasons padding_free fell back for, warned once each
+        self._old_logps_thread = (
+            None  # where the plain rollouts' old log-probs run during steps 4-5 (overlap_old_logps)
+        )
         if args.padding_free:  # a hybrid student's linear attention, run per packed sequence (zppo_trl.packing)
-            segment_linear_attention(self.accelerator.unwrap_model(self.model))
+            segment_packed_sequences(self.accelerator.unwrap_model(self.model))
         self._set_up_console()
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None):
@@ -370,13 +373,14 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
             order=draw.new_keys + draw.replay_keys,
         )
         self._check_reward_signal(plain_round)  # a reward function that cannot teach, said in the step it shows
-        # 4-6. The row's optimizer micro-batches.
+        # The plain rollouts' old log-probs, computed while steps 4-5 run off this device (overlap_old_logps).
+        plain_logps = self._start_plain_old_logps(plain_round.batch)
+        # 4-6. The row's optimizer micro-batches, with the old log-probs the updates read.
         if args.distillation is not None:
             micro_batches = self._distillation_batches(teacher_future, draw, plain_round, metrics)
         else:
             micro_batches = self._augmented_batches(teacher_future, draw, plain_round, accuracy, metrics)
-        if self.defers_old_logps:
-            self._attach_old_logps(micro_batches, metrics)
+        self._attach_old_logps(micro_batches, metrics, plain_logps)
         if self.trace_log is not None:  # before step 7, while the graduates' admission bins are known
             self._log_graduations(draw, plain_round, accuracy)
         # 7. Buffer refresh from the plain groups only.
