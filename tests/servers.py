@@ -242,8 +242,9 @@ class VLLMServer(Server):
     name = "vLLM server"
 
     def command(self) -> list[str]:
+        # vLLM's server module, as serve_teacher.sh --cpu runs it (recipes/launch/common.sh: why not `vllm serve`)
         return [
-            str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
+            str(VLLM_PYTHON), "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(self.model_dir),
             "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", "4096", "--seed", "0",
             # float32 as the tiny models were trained; eager mode starts in about 16 s instead of 27 s
             "--dtype", "float32", "--enforce-eager",

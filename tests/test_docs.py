@@ -37,7 +37,7 @@ EXTERNAL_FLAGS = {
     "--machine_rank", "--no-deps", "--device", "--continuous-batching", "--bogus", "--dtype", "--enforce-eager",
     "--mm-processor-kwargs", "--trust-request-mm-kwargs", "--max-logprobs", "--served-model-name",
     "--logprobs-mode", "--worker-extension-cls", "--weight-transfer-config", "--num_cpu_threads_per_process",
-    "--durations", "--compile-bytecode",
+    "--durations", "--compile-bytecode", "--enable-scale-out",
 }  # fmt: skip
 # Our commands that take flags, and how to ask each for its options.
 SCRIPTS = {

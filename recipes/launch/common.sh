@@ -87,22 +87,40 @@ parse_server_args() {
     [[ -z "$cpu_cores" ]] || ((cpu)) || die "--cpu-cores applies with --cpu only" 2
 }
 
-# use_vllm_cpu: prepare vLLM's CPU engine (the servers' --cpu). Sets `python` to $VLLM_PYTHON
-# (default .venv-vllm/bin/python, built by `make vllm-env`) and exports the engine's settings
-# (its KV cache from $kv_cache_gib, its cores from $cpu_cores); refuses --gpus and
-# --data-parallel, which do not apply.
-# shellcheck disable=SC2034  # python is read by the sourcing script
+# use_vllm_cpu: prepare vLLM's CPU engine (the servers' --cpu). Sets `vllm_serve` to the command
+# that starts vLLM's OpenAI-compatible server with $VLLM_PYTHON (default .venv-vllm/bin/python,
+# built by `make vllm-env`) and exports the engine's settings (its KV cache from $kv_cache_gib, its
+# cores from $cpu_cores); refuses --gpus and --data-parallel, which do not apply.
+# shellcheck disable=SC2034  # vllm_serve is read by the sourcing script
 use_vllm_cpu() {
-    python=${VLLM_PYTHON:-.venv-vllm/bin/python}
+    local python=${VLLM_PYTHON:-.venv-vllm/bin/python}
     [[ "${DRY_RUN:-0}" == 1 || -x "$python" ]] || die "no vLLM for CPUs at $python: run \`make vllm-env\` (or set VLLM_PYTHON)" 2
     [[ -z "$gpus" && "$dp" == 1 ]] || die "--gpus and --data-parallel do not apply with --cpu" 2
-    # The package is named vllm-cpu, so the `vllm` CLI (and `trl vllm-serve`) fail on its version
-    # lookup; the server module is the same server. On CPUs vLLM otherwise reserves 92% of the NUMA
-    # node's memory for its KV cache and refuses to start when other processes hold some of it.
+    # Not `vllm serve`: the distribution is named vllm-cpu, and vLLM's CLI (`vllm`, `python -m
+    # vllm.entrypoints.cli.main`, so `trl vllm-serve` too) reads the version of a distribution named
+    # vllm while it builds its parser, for any subcommand, --help included: it exits with
+    # PackageNotFoundError (vllm-cpu 0.32.0). Nor `python -m vllm.entrypoints.openai.api_server`,
+    # deprecated in 0.32 ("may be removed"): it only runs the module below, the server `vllm serve`
+    # runs with one API process, which takes the same arguments (--model MODEL, not a positional).
+    vllm_serve=("$python" -m vllm.entrypoints.launchers.api_server.entry)
+    # On CPUs vLLM otherwise reserves 92% of the NUMA node's memory for its KV cache and refuses
+    # to start when other processes hold some of it.
     export VLLM_CPU_KVCACHE_SPACE=${kv_cache_gib:-2} VLLM_NO_USAGE_STATS=1 CUDA_VISIBLE_DEVICES=""
     # vLLM binds its engine's threads to the first core by default: two servers on one machine
     # would share it while the other cores idle.
     if [[ -n "${cpu_cores:-}" ]]; then export VLLM_CPU_OMP_THREADS_BIND=$cpu_cores; fi
+}
+
+# vllm_scale_out: sets `scale_out` to --enable-scale-out, which TRL's client needs from vLLM 0.30 on
+# for images (/v1/chat/completions/render, /inference/v1/generate), as `trl vllm-serve` adds it;
+# empty where the vLLM that ${PYTHON:-python} imports is older (it has no such flag). Where that
+# Python has no vLLM (a dry run elsewhere), the flag: TRL 1.16's newest vLLM, 0.31, has it.
+# shellcheck disable=SC2034  # scale_out is read by the sourcing script
+vllm_scale_out() {
+    local older
+    older=$("${PYTHON:-python}" -c 'import importlib.metadata as m, re
+print(int(tuple(int(n) for n in re.findall(r"[0-9]+", m.version("vllm"))[:2]) < (0, 30)))' 2>/dev/null) || older=0
+    if [[ "$older" == 1 ]]; then scale_out=(); else scale_out=(--enable-scale-out); fi
 }
 
 # start_server NAME HEALTH_URL LOG CMD...: run CMD in the background on $gpus (or the CPU

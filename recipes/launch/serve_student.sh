@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Serve the student's rollouts with TRL's vLLM server (`trl vllm-serve`), the server that
-# `use_vllm: true, vllm_mode: server` talks to, then wait until it answers /health/.
-# With --cpu, vLLM's own server on its CPU engine (`make vllm-env`) with what TRL's client needs
-# and the shared-memory weight reload (vllm_weight_transfer: shm, zppo_trl/vllm_worker.py).
+# Serve the student's rollouts, the server that `use_vllm: true, vllm_mode: server` talks to, then
+# wait until it answers /health. On GPUs, vLLM's own `vllm serve` with what TRL 1.16's deprecated
+# `trl vllm-serve` would add (trl/scripts/vllm_serve.py): dev mode and the NCCL weight-transfer
+# engine. With --cpu, vLLM's server on its CPU engine (`make vllm-env`) with the same settings but
+# the shared-memory weight reload (vllm_weight_transfer: shm, zppo_trl/vllm_worker.py) for NCCL.
 set -euo pipefail
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -40,19 +41,26 @@ model="" gpus="" dp=1 port=8001 host=0.0.0.0 max_len=21504 timeout=1800 log=stud
 parse_server_args "$@"
 [[ -n "$model" ]] || { usage >&2; die "--model is required" 2; }
 
+# What TRL's client needs of the server, as `trl vllm-serve` sets it: dev mode (/server_info,
+# /get_world_size, /reset_prefix_cache, the weight-update and /collective_rpc endpoints), log-probs
+# after temperature (--logprobs-mode processed_logprobs) and as many as asked (--max-logprobs -1),
+# the endpoints for images (--enable-scale-out).
 if ((cpu)); then
     use_vllm_cpu
-    # What `trl vllm-serve` would set, less the NCCL engine: dev mode (/collective_rpc,
-    # /server_info), log-probs after temperature, every log-prob on request; the reload extension
-    # comes from this repository, which the server's environment need not have installed.
+    # The reload extension comes from this repository, which the server's environment need not
+    # have installed. vLLM for CPUs is 0.30 or later: it has --enable-scale-out.
     repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-    export VLLM_SERVER_DEV_MODE=1 PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
-    cmd=("$python" -m vllm.entrypoints.openai.api_server --model "$model" --host "$host" --port "$port"
+    export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+    cmd=(env VLLM_SERVER_DEV_MODE=1 "${vllm_serve[@]}" --model "$model" --host "$host" --port "$port"
          --max-model-len "$max_len" --worker-extension-cls zppo_trl.vllm_worker.SharedMemoryWeightReload
-         --logprobs-mode processed_logprobs --max-logprobs -1 "${extra[@]+"${extra[@]}"}")
-    start_server "student vLLM server" "http://127.0.0.1:$port/health" "$log" "${cmd[@]}"
+         --enable-scale-out --logprobs-mode processed_logprobs --max-logprobs -1 "${extra[@]+"${extra[@]}"}")
 else
-    cmd=(trl vllm-serve --model "$model" --tensor-parallel-size 1 --data-parallel-size "$dp"
-         --host "$host" --port "$port" --max-model-len "$max_len" "${extra[@]+"${extra[@]}"}")
-    start_server "student vLLM server" "http://127.0.0.1:$port/health/" "$log" "${cmd[@]}"
+    # Tensor parallel 1 as in the paper; each data-parallel replica is an engine of its own on one
+    # GPU, and TRL's trainer joins their NCCL group as one rank more.
+    vllm_scale_out
+    cmd=(env VLLM_SERVER_DEV_MODE=1 vllm serve "$model" --host "$host" --port "$port" --tensor-parallel-size 1
+         --data-parallel-size "$dp" --max-model-len "$max_len" "${scale_out[@]+"${scale_out[@]}"}"
+         --weight-transfer-config '{"backend":"nccl"}' --logprobs-mode processed_logprobs --max-logprobs -1
+         "${extra[@]+"${extra[@]}"}")
 fi
+start_server "student vLLM server" "http://127.0.0.1:$port/health" "$log" "${cmd[@]}"

