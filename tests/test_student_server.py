@@ -311,6 +311,10 @@ class TestOneStudentServer:
         trl_syncs = [s["write"] + s["reload"] for s in client.sync_seconds if not any(s is c for c in in_sync.syncs)]
         assert len(logged) == len(trl_syncs) == 3
         assert logged == pytest.approx(trl_syncs)
+        # The production topology hides the plain rollouts' old log-probs behind the BCQ/NCQ round (overlap_old_logps;
+        # the exactness of it: tests/test_trainer_zppo.py): done on the second thread every rollout step.
+        steps = [h for h in trainer.state.log_history if "zppo/time/rollout_step_s" in h]
+        assert all(h["zppo/time/old_logps_hidden_s"] > 0 for h in steps)
 
     def test_two_ranks_share_it_and_decide_alike(self, student_server, boxed_text_student_dir, boxed_teacher_server,
                                                  tmp_path):  # fmt: skip
