@@ -1,7 +1,10 @@
 """The dry run's memory plan (zppo_trl.memory_plan): its architecture counts against real models, its
-arithmetic term by term on hand-computed values, and what the dry run prints for every scale's recipe."""
+arithmetic term by term on hand-computed values, padded against packed tokens per micro-batch, and what the dry
+run prints for every scale's recipe."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 
@@ -10,11 +13,17 @@ from zppo_trl.memory_plan import (
     GPU_RESERVED,
     KNOWN_STUDENTS,
     Architecture,
+    PaddingPlan,
     UpdateShape,
+    activation_bytes,
     architecture,
     known_student_config,
     layer_activation_elements,
     optimizer_state,
+    packed_tokens,
+    packing_refusal,
+    padded_tokens,
+    padding_plan,
     plan_memory,
     update_shape,
 )
@@ -143,6 +152,23 @@ def test_the_dry_run_plans_every_scale_and_the_unfused_head_would_not_fit(scale)
     unfused = next(line for line in lines if "with the LM head unfused" in line)
     assert unfused.endswith("would not fit")
     assert f"(the student Qwen/Qwen3.5-{scale.upper()}: " in text and "from the architecture" in text
+    # padding_free: true, and Qwen3.5 packs (sdpa, transformers' default for it): the packed row is this run's
+    assert (
+        "\npadding (padding_free: true, and the student packs), tokens through the model per micro-batch of 4 rows:"
+        in lines
+    )
+    assert (
+        "  padded: 4 x (its longest prompt + its longest completion) <= 4 x (4,096 + 5,017 + 12,288) = 85,604; "
+        "one completion at the 12,288-token limit pads all 4 rows to it"
+    ) in lines
+    assert (
+        "  packed (this run): the sum of its rows' own tokens, <= 85,604 (every row at its limit), >= 1/4 of the "
+        "padded grid: it avoids 0 to 75% of the padded tokens"
+    ) in lines
+    sized = next(line for line in lines if line.startswith("  the plan above sizes 85,604 tokens ("))
+    activations = next(line for line in lines if "activations (with gradient checkpointing)" in line)
+    per_token = float(sized.split("(")[1].split()[0].replace(",", ""))  # KiB per token; times the tokens: activations
+    assert per_token * 85_604 / 1024**2 == pytest.approx(float(activations.split()[0]), rel=0.01)
 
 
 def test_a_student_whose_config_cannot_be_read_is_said_so():
@@ -169,4 +195,110 @@ def test_a_local_student_is_planned_from_its_own_config(tmp_path):
     lines: list[str] = []
     print_memory_plan(script, args, model, lines.append)
     parameters = sum(p.numel() for p in tiny_text_model().parameters())
-    assert lines[-1] == f"  (the student {tmp_path / 'student'}: {parameters / 1e9:.2f}B parameters, from its config)"
+    assert f"  (the student {tmp_path / 'student'}: {parameters / 1e9:.2f}B parameters, from its config)" in lines
+
+
+# ---------------------------------------------------------------- padded against packed tokens
+
+
+def test_padded_and_packed_tokens_of_a_micro_batch():
+    prompts, completions = [12, 10, 7], [5, 20, 1]  # the longest prompt and the longest completion in two rows
+    assert padded_tokens(prompts, completions) == 3 * (12 + 20)  # every row as wide as the longest of each
+    assert packed_tokens(prompts, completions) == 29 + 26
+    assert padded_tokens([4], [9]) == packed_tokens([4], [9]) == 13  # one row: nothing to pad
+    assert padded_tokens([], []) == packed_tokens([], []) == 0
+    with pytest.raises(ValueError, match="2 prompt lengths, 1 completion lengths"):
+        padded_tokens([1, 2], [3])
+    with pytest.raises(ValueError, match="1 prompt lengths, 2 completion lengths"):
+        packed_tokens([1], [2, 3])
+
+
+def test_a_packed_micro_batch_holds_between_one_row_share_and_all_of_its_grid():
+    rng = random.Random(0)
+    for _ in range(500):
+        rows = rng.randint(1, 8)
+        prompts = [rng.randint(1, 4096) for _ in range(rows)]
+        completions = [rng.randint(0, 12288) for _ in range(rows)]
+        padded, packed = padded_tokens(prompts, completions), packed_tokens(prompts, completions)
+        assert padded / rows <= packed <= padded
+        plan = PaddingPlan(rows, 4096, 0, 12288, padding_free=True)
+        assert 1 - packed / padded <= plan.most_avoided + 1e-12
+    # the bounds are reached: rows equally long avoid nothing; one long row among near-empty ones nearly 1 - 1/B
+    assert packed_tokens([100] * 4, [50] * 4) == padded_tokens([100] * 4, [50] * 4)
+    padded, packed = padded_tokens([4096, 1, 1, 1], [12288, 0, 0, 0]), packed_tokens([4096, 1, 1, 1], [12288, 0, 0, 0])
+    assert 1 - packed / padded == pytest.approx(0.75, abs=1e-4) and PaddingPlan(4, 1, 0, 1, True).most_avoided == 0.75
+
+
+def test_the_padding_plan_of_the_papers_recipe_and_which_tokens_the_run_pays():
+    _, args, _ = parse_recipe_args(["--config", "recipes/qwen35_0.8b.yaml", "--dry_run"])
+    plan = padding_plan(args)
+    assert (plan.rows, plan.plain_prompt, plan.block, plan.completion) == (4, 4096, 5017, 12288)
+    assert plan.worst_case == update_shape(args).tokens == 85_604  # the memory plan's micro-batch, padded or packed
+    assert plan.padding_free and plan.packs
+    prompts, completions = [300, 300, 9000, 9000], [12288, 2000, 500, 4000]
+    assert plan.tokens(prompts, completions) == packed_tokens(prompts, completions) == 37_388
+    padded = padding_plan(
+        args, refusal="attention implementation 'flash_attention_2' is not one packing was checked on"
+    )
+    assert not padded.packs and padded.tokens(prompts, completions) == 4 * (9000 + 12288) == 85_152
+    _, args, _ = parse_recipe_args(["--config", "recipes/qwen35_0.8b.yaml", "--dry_run", "--padding_free", "false"])
+    off = padding_plan(args)
+    assert not off.padding_free and not off.packs and off.tokens(prompts, completions) == 85_152
+
+
+def test_whether_the_student_packs_follows_its_type_and_attention():
+    config = known_student_config("Qwen/Qwen3.5-0.8B")
+    arch = architecture(config)
+    assert arch.attention == "sdpa"  # transformers' default for Qwen3.5, resolved by the meta build
+    assert config.get_text_config()._attn_implementation is None  # on a copy: the caller's config is untouched
+    assert packing_refusal(config, arch.attention) is None
+    assert packing_refusal(config, "eager") is None
+    refusal = packing_refusal(config, "flash_attention_2")
+    assert refusal is not None and "'flash_attention_2'" in refusal
+    assert packing_refusal(tiny_text_model().config, "sdpa") is None  # Qwen3: softmax attention only
+
+
+def test_activations_are_linear_in_the_micro_batch_tokens():
+    for layout in ("fsdp", "single"):
+        for checkpointing in (True, False):
+            one = activation_bytes(ARCH, 1, layout=layout, gradient_checkpointing=checkpointing)
+            assert activation_bytes(ARCH, 12_345, layout=layout, gradient_checkpointing=checkpointing) == 12_345 * one
+    plan = plan_memory(ARCH, UpdateShape(2, 5000, 3000), ranks=4)
+    assert dict(plan.lines)["activations (with gradient checkpointing)"] == activation_bytes(ARCH, 10_000)
+
+
+@pytest.mark.parametrize(
+    "flags, state, run",
+    [
+        ([], "padding_free: true, and the student packs", "packed"),
+        (["--padding_free", "false"], "padding_free: false, so micro-batches run padded", "padded"),
+        (
+            ["--attn_implementation", "flash_attention_2"],
+            "padding_free: true, but the student runs padded: attention implementation 'flash_attention_2' is not "
+            "one packing was checked on (sdpa, eager)",
+            "padded",
+        ),
+    ],
+)
+def test_the_dry_run_says_whether_micro_batches_run_padded_or_packed(tmp_path, flags, state, run):
+    try:
+        from tiny_models import save_tiny_text_model
+    except ImportError:
+        from tests.tiny_models import save_tiny_text_model
+    save_tiny_text_model(tmp_path / "student")
+    script, args, model = parse_recipe_args(
+        [
+            "--config",
+            "recipes/qwen35_0.8b.yaml",
+            "--dry_run",
+            "--model_name_or_path",
+            str(tmp_path / "student"),
+            *flags,
+        ]
+    )
+    lines: list[str] = []
+    print_memory_plan(script, args, model, lines.append)
+    start = lines.index(f"\npadding ({state}), tokens through the model per micro-batch of 4 rows:")
+    padded, packed = lines[start + 1], lines[start + 2]
+    assert padded.startswith("  padded (this run): " if run == "padded" else "  padded: ")
+    assert packed.startswith("  packed (this run): " if run == "packed" else "  packed: ")

@@ -64,7 +64,7 @@ def test_generation_backend_names_where_rollouts_run():
     )
     assert generation_backend(ZPPOConfig(**common, use_vllm=False)).startswith("transformers generate")
     server = ZPPOConfig(**common, use_vllm=True, vllm_mode="server", vllm_server_host="n0", vllm_server_port=8001)
-    assert generation_backend(server).startswith("TRL vLLM server at http://n0:8001")
+    assert generation_backend(server).startswith("vLLM server at http://n0:8001")
     colocate = ZPPOConfig(**common, use_vllm=True, vllm_mode="colocate")
     assert generation_backend(colocate) == "vLLM colocated on each training rank (tensor parallel 1)"
 

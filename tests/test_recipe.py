@@ -131,7 +131,7 @@ def test_dry_run_prints_the_papers_composition(scale):
     assert PAPER_STEP in out
     assert "training ranks: 48" in out
     assert "200 rollout steps = 800 optimizer updates = 76,800 new-prompt draws" in out
-    assert "TRL vLLM server at http://127.0.0.1:8001" in out and "teacher: Qwen/Qwen3.5-27B-FP8" in out
+    assert "vLLM server at http://127.0.0.1:8001" in out and "teacher: Qwen/Qwen3.5-27B-FP8" in out
     assert "server context: student --max-model-len 21,504 (prompt 4,096 + BCQ/NCQ block <= " in out
     assert "dry run ok; nothing was trained." in out
 

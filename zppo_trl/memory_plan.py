@@ -24,13 +24,21 @@ H the hidden size, V the vocabulary, L decoder layers):
   gathered hidden states with their float32 gradient (T_c x H x 6 bytes); unfused, the completion
   positions' logits and the float32 copies the log-softmax and its backward make (T_c x V x 14 bytes).
 
+Padding (:class:`PaddingPlan`): a padded micro-batch is TRL's ``(B, L)`` grid, B rows x (its longest prompt + its
+longest completion) tokens; packed (``padding_free``, :mod:`zppo_trl.packing`), it is the sum of its rows' own tokens.
+Both are at most the worst case above, which is what activation memory must fit either way: no length distribution
+is known before a run, so the plan says what each costs in terms of the lengths, and the bounds (a packed
+micro-batch holds at least 1/B of its padded grid, so packing avoids at most 1 - 1/B of it).
+
 ``benchmarks/bench_memory.py`` checks the same arithmetic against the peak memory of real updates on a
-CPU (float32, one process; :func:`plan_memory` with ``layout="single"``).
+CPU (float32, one process; :func:`plan_memory` with ``layout="single"``), and measures padded against packed
+tokens on the micro-batches of a real run (``--part padding``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,11 +49,17 @@ __all__ = [
     "KNOWN_STUDENTS",
     "Architecture",
     "MemoryPlan",
+    "PaddingPlan",
     "UpdateShape",
+    "activation_bytes",
     "architecture",
     "known_student_config",
     "layer_activation_elements",
     "optimizer_state",
+    "packed_tokens",
+    "packing_refusal",
+    "padded_tokens",
+    "padding_plan",
     "plan_memory",
     "update_shape",
 ]
@@ -159,6 +173,7 @@ class Architecture:
     attention_width: int  # query + key + value + output-gate widths of a full-attention layer
     num_layers: int
     vocab_size: int
+    attention: str | None = None  # the attention implementation transformers picks for it by default
 
 
 def architecture(config: Any) -> Architecture:
@@ -172,7 +187,7 @@ def architecture(config: Any) -> Architecture:
         else transformers.AutoModelForCausalLM
     )
     with torch.device("meta"):
-        model = auto.from_config(config)
+        model = auto.from_config(copy.deepcopy(config))  # the build resolves the attention implementation in place
     layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
     if not layers:
         raise ValueError(f"{type(model).__name__} has no *DecoderLayer modules to plan with")
@@ -191,6 +206,7 @@ def architecture(config: Any) -> Architecture:
         attention_width=(gate * heads + 2 * kv_heads) * head_dim,
         num_layers=len(layers),
         vocab_size=model.get_output_embeddings().weight.shape[0],
+        attention=model.config.get_text_config()._attn_implementation,
     )
 
 
@@ -200,6 +216,19 @@ def layer_activation_elements(arch: Architecture) -> int:
     gate; then the attention output and the output projection: 2 x attention width + H), and the gated MLP's
     gate, up, activation and product (4 x intermediate) with its down projection (H)."""
     return 5 * arch.hidden_size + 2 * arch.attention_width + 4 * arch.intermediate_size
+
+
+def activation_bytes(
+    arch: Architecture, tokens: int, *, layout: str = "fsdp", gradient_checkpointing: bool = True
+) -> int:
+    """The activations an update keeps for ``tokens`` micro-batch tokens (bf16 under ``layout="fsdp"``, float32
+    under ``"single"``): with gradient checkpointing every layer's input plus one layer recomputed with its gradients,
+    without it every layer's recompute set and one more. Linear in ``tokens``, padded or packed alike."""
+    act = 2 if layout == "fsdp" else 4
+    per_layer = layer_activation_elements(arch) * tokens * act
+    if gradient_checkpointing:
+        return arch.num_layers * tokens * arch.hidden_size * act + 2 * per_layer
+    return (arch.num_layers + 1) * per_layer
 
 
 @dataclass(frozen=True)
@@ -237,6 +266,100 @@ def update_shape(args: Any) -> UpdateShape:
     lengths = args.context_lengths()
     tokens = lengths.plain_prompt + lengths.block + lengths.completion
     return UpdateShape(args.per_device_train_batch_size, tokens, lengths.completion)
+
+
+def padded_tokens(prompt_lengths: Sequence[int], completion_lengths: Sequence[int]) -> int:
+    """The tokens of one micro-batch run padded: TRL's ``(B, L)`` grid, each row's prompt left-padded to the longest
+    prompt of the micro-batch and its completion right-padded to the longest completion (the trainer drops the
+    columns that are padding in every row: ``zppo_trl.batches.select_rows``)."""
+    if len(prompt_lengths) != len(completion_lengths):
+        raise ValueError(f"{len(prompt_lengths)} prompt lengths, {len(completion_lengths)} completion lengths")
+    if not prompt_lengths:
+        return 0
+    return len(prompt_lengths) * (max(prompt_lengths) + max(completion_lengths))
+
+
+def packed_tokens(prompt_lengths: Sequence[int], completion_lengths: Sequence[int]) -> int:
+    """The tokens of the same micro-batch packed (``padding_free``): its rows' own tokens end to end, one row."""
+    if len(prompt_lengths) != len(completion_lengths):
+        raise ValueError(f"{len(prompt_lengths)} prompt lengths, {len(completion_lengths)} completion lengths")
+    return sum(prompt_lengths) + sum(completion_lengths)
+
+
+@dataclass(frozen=True)
+class PaddingPlan:
+    """Padded against packed tokens of one update micro-batch of ``rows`` rows, from the config alone.
+
+    A padded micro-batch costs :func:`padded_tokens`, ``rows x (longest prompt + longest completion)``; packed it
+    costs :func:`packed_tokens`, the sum of its rows' own tokens. Both reach :attr:`worst_case` (every row with
+    the longest prompt, ``plain_prompt + block``, and the longest completion, ``completion``), which is what the
+    memory plan sizes the activations for either way. The padded grid reaches its completion limit as soon as one
+    row does; the packed row only grows with the rows' lengths. The packed row is never under 1/``rows`` of the
+    padded grid (the rows with the longest prompt and the longest completion hold both lengths between them), so
+    packing avoids between 0 (rows equally long) and :attr:`most_avoided` of it. How much, between the two, depends
+    on the lengths a run samples, which no config says (``benchmarks/bench_memory.py --part padding`` measures it).
+
+    ``padding_free`` is the config's; ``refusal`` why the student runs padded anyway (:func:`packing_refusal`;
+    None: it packs).
+    """
+
+    rows: int
+    plain_prompt: int
+    block: int
+    completion: int
+    padding_free: bool
+    refusal: str | None = None
+
+    @property
+    def packs(self) -> bool:
+        """Whether the run's micro-batches go through the model packed."""
+        return self.padding_free and self.refusal is None
+
+    @property
+    def worst_case(self) -> int:
+        """The most tokens a micro-batch can hold, padded or packed (the memory plan's micro-batch)."""
+        return self.rows * (self.plain_prompt + self.block + self.completion)
+
+    @property
+    def most_avoided(self) -> float:
+        """The largest share of a padded micro-batch that packing can avoid: 1 - 1/rows."""
+        return 1 - 1 / self.rows
+
+    def tokens(self, prompt_lengths: Sequence[int], completion_lengths: Sequence[int]) -> int:
+        """The tokens this run puts through the model for a micro-batch of these rows: packed or padded."""
+        count = packed_tokens if self.packs else padded_tokens
+        return count(prompt_lengths, completion_lengths)
+
+
+def padding_plan(args: Any, refusal: str | None = None) -> PaddingPlan:
+    """The :class:`PaddingPlan` of a :class:`~zppo_trl.ZPPOConfig`, at the lengths of :func:`update_shape`;
+    ``refusal``: why its student runs padded even with ``padding_free`` (:func:`packing_refusal`)."""
+    lengths = args.context_lengths()
+    return PaddingPlan(
+        rows=args.per_device_train_batch_size,
+        plain_prompt=lengths.plain_prompt,
+        block=lengths.block,
+        completion=lengths.completion,
+        padding_free=bool(args.padding_free),
+        refusal=refusal,
+    )
+
+
+def packing_refusal(config: Any, attention: str | None) -> str | None:
+    """Why ``ZPPOTrainer`` with ``padding_free`` would run a student of ``config`` padded, or None when it packs
+    (:func:`zppo_trl.packing.model_refusal`), loaded with the attention implementation ``attention`` (the recipe's
+    ``attn_implementation``, else transformers' default: :attr:`Architecture.attention`). For a vision-language
+    student, a micro-batch with images may be refused on its own (:func:`zppo_trl.packing.multimodal_refusal`)."""
+    from .packing import model_refusal, multimodal_refusal
+
+    config = copy.deepcopy(config)
+    config._attn_implementation = attention  # transformers sets it on the text and vision configs too
+    refusal = model_refusal(config)
+    if refusal is None and getattr(config, "vision_config", None) is not None:
+        images = multimodal_refusal(config, ["pixel_values", "image_grid_thw"])
+        if images is not None:
+            refusal = f"micro-batches with images: {images}"
+    return refusal
 
 
 @dataclass(frozen=True)
@@ -281,11 +404,7 @@ def plan_memory(
     act = 2 if fsdp else 4  # activation bytes: bf16 compute, or float32
     shards = ranks if fsdp else 1
     p, h, v = arch.parameters, arch.hidden_size, arch.vocab_size
-    per_layer = layer_activation_elements(arch) * shape.tokens * act
-    if gradient_checkpointing:
-        activations = arch.num_layers * shape.tokens * h * act + 2 * per_layer
-    else:
-        activations = (arch.num_layers + 1) * per_layer
+    activations = activation_bytes(arch, shape.tokens, layout=layout, gradient_checkpointing=gradient_checkpointing)
     lines = [
         ("weights (float32 shard)" if fsdp else "weights (float32)", 4 * p // shards),
         ("gradients (float32 shard)" if fsdp else "gradients (float32)", 4 * p // shards),
@@ -326,3 +445,35 @@ def format_plan(plan: MemoryPlan, shape: UpdateShape, ranks: int, out: Callable[
     other = not plan.fused
     verdict = "fits" if plan.fits(other) else "would not fit"
     out(f"  {gib(plan.total(other))}  with the LM head {'fused' if other else 'unfused'}: {verdict}")
+
+
+def format_padding(
+    padding: PaddingPlan, activation_per_token: int | None = None, out: Callable[[str], object] = print
+) -> None:
+    """The dry run's padding lines: padded against packed tokens per micro-batch, which of the two the run uses,
+    and what the memory plan sizes for (``activation_per_token``: its activations' bytes per token, or None)."""
+    rows, completion, worst = padding.rows, padding.completion, padding.worst_case
+    prompt = f"{padding.plain_prompt:,} + {padding.block:,}" if padding.block else f"{padding.plain_prompt:,}"
+    if not padding.padding_free:
+        state = "padding_free: false, so micro-batches run padded"
+    elif padding.refusal is not None:
+        state = f"padding_free: true, but the student runs padded: {padding.refusal}"
+    else:
+        state = "padding_free: true, and the student packs"
+    padded_run, packed_run = ("", " (this run)") if padding.packs else (" (this run)", "")
+    out(f"\npadding ({state}), tokens through the model per micro-batch of {rows} rows:")
+    out(
+        f"  padded{padded_run}: {rows} x (its longest prompt + its longest completion) <= {rows} x ({prompt} + "
+        f"{completion:,}) = {worst:,}; one completion at the {completion:,}-token limit pads all {rows} rows to it"
+    )
+    out(
+        f"  packed{packed_run}: the sum of its rows' own tokens, <= {worst:,} (every row at its limit), >= 1/{rows} "
+        f"of the padded grid: it avoids 0 to {padding.most_avoided:.0%} of the padded tokens"
+    )
+    per_token = (
+        "" if activation_per_token is None else f" ({activation_per_token / 1024:,.0f} KiB of activations each)"
+    )
+    out(
+        f"  the plan above sizes {worst:,} tokens{per_token}, the worst case padded or packed; what a run avoids "
+        "depends on its lengths (`benchmarks/bench_memory.py --part padding` measures it)"
+    )

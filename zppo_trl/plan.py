@@ -37,10 +37,14 @@ from .memory_plan import (
     GPU_BYTES,
     GPU_RESERVED,
     GiB,
+    activation_bytes,
     architecture,
+    format_padding,
     format_plan,
     known_student_config,
     optimizer_state,
+    packing_refusal,
+    padding_plan,
     plan_memory,
     update_shape,
 )
@@ -67,7 +71,7 @@ def generation_backend(args: ZPPOConfig) -> str:
         return "transformers generate on each training rank (use_vllm: false)"
     if args.vllm_mode == "server":
         url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
-        return f"TRL vLLM server at {url} (start it with `trl vllm-serve`, see recipes/launch/)"
+        return f"vLLM server at {url} (start it with recipes/launch/serve_student.sh: `vllm serve` with TRL's flags)"
     return f"vLLM colocated on each training rank (tensor parallel {args.vllm_tensor_parallel_size})"
 
 
@@ -321,18 +325,19 @@ def print_memory_plan(
         return
     ranks = script_args.num_training_ranks or args.world_size
     shape = update_shape(args)
+    arch = architecture(config)
     plan = plan_memory(
-        architecture(config),
+        arch,
         shape,
         ranks,
         optimizer_state_bytes=optimizer_state(args),
         gradient_checkpointing=args.gradient_checkpointing,
         fused_head=args.fused_lm_head,
     )
-    beside, whole = _beside_student(args, architecture(config).parameters, ranks, hub)
+    beside, whole = _beside_student(args, arch.parameters, ranks, hub)
     plan = dataclasses.replace(plan, lines=plan.lines + tuple(beside))
     format_plan(plan, shape, ranks, out)
-    out(f"  (the student {name}: {architecture(config).parameters / 1e9:.2f}B parameters, from {source})")
+    out(f"  (the student {name}: {arch.parameters / 1e9:.2f}B parameters, from {source})")
     if whole:  # what ZeRO-2 or DDP (the launch scripts' default) holds whole on every rank instead of sharded
         total = plan.total() + whole
         verdict = "fits" if total <= GPU_BYTES - GPU_RESERVED else "would not fit"
@@ -340,6 +345,10 @@ def print_memory_plan(
             f"  under ZeRO-2 or DDP (the launch scripts' default) distill_teacher is whole on every rank: "
             f"+{whole / GiB:.1f} GiB, {total / GiB:.1f} GiB in all: {verdict} an 80 GB H100"
         )
+    # padded against packed tokens per micro-batch (zppo_trl.packing decides whether this student packs)
+    refusal = packing_refusal(config, model_args.attn_implementation or arch.attention)
+    per_token = activation_bytes(arch, 1, gradient_checkpointing=args.gradient_checkpointing)
+    format_padding(padding_plan(args, refusal), per_token, out)
 
 
 def _parameters_of(name: str, hub: HubStatus | None) -> tuple[int | None, str]:
