@@ -6,7 +6,8 @@ prompts per step. ZPPO talks to a real teacher server on 127.0.0.1 serving a sam
 teacher, so the teacher is no slower than the student: vLLM's CPU engine (``--teacher
 vllm``, the production server; from ``make vllm-env``) or ``transformers serve``, which
 answers one request at a time (``--teacher transformers``). The first rollout step of each
-run is a warm-up and not counted.
+run is a warm-up and not counted. The models are fine-tuned on first use (minutes; the paper
+shape's teacher up to half an hour on a busy machine) into ``--workdir`` and reused from there.
 
     python benchmarks/bench_trainer.py [--teacher vllm] [--student transformers|vllm] [--shape toy|paper]
         [--steps 6] [--workdir /tmp/zppo-bench] [--pin]
@@ -21,6 +22,18 @@ step in miniature: its fractions (augment 0.25, replay 0.25), G_S = 8, I = 4, G_
 (student and teacher, 256 tokens, every one run to its length) over five times a compressed candidate
 (48 tokens), as the paper's 12,288-token responses are to its 512-token compressions.
 
+Both shapes measure the paper's regime. The student is right on each question with probability 0.15-0.3,
+0.4-0.6 or 0.7-0.85 (:data:`STUDENT_ACCURACY`; the tests' student has questions at 0 and 1, whose groups
+never carry a signal), so a step's plain accuracy lies near 0.45 and most groups carry a signal. The
+teacher is the tests' boxed teacher, right with probability 0.8 on every question, the student's hard ones
+included, so each step has a hard question with a correct teacher response for BCQ and wrong student
+answers for NCQ. At the paper's shape both are trained for its length: each answer is padded after its box
+to 256 tokens (``completion_tokens`` of ``train_boxed_model``), so a response forced to run on keeps the
+answer its model chose (a forced continuation after EOS writes more ``\\boxed{}``, the last of which
+counts, and left the tests' models right on 0-5% of the questions). That teacher, with a padded response
+in its context, does not write the ``<summary>`` it learns at the short length: its compressions are
+untagged, so the candidates are the 48 tokens it writes, as long as the cap lets them run.
+
 With ``--pin`` the teacher server runs on the first core and the trainer (one torch thread)
 on the last, for both runs, with the student's server if there is one: the paper's layout in
 miniature, where the teacher has devices of its own. Without it, all share every core, and the
@@ -28,17 +41,26 @@ student's rollouts and updates slow down whenever the teacher works.
 
 Prints per-run mean step time (one rollout step and its optimizer updates) and where each step's
 time goes (plain round, teacher wait, compression, second round, weight sync, old-policy log-probs,
-updates, everything else), then on its last line
+updates, everything else; and, where the trainer logs it, the old-policy log-probs computed while the
+BCQ/NCQ round runs, "old log-probs hidden", which overlaps the second round and is not added to the
+step); then each run's regime: its plain accuracy per counted step, BCQ and NCQ groups per step and
+the share of its optimizer updates skipped for lack of signal; then on its last line
 ``ZPPO/GRPO† step time: <R>x, teacher wait: <W>%`` (waiting: time blocked on the teacher's samples
 and compressions, over the ZPPO step). Targets at the paper's shape: at most 1.5x, waiting under 10%
 and everything else under 3% of a ZPPO step.
+
+A run outside the regime gets no verdict: where a run's plain accuracy leaves 0.2-0.8 in a counted step,
+more than a quarter of its optimizer updates are skipped, or (ZPPO) a counted step trains no BCQ or no
+NCQ group, the last line says why instead and the script exits with status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -49,14 +71,45 @@ sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
-def _models(workdir: Path) -> tuple[Path, Path]:
-    from boxed_models import train_boxed_model
+# The student's probability of answering each toy question right, cycling hard / middling / easy as the tests'
+# student does (boxed_models.STUDENT_ACCURACY), but none near 0 or 1, where a group of 8 is nearly always all
+# wrong or all right and carries no signal: a step's plain accuracy lies near 0.45, as the paper's students' do.
+_TIERS = ([0.15, 0.25, 0.2, 0.3, 0.15, 0.25], [0.45, 0.55, 0.5, 0.4, 0.6], [0.75, 0.85, 0.8, 0.7, 0.8])
+STUDENT_ACCURACY = {f"toy-{i:02d}": _TIERS[i % 3][i // 3] for i in range(16)}
+# The boxed models' options per shape (tests/boxed_models.train_boxed_model); none: the tests' own model. The
+# teachers are right with the tests' probability (0.8) on every question.
+MODEL_OPTIONS = {
+    "toy": {"student": {"accuracy": STUDENT_ACCURACY}, "teacher": {}},
+    "paper": {
+        "student": {"accuracy": STUDENT_ACCURACY, "completion_tokens": 256},
+        "teacher": {"completion_tokens": 256},
+    },
+}
 
-    student, teacher = workdir / "student", workdir / "teacher"
-    for directory, role in ((student, "student"), (teacher, "teacher")):
-        if not (directory / "config.json").exists():
-            print(f"fine-tuning the boxed {role} into {directory} ...", flush=True)
-            train_boxed_model(directory, role=role, kind="text")
+
+def _models(workdir: Path, shape: str) -> tuple[Path, Path]:
+    """The shape's student and teacher: a role without options is the tests' model, from their cache
+    (``.cache/boxed-models``); one with options is fine-tuned into ``workdir`` unless there already (the student
+    from the shape's teacher), in a directory named by the recipe's hash and the options, so a change to either
+    trains anew."""
+    from boxed_models import boxed_model, recipe_key, train_boxed_model
+
+    options = MODEL_OPTIONS[shape]
+    key = hashlib.sha256(json.dumps([recipe_key(), options], sort_keys=True).encode()).hexdigest()[:12]
+    teacher, student = workdir / f"{shape}-teacher-{key}", workdir / f"{shape}-student-{key}"
+    if not options["teacher"]:
+        teacher = boxed_model("teacher", "text")
+    for directory, role in ((teacher, "teacher"), (student, "student")):
+        if directory.is_dir():
+            continue
+        print(f"fine-tuning the boxed {role} into {directory} ...", flush=True)
+        scratch = directory.with_name(directory.name + ".partial")  # renamed once whole
+        shutil.rmtree(scratch, ignore_errors=True)  # left by a run killed mid-fit
+        start = time.perf_counter()
+        teacher_dir = teacher if role == "student" else None
+        train_boxed_model(scratch, role=role, kind="text", teacher_dir=teacher_dir, **options[role])
+        scratch.rename(directory)
+        print(f"fine-tuned the boxed {role} in {time.perf_counter() - start:.0f} s", flush=True)
     return student, teacher
 
 
@@ -154,8 +207,12 @@ def _run(variant: str, student: Path, server, steps: int, workdir: Path, shape: 
     def mean(name: str) -> float:
         return statistics.mean(h.get(f"zppo/{name}", 0.0) for h in logs)
 
+    def per_step(name: str) -> list[float] | None:  # None: a metric this run does not log (GRPO† has no BCQ)
+        return [h[f"zppo/{name}"] for h in logs] if all(f"zppo/{name}" in h for h in logs) else None
+
     result = {
         "variant": args.variant,
+        "augmenting": bool(args.augmentations),
         "step_s": statistics.mean(full_steps),
         "rollout_step_s": mean("time/rollout_step_s"),
         "teacher_wait_s": statistics.mean(waits),
@@ -166,8 +223,14 @@ def _run(variant: str, student: Path, server, steps: int, workdir: Path, shape: 
         "plain_generation_s": mean("time/plain_generation_s"),
         "reformulated_generation_s": mean("time/reformulated_generation_s"),
         "old_logps_s": mean("time/old_logps_s"),
-        "bcq_per_step": mean("bcq"),
-        "ncq_per_step": mean("ncq"),
+        # the plain rollouts' old log-probs computed during the BCQ/NCQ round: inside it, not added to the step
+        "old_logps_hidden_s": mean("time/old_logps_hidden_s") if per_step("time/old_logps_hidden_s") else None,
+        # the regime: per counted step, and the updates skipped for want of a group with signal
+        "plain_accuracy": per_step("plain_accuracy"),
+        "bcq_groups": per_step("bcq_trained"),
+        "ncq_groups": per_step("ncq_trained"),
+        "updates": args.num_partitions * len(logs),
+        "updates_skipped": int(sum(per_step("skipped_partitions") or [0])),
         "wall_s": wall,
     }
     # where the step went: the sync runs inside the plain round, the updates after the rollout step
@@ -189,15 +252,62 @@ BREAKDOWN = (
     ("updates", "updates_s"),
     ("everything else", "else_s"),
 )
+# Stages that run beside others (inside the second round): shown, not part of the step's sum.
+OVERLAPPED = (("old log-probs hidden", "old_logps_hidden_s"),)
+
+# The paper's regime (see the module's docstring): plain accuracy per counted step, and the most updates skipped.
+ACCURACY_RANGE = (0.2, 0.8)
+MAX_SKIPPED = 0.25
 
 
 def _breakdown(r: dict) -> str:
     """One run's step, stage by stage, each with its share of the step."""
     parts = ", ".join(f"{label} {r[name]:.2f} s ({100 * r[name] / r['step_s']:.1f}%)" for label, name in BREAKDOWN)
-    return (
-        f"{r['variant']}: step {r['step_s']:.2f} s = {parts}; BCQ {r['bcq_per_step']:.1f} / NCQ "
-        f"{r['ncq_per_step']:.1f} per step, run {r['wall_s']:.0f} s"
+    hidden = "".join(
+        f"; {label} {r[name]:.2f} s ({100 * r[name] / r['step_s']:.1f}%, overlapped, not added)"
+        for label, name in OVERLAPPED
+        if r[name] is not None
     )
+    return f"{r['variant']}: step {r['step_s']:.2f} s = {parts}{hidden}; run {r['wall_s']:.0f} s"
+
+
+def _counts(values: list[float]) -> str:
+    return " ".join(str(int(v)) for v in values)
+
+
+def _regime(r: dict) -> str:
+    """One run's regime: plain accuracy per counted step, BCQ/NCQ groups per step, the updates skipped."""
+    accuracy = r["plain_accuracy"]
+    parts = [
+        f"plain accuracy per step {' '.join(f'{a:.2f}' for a in accuracy)} (min {min(accuracy):.2f}, mean "
+        f"{statistics.mean(accuracy):.2f}, max {max(accuracy):.2f})"
+    ]
+    if r["bcq_groups"] is not None:
+        parts.append(f"BCQ groups per step {_counts(r['bcq_groups'])}, NCQ {_counts(r['ncq_groups'])}")
+    share = r["updates_skipped"] / r["updates"]
+    parts.append(f"{r['updates_skipped']} of {r['updates']} updates skipped ({100 * share:.0f}%)")
+    return f"regime, {r['variant']}: " + "; ".join(parts)
+
+
+def _out_of_regime(r: dict) -> list[str]:
+    """Why one run does not measure the paper's regime (empty: it does)."""
+    low, high = ACCURACY_RANGE
+    problems = []
+    outside = [f"{a:.2f} in step {i}" for i, a in enumerate(r["plain_accuracy"], 1) if not low <= a <= high]
+    if outside:
+        problems.append(f"plain accuracy outside {low}-{high} ({', '.join(outside)})")
+    if r["updates_skipped"] > MAX_SKIPPED * r["updates"]:
+        problems.append(f"{r['updates_skipped']} of {r['updates']} updates skipped (more than a quarter)")
+    for kind in ("bcq", "ncq"):
+        groups = r[f"{kind}_groups"]
+        if not r["augmenting"]:
+            continue
+        if groups is None:
+            problems.append(f"no {kind.upper()} groups logged (zppo/{kind}_trained)")
+        elif not all(groups):
+            empty = ", ".join(str(i) for i, n in enumerate(groups, 1) if not n)
+            problems.append(f"no {kind.upper()} group in counted step {empty}")
+    return [f"{r['variant']}: {problem}" for problem in problems]
 
 
 def main() -> None:
@@ -218,7 +328,7 @@ def main() -> None:
 
     if "vllm" in (options.teacher, options.student) and vllm_unavailable():
         parser.error(f"{vllm_unavailable()}; run `make vllm-env` or pass --teacher/--student transformers")
-    student, teacher = _models(options.workdir)
+    student, teacher = _models(options.workdir, options.shape)
     server = SERVERS[options.teacher](teacher, log_dir=options.workdir).start()
     student_server = None
     if options.student == "vllm":  # 2,048 tokens: the context ZPPOConfig asks for at these lengths (1,769)
@@ -241,6 +351,12 @@ def main() -> None:
     for r in results:
         print(_breakdown(r))
     print(f"shape: {options.shape}; teacher: {server.name}; student rollouts: {options.student}; {layout}")
+    for r in results:
+        print(_regime(r))
+    problems = [problem for r in results for problem in _out_of_regime(r)]
+    if problems:
+        print("no verdict, the runs are not in the paper's regime: " + "; ".join(problems))
+        sys.exit(1)
     print(
         f"ZPPO/GRPO\u2020 step time: {zppo['step_s'] / grpo['step_s']:.2f}x, "
         f"teacher wait: {100 * zppo['teacher_wait_fraction']:.1f}%"

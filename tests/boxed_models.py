@@ -13,6 +13,13 @@ student's; a teacher is right with probability :data:`TEACHER_ACCURACY` on every
 Training minimises the cross-entropy against that mixture (each completion weighted by its
 probability), so sampling at temperature 1 reproduces it, give or take a sample in 8.
 
+Two opt-in options of :func:`train_boxed_model` (the benchmarks' models; the tests use neither) change
+what is learnt: ``accuracy`` replaces the role's probabilities of a right answer, and ``completion_tokens``
+pads every answer after its box with :data:`FILLER` to that many tokens (:func:`padded_completion`), so a
+response forced to run to that length (vLLM's ``min_tokens``, ``generate``'s ``min_new_tokens``) still
+ends with the answer the model chose: a forced continuation after EOS is out of distribution and writes
+more ``\\boxed{}`` (the last one counts), which leaves these models right on almost nothing.
+
 Gotcha: the tokenizer is saved first and training tokenizes with the copy reloaded from
 disk, because that is what the trainer and ``transformers serve`` will use: the VLM's
 tokenizer reloads as ``Qwen3_5Tokenizer``, which splits digits differently from the
@@ -28,6 +35,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,6 +61,7 @@ __all__ = [
     "cached_model_dir",
     "completion",
     "distractors",
+    "padded_completion",
     "recipe_key",
     "toy_conversation",
     "toy_image",
@@ -111,11 +120,35 @@ def completion(answer: str) -> str:
     return f"{THINK}\\boxed{{{answer}}}{EOS}"
 
 
-def _targets(row: dict, role: str) -> list[tuple[str, float]]:
-    """``(completion, probability)`` pairs for one question (zero-probability ones left out)."""
-    p = STUDENT_ACCURACY[row["id"]] if role == "student" else TEACHER_ACCURACY
+# What a padded completion repeats after its box: two tokens that never start a box.
+FILLER = " ."
+
+
+def padded_completion(answer: str, tokens: int, tokenizer) -> str:
+    """A target completion that runs to ``tokens`` tokens (of ``tokenizer``): the short think, the boxed answer,
+    then :data:`FILLER` until the length is reached, and no EOS (a model trained on it writes until it is
+    stopped, so a response runs to its length whether or not the engine forces it)."""
+    text = f"{THINK}\\boxed{{{answer}}}"
+    count = lambda s: len(tokenizer(s, add_special_tokens=False)["input_ids"])  # noqa: E731
+    return text + FILLER * max(0, math.ceil((tokens - count(text)) / count(FILLER)))
+
+
+def _accuracy(row: dict, role: str, accuracy: float | Mapping[str, float] | None) -> float:
+    """The probability that ``role`` answers ``row`` right: ``accuracy`` (one number, or one per question id)
+    when given, else :data:`STUDENT_ACCURACY` or :data:`TEACHER_ACCURACY`."""
+    if accuracy is None:
+        return STUDENT_ACCURACY[row["id"]] if role == "student" else TEACHER_ACCURACY
+    return float(accuracy) if isinstance(accuracy, (int, float)) else accuracy[row["id"]]
+
+
+def _targets(
+    row: dict, role: str, accuracy: float | Mapping[str, float] | None = None, write=completion
+) -> list[tuple[str, float]]:
+    """``(completion, probability)`` pairs for one question (zero-probability ones left out); ``write`` renders
+    an answer as a completion."""
+    p = _accuracy(row, role, accuracy)
     wrong = distractors(row)
-    pairs = [(completion(row["answer"]), p)] + [(completion(w), (1 - p) / len(wrong)) for w in wrong]
+    pairs = [(write(row["answer"]), p)] + [(write(w), (1 - p) / len(wrong)) for w in wrong]
     return [(text, weight) for text, weight in pairs if weight > 0]
 
 
@@ -156,6 +189,8 @@ def train_boxed_model(
     seed: int = 0,
     seconds_budget: float | None = None,
     teacher_dir: str | Path | None = None,
+    accuracy: float | Mapping[str, float] | None = None,
+    completion_tokens: int | None = None,
 ) -> Path:
     """Fine-tune a tiny model to answer the toy questions as ``role`` would; save it to ``directory``.
 
@@ -169,6 +204,14 @@ def train_boxed_model(
     only on ``role``, ``kind`` and ``seed``. ``directory`` ends up loadable by
     ``from_pretrained`` (with the tokenizer, or for a VLM the processor) and by
     ``transformers serve``.
+
+    Opt-in (the tests use neither): ``accuracy`` is the probability of a right answer, one number or one per
+    question id, in place of :data:`STUDENT_ACCURACY` / :data:`TEACHER_ACCURACY`; ``completion_tokens`` trains
+    every answer as :func:`padded_completion` of that many tokens, and a teacher then learns the answers and
+    the compression prompt only (no hint or revision requests, whose prompts would carry several such
+    answers). A student fine-tuned from ``teacher_dir`` should be given the same ``completion_tokens``; one
+    fine-tuned from the in-memory teacher gets a teacher trained with these same options (kept apart from
+    the default one).
     """
     if role not in ("student", "teacher"):
         raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
@@ -177,18 +220,24 @@ def train_boxed_model(
     directory = Path(directory)
     model = tiny_text_model(seed) if kind == "text" else tiny_vlm(seed)
     processing = _save_and_reload_processing(directory, model.config)
+    # The in-memory teacher of the default recipe is kept under (kind, seed); one trained with options, with them.
+    teacher_accuracy = accuracy if role == "teacher" else None
+    teacher_key: tuple = (kind, seed)
+    if teacher_accuracy is not None or completion_tokens is not None:
+        frozen = tuple(sorted(teacher_accuracy.items())) if isinstance(teacher_accuracy, Mapping) else teacher_accuracy
+        teacher_key += (frozen, completion_tokens)
     with _single_threaded():
         if role == "student" and teacher_dir is not None:
             model = type(model).from_pretrained(teacher_dir)
-        elif (kind, seed) in _TEACHER_WEIGHTS:
-            model.load_state_dict(_TEACHER_WEIGHTS[kind, seed])
+        elif teacher_key in _TEACHER_WEIGHTS:
+            model.load_state_dict(_TEACHER_WEIGHTS[teacher_key])
         else:
-            _fit(model, processing, kind, "teacher", seed, seconds_budget, warmup_steps=20)
-            _TEACHER_WEIGHTS[kind, seed] = {
+            _fit(model, processing, kind, "teacher", seed, seconds_budget, 20, teacher_accuracy, completion_tokens)
+            _TEACHER_WEIGHTS[teacher_key] = {
                 name: tensor.detach().clone() for name, tensor in model.state_dict().items()
             }
         if role == "student":
-            _fit(model, processing, kind, "student", seed, seconds_budget, warmup_steps=5)
+            _fit(model, processing, kind, "student", seed, seconds_budget, 5, accuracy, completion_tokens)
     model.save_pretrained(directory)
     return directory
 
@@ -339,7 +388,17 @@ def _single_threaded():
         torch.set_num_threads(threads)
 
 
-def _fit(model, processing, kind: str, role: str, seed: int, seconds_budget: float | None, warmup_steps: int) -> None:
+def _fit(
+    model,
+    processing,
+    kind: str,
+    role: str,
+    seed: int,
+    seconds_budget: float | None,
+    warmup_steps: int,
+    accuracy: float | Mapping[str, float] | None = None,
+    completion_tokens: int | None = None,
+) -> None:
     """Full-batch AdamW on ``role``'s examples until the loss is within :data:`TOLERANCE` of its floor.
 
     Linear warm-up, then a cosine decay to a tenth (:data:`DECAY_STEPS`), gradient norm clipped
@@ -348,14 +407,14 @@ def _fit(model, processing, kind: str, role: str, seed: int, seconds_budget: flo
     teacher's revision requests (three fifths of its tokens, in prompts four times as long)
     join once the rest is fitted: the answers it writes there are the ones it has learnt by
     then, and full-batch steps over everything from the start cost about twice the time.
-    Leaves ``model`` in eval mode.
+    Leaves ``model`` in eval mode. ``accuracy`` and ``completion_tokens``: see :func:`train_boxed_model`.
     """
     import torch
 
     rows = toy_rows(kind)
-    batches, revisions = _training_batches(processing, rows, role, kind)
+    batches, revisions = _training_batches(processing, rows, role, kind, accuracy, completion_tokens)
     stages = [batches, batches + revisions] if revisions else [batches]
-    floor = -sum(w * math.log(w) for row in rows for _, w in _targets(row, role)) / len(rows)
+    floor = -sum(w * math.log(w) for row in rows for _, w in _targets(row, role, accuracy)) / len(rows)
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.99), weight_decay=0.0)
 
@@ -409,7 +468,12 @@ HINT_REPLY = f"<think> </think> Work out the arithmetic one operation at a time.
 
 
 def _training_batches(
-    processing, rows: list[dict], role: str, kind: str
+    processing,
+    rows: list[dict],
+    role: str,
+    kind: str,
+    accuracy: float | Mapping[str, float] | None = None,
+    completion_tokens: int | None = None,
 ) -> tuple[list[tuple[dict, torch.Tensor]], list[tuple[dict, torch.Tensor]]]:
     """The (batch, weights) pairs to fit: the answers, and for a teacher also the compressions; then, apart, the
     text teacher's revision requests (empty for the others), one batch per kind of request so that each is padded
@@ -427,14 +491,20 @@ def _training_batches(
     sentence, learnt from a few responses in two forms: a completion decoded as the trainer and
     the test servers (raw replies, as vLLM without a reasoning parser) read it back, and a bare
     boxed answer. The compression prompts are text only, in a batch of their own.
+
+    With ``completion_tokens`` every answer is a :func:`padded_completion` (the compressed responses too) and a
+    teacher learns no hint or revision request.
     """
+    tokenizer = getattr(processing, "tokenizer", processing)
+    write = completion if completion_tokens is None else lambda a: padded_completion(a, completion_tokens, tokenizer)
     pairs = []
     for row in rows:
         prompt = processing.apply_chat_template(toy_conversation(row), tokenize=False, add_generation_prompt=True)
-        pairs += [(prompt + target, row["images"], target, weight) for target, weight in _targets(row, role)]
+        pairs += [
+            (prompt + target, row["images"], target, weight) for target, weight in _targets(row, role, accuracy, write)
+        ]
     batches = [_training_batch(processing, pairs, with_images=kind == "vlm")]
     if role == "teacher":
-        tokenizer = getattr(processing, "tokenizer", processing)
 
         def decode(text: str) -> str:  # a completion as the trainer reads it back
             return tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"], skip_special_tokens=True)
@@ -442,8 +512,9 @@ def _training_batches(
         responses = []
         for row in rows[:4]:
             for answer in (row["answer"], distractors(row)[0]):
-                responses += [decode(completion(answer)), f"\\boxed{{{answer}}}"]
-        requests = [(render_compression, COMPRESSION_REPLY)] + ([(render_hint, HINT_REPLY)] if kind == "text" else [])
+                responses += [decode(write(answer)), f"\\boxed{{{answer}}}"]
+        revising = kind == "text" and completion_tokens is None
+        requests = [(render_compression, COMPRESSION_REPLY)] + ([(render_hint, HINT_REPLY)] if revising else [])
         for render, reply in requests:
             rewrites = []
             for response in responses:
@@ -451,7 +522,7 @@ def _training_batches(
                 prompt = processing.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
                 rewrites.append((prompt + reply, [], reply, len(rows) / len(responses) / 4))
             batches.append(_training_batch(processing, rewrites, with_images=False))
-        if kind == "vlm":
+        if not revising:
             return batches, []
         fixes = [[], [], []]  # correction, reflection with 3 wrong rollouts, with 4
         for row in rows:
