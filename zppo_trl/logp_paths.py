@@ -39,6 +39,14 @@ _MULTIMODAL_FIELDS = (
 )
 
 
+def _scoring_inputs(inputs) -> tuple:
+    """A batch's ``(input_ids, attention_mask, logits_to_keep, multimodal)``, as TRL's log-prob hook takes them."""
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    multimodal = {key: inputs.get(key) for key in _MULTIMODAL_FIELDS}
+    return input_ids, attention_mask, inputs["completion_ids"].size(1), multimodal
+
+
 class LogProbPaths:
     """A mixin of :class:`zppo_trl.ZPPOTrainer` (see the module's docstring)."""
 
@@ -189,19 +197,17 @@ class LogProbPaths:
             logger.warning("padding_free: %s micro-batches run padded: %s", model_type, reason)
 
     def _completion_logps(self, model, inputs, for_loss: bool = True):
-        """Per-token log-probs of the completions, as TRL computes them; ``for_loss`` adds what only the loss
-        reads: the entropies and the router's aux loss (else None)."""
-        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        return self._token_logps(
+        """Per-token log-probs of the completions, as TRL computes them (through its hook); ``for_loss`` adds what
+        only the loss reads: the entropies and the router's aux loss (else None)."""
+        input_ids, attention_mask, keep, multimodal = _scoring_inputs(inputs)
+        return self._get_per_token_logps_and_entropies(
             model,
             input_ids,
             attention_mask,
-            inputs["completion_ids"].size(1),
-            None,
-            for_loss,
-            for_loss and self.aux_loss_enabled,
-            {key: inputs.get(key) for key in _MULTIMODAL_FIELDS},
+            keep,
+            compute_entropy=for_loss,
+            compute_aux_loss=for_loss and self.aux_loss_enabled,
+            **multimodal,
         )
 
     def _distill_inputs(self, model, inputs) -> DistillInputs:
@@ -305,8 +311,10 @@ class LogProbPaths:
         alone (no padding, no other row): the same numbers whenever and wherever it is computed."""
         out = {}
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            for key, row in rows:
-                out[key] = self._completion_logps(self.model, row, for_loss=False)[0][0]
+            for key, row in rows:  # the hook's computation without its round checks (a second thread may run it)
+                input_ids, attention_mask, keep, multimodal = _scoring_inputs(row)
+                logps = self._token_logps(self.model, input_ids, attention_mask, keep, None, False, False, multimodal)
+                out[key] = logps[0][0]
         return out
 
     def _attach_old_logps(self, micro_batches: list[dict], metrics: dict, plain: Future | None = None) -> None:
