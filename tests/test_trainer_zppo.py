@@ -269,8 +269,7 @@ def test_prefetching_teacher_samples_and_overlapping_old_logps_change_no_weight(
     assert [log["teacher_prefetched"] for log in serial_logs] == [0, 0]
     assert all(log["time/old_logps_hidden_s"] > 0 for log in overlapped_logs)
     assert not any("time/old_logps_hidden_s" in log for log in serial_logs)
-    # every plain rollout was scored on the second thread, the second round's after it
-    assert all(log["old_logps_rows"] >= 16 for log in overlapped_logs)
+    assert [log["old_logps_rows"] for log in overlapped_logs] == [log["old_logps_rows"] for log in serial_logs]
     assert [log["teacher_prefetched"] for log in overlapped_logs] == [0, 8]
     assert overlapped_logs[1]["replayed"] > 0  # asked for on their own when the second step started
     assert overlapped_replies == serial_replies and len(serial_replies) > 8

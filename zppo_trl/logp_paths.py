@@ -332,11 +332,10 @@ class LogProbPaths:
             [] if is_skipped(m) else [None] * num_rows(m) if r is None else r.tolist()
             for m, r in zip(micro_batches, rows_of, strict=True)
         ]
-        t0, computed = time.perf_counter(), 0
+        t0 = time.perf_counter()
         known: dict[int, torch.Tensor] = {}
         if plain is not None:
             known, metrics["time/old_logps_hidden_s"] = plain.result()
-            computed += len(known)
         if not self.defers_old_logps or not self.objective_loss.reads_old_logps:
             return
         ga = self.args.gradient_accumulation_steps  # a partition's micro-batches, all skipped or none
@@ -357,7 +356,6 @@ class LogProbPaths:
             filler = missing[-1] if missing else (None, rows_alone(reading[0][0])[0])
             missing += [filler] * (int(self.ranks.largest(len(missing))) - len(missing))
         fresh = self._rollout_logps(missing)
-        computed += len(missing)
         for micro, _ in reading:
             micro["old_per_token_logps"] = torch.zeros_like(micro["completion_mask"], dtype=torch.float32)
         for m, (micro, rows) in enumerate(reading):
@@ -369,4 +367,7 @@ class LogProbPaths:
                 if logps is None:
                     logps = fresh[(m, j)]
                 micro["old_per_token_logps"][j, : logps.size(0)] = logps
-        metrics["time/old_logps_s"], metrics["old_logps_rows"] = time.perf_counter() - t0, computed
+        # the rows of the micro-batches that read them: the same on every rank (each rank's passes differ with its
+        # rows' lengths, the second thread's with how many plain rows the first partition took)
+        rows_read = sum(num_rows(micro) for micro, _ in reading)
+        metrics["time/old_logps_s"], metrics["old_logps_rows"] = time.perf_counter() - t0, rows_read
