@@ -265,8 +265,8 @@ class PackedBatch:
         scored: ``(B, logits_to_keep)`` bool, the completion cells that hold a real token.
         sources: for each True cell of ``scored`` in row-major order, the index of the output that
             predicts it among the ``T - 1`` shifted per-position outputs of the fused LM head.
-        cu_seq_lens: ``(S + 1,)`` int32, where each of the ``S`` packed sequences (the rows with a token)
-            starts, and ``T``: transformers' ``cu_seq_lens_q``.
+        cu_seq_lens: ``(S + 1,)`` int32 on the CPU, where each of the ``S`` packed sequences (the rows with a
+            token) starts, and ``T``: transformers' ``cu_seq_lens_q``.
         real: ``(B, L)`` bool, the padded grid's real tokens (what was packed, row-major).
     """
 
@@ -340,7 +340,8 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: 
         scored=scored_grid[:, real.size(1) - logits_to_keep :],
         # the fused head's output p predicts token p + 1
         sources=scored.nonzero().squeeze(1) - 1,
-        cu_seq_lens=torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32),
+        # on the CPU: the segmented layers read the bounds as numbers, once per layer, with no device sync
+        cu_seq_lens=torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32).cpu(),
         real=real,
     )
 

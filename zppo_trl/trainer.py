@@ -210,10 +210,9 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
             self.reward_func_names, "lists of chat messages" if self.dataset_format.messages_for_rewards else "strings"
         )
         self._padding_free_warned: set[str] = set()  # the reasons padding_free fell back for, warned once each
-        self._old_logps_thread = (
-            None  # where the plain rollouts' old log-probs run during steps 4-5 (overlap_old_logps)
-        )
-        if args.padding_free:  # a hybrid student's linear attention, run per packed sequence (zppo_trl.packing)
+        # where the plain rollouts' old log-probs run during steps 4-5 (overlap_old_logps)
+        self._old_logps_thread = None
+        if args.padding_free:  # the layers that would see across packed sequences, run per sequence (zppo_trl.packing)
             segment_packed_sequences(self.accelerator.unwrap_model(self.model))
         self._set_up_console()
 
