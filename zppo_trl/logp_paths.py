@@ -345,28 +345,25 @@ class LogProbPaths:
             for micro, rows in zip(micro_batches[first_trained + ga :], rows_of[first_trained + ga :])
             if not is_skipped(micro)
         ]
-        missing = []
-        for m, (micro, rows) in enumerate(reading):
-            has_tokens = micro["completion_mask"].sum(dim=1) > 0  # zero-weight padding rows have none
-            for j, row in enumerate(rows_alone(micro)):
-                if has_tokens[j] and rows[j] not in known:
-                    missing.append(((m, j), row))
+        # (micro-batch, row, its logps if the second thread scored it, the row alone) for every row with tokens
+        # (zero-weight padding rows have none)
+        wanted = []
+        for micro, rows in reading:
+            has_tokens = (micro["completion_mask"].sum(dim=1) > 0).tolist()
+            for j, (key, alone) in enumerate(zip(rows, rows_alone(micro), strict=True)):
+                if has_tokens[j]:
+                    wanted.append((micro, j, known.get(key), alone))
+        missing = [(i, alone) for i, (_, _, logps, alone) in enumerate(wanted) if logps is None]
         if self._parameters_sharded and reading:
             # ZeRO-3 and FSDP gather parameters in every forward pass: every rank runs as many as the rank with most
             filler = missing[-1] if missing else (None, rows_alone(reading[0][0])[0])
             missing += [filler] * (int(self.ranks.largest(len(missing))) - len(missing))
         fresh = self._rollout_logps(missing)
-        for micro, _ in reading:
+        for micro, _ in reading:  # set after rows_alone, which would carry the field into the rows it scores
             micro["old_per_token_logps"] = torch.zeros_like(micro["completion_mask"], dtype=torch.float32)
-        for m, (micro, rows) in enumerate(reading):
-            has_tokens = micro["completion_mask"].sum(dim=1) > 0
-            for j in range(len(rows)):
-                if not has_tokens[j]:
-                    continue
-                logps = known.get(rows[j])
-                if logps is None:
-                    logps = fresh[(m, j)]
-                micro["old_per_token_logps"][j, : logps.size(0)] = logps
+        for i, (micro, j, logps, _) in enumerate(wanted):
+            logps = fresh[i] if logps is None else logps
+            micro["old_per_token_logps"][j, : logps.size(0)] = logps
         # the rows of the micro-batches that read them: the same on every rank (each rank's passes differ with its
         # rows' lengths, the second thread's with how many plain rows the first partition took)
         rows_read = sum(num_rows(micro) for micro, _ in reading)
