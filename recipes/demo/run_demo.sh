@@ -6,7 +6,8 @@
 # stopped however the run ends. `make demo` creates both environments and calls this; run it
 # directly with PYTHON=path/to/python (the trainer's) and VLLM_PYTHON=path/to/python (vLLM's,
 # from `make vllm-env`). TEACHER=transformers serves the teacher with `transformers serve`
-# instead; STUDENT=transformers generates the rollouts in the trainer instead.
+# instead; STUDENT=transformers generates the rollouts in the trainer instead. PRECISION=bf16|fp32 sets
+# the trainer's precision (default: bf16 where the CPU has AMX, float32 elsewhere).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=../launch/common.sh
@@ -18,6 +19,11 @@ PORT=${PORT:-8765}
 STUDENT_PORT=${STUDENT_PORT:-8766}
 TEACHER=${TEACHER:-vllm}
 STUDENT=${STUDENT:-vllm}
+# The trainer's precision. The paper trains in bf16; on a CPU that is autocast, which casts every weight at every
+# matmul and pays only where the CPU has bf16 matrix units (AMX): one forward and backward pass of the demo's model
+# took 0.51x float32's time on a CPU with AMX and 1.68x on one without (benchmarks/bench_cpu_precision.py).
+# auto: bf16 where /proc/cpuinfo lists amx_bf16, float32 elsewhere; bf16 or fp32 to choose.
+PRECISION=${PRECISION:-auto}
 VLLM_PYTHON=${VLLM_PYTHON:-.venv-vllm/bin/python}
 RUNS=${RUNS:-outputs/demo}
 # Every demo is a fresh run in a folder of its own; earlier runs are kept (about 2 GB each,
@@ -32,6 +38,11 @@ case $TEACHER in
     vllm) [[ -x "$VLLM_PYTHON" ]] || die "no vLLM at $VLLM_PYTHON: run \`make vllm-env\` (or TEACHER=transformers)" 2 ;;
     transformers) ;;
     *) die "TEACHER must be vllm or transformers, got '$TEACHER'" 2 ;;
+esac
+case $PRECISION in
+    auto) if grep -qw amx_bf16 /proc/cpuinfo 2>/dev/null; then PRECISION=bf16; else PRECISION=fp32; fi ;;
+    bf16|fp32) ;;
+    *) die "PRECISION must be auto, bf16 or fp32, got '$PRECISION'" 2 ;;
 esac
 case $STUDENT in
     vllm) [[ -x "$VLLM_PYTHON" ]] || die "no vLLM at $VLLM_PYTHON: run \`make vllm-env\` (or STUDENT=transformers)" 2 ;;
@@ -98,11 +109,12 @@ fi
 for job in "${starting[@]+"${starting[@]}"}"; do wait "$job"; done  # a server that fails to start ends the demo
 trap 'exit 130' INT TERM
 
+echo "trainer: $([[ $PRECISION == bf16 ]] && echo "bf16 autocast" || echo float32) (PRECISION=auto|bf16|fp32)"
 # accelerate gives a CPU process one thread unless told (OMP_NUM_THREADS=1): the trainer takes every
 # core, since the servers idle while it updates.
 "$BIN/accelerate" launch --num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no \
     --num_cpu_threads_per_process "$(nproc)" \
-    recipes/zppo.py --config recipes/demo.yaml \
+    recipes/zppo.py --config recipes/demo.yaml --bf16 "$([[ $PRECISION == bf16 ]] && echo true || echo false)" \
     --teacher_base_url "http://127.0.0.1:$PORT/v1" --teacher_model "$MODEL_DIR" \
     --model_name_or_path "$MODEL_DIR" --output_dir "$OUT" "${student[@]+"${student[@]}"}"
 
