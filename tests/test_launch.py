@@ -370,7 +370,12 @@ def test_the_demo_never_writes_over_a_run(tmp_path):
 def test_the_demo_refuses_an_unknown_precision(tmp_path):
     refused = _run(
         REPO / "recipes" / "demo" / "run_demo.sh",
-        env={"OUT": str(tmp_path / "run"), "PYTHON": "/nonexistent/python", "TEACHER": "transformers", "PRECISION": "fp16"},
+        env={
+            "OUT": str(tmp_path / "run"),
+            "PYTHON": "/nonexistent/python",
+            "TEACHER": "transformers",
+            "PRECISION": "fp16",
+        },
     )
     assert refused.returncode == 2 and "PRECISION must be auto, bf16 or fp32, got 'fp16'" in refused.stderr
     assert not (tmp_path / "run").exists()
