@@ -44,6 +44,8 @@ case $PRECISION in
     bf16|fp32) ;;
     *) die "PRECISION must be auto, bf16 or fp32, got '$PRECISION'" 2 ;;
 esac
+bf16=false
+if [[ $PRECISION == bf16 ]]; then bf16=true; fi
 case $STUDENT in
     vllm) [[ -x "$VLLM_PYTHON" ]] || die "no vLLM at $VLLM_PYTHON: run \`make vllm-env\` (or STUDENT=transformers)" 2 ;;
     transformers) ;;
@@ -109,12 +111,12 @@ fi
 for job in "${starting[@]+"${starting[@]}"}"; do wait "$job"; done  # a server that fails to start ends the demo
 trap 'exit 130' INT TERM
 
-echo "trainer: $([[ $PRECISION == bf16 ]] && echo "bf16 autocast" || echo float32) (PRECISION=auto|bf16|fp32)"
+echo "trainer precision: $PRECISION (bf16 is autocast on a CPU; PRECISION=auto|bf16|fp32 chooses)"
 # accelerate gives a CPU process one thread unless told (OMP_NUM_THREADS=1): the trainer takes every
 # core, since the servers idle while it updates.
 "$BIN/accelerate" launch --num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no \
     --num_cpu_threads_per_process "$(nproc)" \
-    recipes/zppo.py --config recipes/demo.yaml --bf16 "$([[ $PRECISION == bf16 ]] && echo true || echo false)" \
+    recipes/zppo.py --config recipes/demo.yaml --bf16 "$bf16" \
     --teacher_base_url "http://127.0.0.1:$PORT/v1" --teacher_model "$MODEL_DIR" \
     --model_name_or_path "$MODEL_DIR" --output_dir "$OUT" "${student[@]+"${student[@]}"}"
 
