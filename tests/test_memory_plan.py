@@ -229,21 +229,21 @@ def test_a_packed_micro_batch_holds_between_one_row_share_and_all_of_its_grid():
     assert 1 - packed / padded == pytest.approx(0.75, abs=1e-4) and PaddingPlan(4, 1, 0, 1, True).most_avoided == 0.75
 
 
-def test_the_padding_plan_of_the_papers_recipe_and_which_tokens_the_run_pays():
+def test_the_padding_plan_of_the_papers_recipe_and_whether_the_run_packs():
     _, args, _ = parse_recipe_args(["--config", "recipes/qwen35_0.8b.yaml", "--dry_run"])
     plan = padding_plan(args)
     assert (plan.rows, plan.plain_prompt, plan.block, plan.completion) == (4, 4096, 5017, 12288)
     assert plan.worst_case == update_shape(args).tokens == 85_604  # the memory plan's micro-batch, padded or packed
     assert plan.padding_free and plan.packs
     prompts, completions = [300, 300, 9000, 9000], [12288, 2000, 500, 4000]
-    assert plan.tokens(prompts, completions) == packed_tokens(prompts, completions) == 37_388
+    assert packed_tokens(prompts, completions) == 37_388 < padded_tokens(prompts, completions) == 85_152
     padded = padding_plan(
         args, refusal="attention implementation 'flash_attention_2' is not one packing was checked on"
     )
-    assert not padded.packs and padded.tokens(prompts, completions) == 4 * (9000 + 12288) == 85_152
+    assert padded.padding_free and not padded.packs
     _, args, _ = parse_recipe_args(["--config", "recipes/qwen35_0.8b.yaml", "--dry_run", "--padding_free", "false"])
     off = padding_plan(args)
-    assert not off.padding_free and not off.packs and off.tokens(prompts, completions) == 85_152
+    assert not off.padding_free and not off.packs
 
 
 def test_whether_the_student_packs_follows_its_type_and_attention():

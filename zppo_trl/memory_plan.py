@@ -268,12 +268,17 @@ def update_shape(args: Any) -> UpdateShape:
     return UpdateShape(args.per_device_train_batch_size, tokens, lengths.completion)
 
 
+def _check_lengths(prompt_lengths: Sequence[int], completion_lengths: Sequence[int]) -> None:
+    """A micro-batch's lengths: one prompt and one completion length per row."""
+    if len(prompt_lengths) != len(completion_lengths):
+        raise ValueError(f"{len(prompt_lengths)} prompt lengths, {len(completion_lengths)} completion lengths")
+
+
 def padded_tokens(prompt_lengths: Sequence[int], completion_lengths: Sequence[int]) -> int:
     """The tokens of one micro-batch run padded: TRL's ``(B, L)`` grid, each row's prompt left-padded to the longest
     prompt of the micro-batch and its completion right-padded to the longest completion (the trainer drops the
     columns that are padding in every row: ``zppo_trl.batches.select_rows``)."""
-    if len(prompt_lengths) != len(completion_lengths):
-        raise ValueError(f"{len(prompt_lengths)} prompt lengths, {len(completion_lengths)} completion lengths")
+    _check_lengths(prompt_lengths, completion_lengths)
     if not prompt_lengths:
         return 0
     return len(prompt_lengths) * (max(prompt_lengths) + max(completion_lengths))
@@ -281,8 +286,7 @@ def padded_tokens(prompt_lengths: Sequence[int], completion_lengths: Sequence[in
 
 def packed_tokens(prompt_lengths: Sequence[int], completion_lengths: Sequence[int]) -> int:
     """The tokens of the same micro-batch packed (``padding_free``): its rows' own tokens end to end, one row."""
-    if len(prompt_lengths) != len(completion_lengths):
-        raise ValueError(f"{len(prompt_lengths)} prompt lengths, {len(completion_lengths)} completion lengths")
+    _check_lengths(prompt_lengths, completion_lengths)
     return sum(prompt_lengths) + sum(completion_lengths)
 
 
@@ -324,11 +328,6 @@ class PaddingPlan:
     def most_avoided(self) -> float:
         """The largest share of a padded micro-batch that packing can avoid: 1 - 1/rows."""
         return 1 - 1 / self.rows
-
-    def tokens(self, prompt_lengths: Sequence[int], completion_lengths: Sequence[int]) -> int:
-        """The tokens this run puts through the model for a micro-batch of these rows: packed or padded."""
-        count = packed_tokens if self.packs else padded_tokens
-        return count(prompt_lengths, completion_lengths)
 
 
 def padding_plan(args: Any, refusal: str | None = None) -> PaddingPlan:
