@@ -213,3 +213,77 @@ def test_the_patched_heads_keep_the_models_signature_for_generate():
         patch(model)
         assert list(inspect.signature(model.forward).parameters) == expected
         assert "input_ids" in expected and "self" not in expected
+
+
+def test_scoring_on_a_second_thread_leaves_the_main_threads_generation_alone(tmp_path):
+    # overlap_old_logps scores the plain rollouts on a second thread (LogProbPaths._rollout_logps) while the
+    # main thread goes on; a test runs its own generation meanwhile. The scoring pass cuts the hidden states the
+    # fused head sees to the loss positions, and must cut its own call only: here the scorer is held inside the
+    # model, its cut in place, while the main thread generates as TRL does (checkpointing off around it). A cut
+    # registered on the shared backbone for the call's duration once handed that generation no hidden state at
+    # all, and checkpointing switched off and on from both threads left hooks behind on the embeddings.
+    import threading
+
+    from trl.models.utils import unwrap_model_for_generation
+
+    trainer = _trainer(tmp_path, fused=True)
+    model = trainer.model
+    checkpointing = {"use_reentrant": False}
+    model.gradient_checkpointing_enable(checkpointing)
+    g = torch.Generator().manual_seed(1)
+    vocab = len(tiny_tokenizer())
+    prompt = torch.randint(len(SPECIAL_TOKENS), vocab, (2, PROMPT), generator=g)
+    completion = torch.randint(len(SPECIAL_TOKENS), vocab, (1, COMPLETION), generator=g)
+    row = dict(
+        prompt_ids=prompt[:1],
+        prompt_mask=torch.ones_like(prompt[:1]),
+        completion_ids=completion,
+        completion_mask=torch.ones_like(completion),
+    )
+
+    def generate() -> torch.Tensor:
+        with unwrap_model_for_generation(model, trainer.accelerator, gradient_checkpointing_kwargs=checkpointing) as m:
+            return m.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                do_sample=False,
+                max_new_tokens=COMPLETION,
+                min_new_tokens=COMPLETION,
+                pad_token_id=0,
+            )
+
+    alone_logps, alone_generated = trainer._rollout_logps([(0, row)])[0], generate()
+    inside, release = threading.Event(), threading.Event()
+
+    def hold(module, args):
+        if threading.current_thread().name == "scorer":
+            inside.set()
+            assert release.wait(60)
+
+    def score_on_a_thread() -> dict:
+        scored = {}
+        scorer = threading.Thread(target=lambda: scored.update(trainer._rollout_logps([(0, row)])), name="scorer")
+        scorer.start()
+        try:
+            assert inside.wait(60)
+            scored["generated"] = generate()  # while the scorer's cut is in place
+        finally:
+            release.set()
+            scorer.join(60)
+        return scored
+
+    held = model.model.layers[-1].register_forward_pre_hook(hold)
+    try:
+        scored = score_on_a_thread()
+    finally:
+        held.remove()
+    assert scored["generated"].shape == (2, PROMPT + COMPLETION)
+    assert torch.equal(scored["generated"], alone_generated)
+    assert torch.equal(scored[0], alone_logps) and alone_logps.shape == (COMPLETION,)
+    assert model.is_gradient_checkpointing
+    # the scorer changes nothing on the model: no hook left behind, none added or removed
+    hooks = {name: (len(m._forward_hooks), len(m._forward_pre_hooks)) for name, m in model.named_modules()}
+    scorer = threading.Thread(target=lambda: trainer._rollout_logps([(0, row)]))
+    scorer.start()
+    scorer.join(60)
+    assert {name: (len(m._forward_hooks), len(m._forward_pre_hooks)) for name, m in model.named_modules()} == hooks

@@ -238,8 +238,9 @@ def test_prefetching_teacher_samples_and_overlapping_old_logps_change_no_weight(
     # a second thread while the teacher is waited for, the candidates compressed and the BCQ/NCQ round generated:
     # the same numbers, to the bit. (It runs where the student's rollouts come from a vLLM server; here the
     # trainer generates them itself, so that both runs sample the same rollouts from the seed: the decision
-    # "is the second round off this device" is taken as yes for both, and overlap_old_logps alone differs.
-    # tests/test_student_server.py runs it in its real topology.)
+    # "is the second round off this device" is taken as yes for both, and overlap_old_logps alone differs. The
+    # second thread only reads the model, so the BCQ/NCQ round is generated on it meanwhile: test_lm_head.py holds
+    # that interleaving in place. tests/test_student_server.py runs it in its real topology.)
     server = vllm_boxed_teacher_server
     monkeypatch.setattr(ZPPOTrainer, "_second_round_off_device", property(lambda self: True))
 

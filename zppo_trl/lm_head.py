@@ -26,7 +26,9 @@ log-softmax and its backward make.
 
 from __future__ import annotations
 
+import contextvars
 import functools
+import threading
 import types
 from typing import Any
 
@@ -83,6 +85,31 @@ def use_full_logits(model: Any, temperature: float = 1.0) -> None:
 
 _PER_TOKEN = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1", "label_mask")
 
+# The cut of the fused-head call in progress in this thread: (the backbone it runs, the first position kept).
+# Call-local, not module state: the model may run a forward on another thread meanwhile (the plain rollouts'
+# old log-probs on a second thread, zppo_trl.logp_paths), and that forward must see its own hidden states whole.
+_CUT: contextvars.ContextVar[tuple[torch.nn.Module, int] | None] = contextvars.ContextVar("zppo_cut", default=None)
+_HOOK_FLAG = "_zppo_cuts_scored_positions"
+_hook_lock = threading.Lock()
+
+
+def _cut_hidden_states(module, inputs, output):
+    """The backbone's forward hook: the last hidden states from this thread's cut on, if it has one here."""
+    cut = _CUT.get()
+    if cut is not None and cut[0] is module:
+        output.last_hidden_state = output.last_hidden_state[:, cut[1] :]
+    return output
+
+
+def _hooked(backbone: torch.nn.Module) -> torch.nn.Module:
+    """``backbone`` with :func:`_cut_hidden_states` registered once (a lock: two threads may be first at once)."""
+    if not getattr(backbone, _HOOK_FLAG, False):
+        with _hook_lock:
+            if not getattr(backbone, _HOOK_FLAG, False):
+                backbone.register_forward_hook(_cut_hidden_states)
+                setattr(backbone, _HOOK_FLAG, True)
+    return backbone
+
 
 def score_loss_positions(model: Any) -> None:
     """Make TRL's fused head (``model(..., labels=..., fused_lm_head=True)``) score only the positions from the
@@ -92,6 +119,8 @@ def score_loss_positions(model: Any) -> None:
     hidden state at position ``i`` against label ``i + 1``; a forward hook on ``base_model`` hands it the
     states from the first loss position's predecessor on, with the labels cut to match, and the outputs are
     padded back on the left. Pre-shifted ``shift_labels`` (context parallelism) pass through unchanged.
+    The hook stays registered and cuts only inside such a call, in the thread making it: any other forward of
+    the model, on any thread (generation meanwhile included), sees its hidden states whole.
     """
     fused_forward = model.forward
 
@@ -104,16 +133,11 @@ def score_loss_positions(model: Any) -> None:
         first = int(scored[0]) if len(scored) else labels.size(1) - 2  # the hidden state predicting that label
         if first <= 0:
             return fused_forward(*args, fused_lm_head=True, labels=labels, **kwargs)
-
-        def from_first(module, inputs, output):
-            output.last_hidden_state = output.last_hidden_state[:, first:]
-            return output
-
-        hook = self.base_model.register_forward_hook(from_first)  # looked up per call: PEFT and FSDP replace it
+        token = _CUT.set((_hooked(self.base_model), first))  # looked up per call: PEFT and FSDP replace it
         try:
             out = fused_forward(*args, fused_lm_head=True, labels=labels[:, first:], **kwargs)
         finally:
-            hook.remove()
+            _CUT.reset(token)
         for name in _PER_TOKEN:
             value = getattr(out, name, None)
             if value is not None:

@@ -11,7 +11,6 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
-from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import nanmax, nanmin
 
 from .batches import ROUND_ROW, TOKEN_TYPE_FIELDS, num_rows, rows_alone
@@ -308,9 +307,14 @@ class LogProbPaths:
 
     def _rollout_logps(self, rows: list[tuple[int, dict]]) -> dict[int, torch.Tensor]:
         """The sampling policy's per-token log-probs of each rollout ``(key, batch of one row)``, the rollout scored
-        alone (no padding, no other row): the same numbers whenever and wherever it is computed."""
+        alone (no padding, no other row): the same numbers whenever and wherever it is computed.
+
+        It only reads the model, so a second thread may run it while the main thread uses the model: gradient
+        checkpointing is left as it is (TRL turns it off and on around its own no-grad passes, which changes the
+        model for every thread). Without gradients it has nothing to save: transformers (5.24) runs the layers
+        as they are, earlier releases through a checkpoint that keeps nothing; the same numbers either way."""
         out = {}
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+        with torch.no_grad():
             for key, row in rows:  # the hook's computation without its round checks (a second thread may run it)
                 input_ids, attention_mask, keep, multimodal = _scoring_inputs(row)
                 logps = self._token_logps(self.model, input_ids, attention_mask, keep, None, False, False, multimodal)
