@@ -133,6 +133,21 @@ def test_augmentations_need_a_teacher():
 
 
 @pytest.mark.parametrize(
+    "settings, match",
+    [
+        (dict(teacher_temperature=0.0), "teacher_num_generations=4 rollouts per question would be one reply"),
+        (dict(teacher_temperature=-0.5), "teacher_temperature must be a number >= 0, got -0.5"),
+        (dict(teacher_temperature="hot"), "teacher_temperature must be a number >= 0"),
+    ],
+)
+def test_a_teacher_temperature_that_cannot_sample_its_rollouts_is_refused(settings, match):
+    with pytest.raises(ValueError, match=match):
+        ZPPOConfig(**CPU, augmentations=[], **settings)
+    greedy = ZPPOConfig(**CPU, augmentations=[], teacher_temperature=0.0, teacher_num_generations=1)
+    assert (greedy.teacher_temperature, greedy.teacher_num_generations) == (0.0, 1)
+
+
+@pytest.mark.parametrize(
     "augmentations, replay_fraction, variant",
     [
         (["bcq", "ncq"], 0.25, "ZPPO"),

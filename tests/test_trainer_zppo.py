@@ -253,6 +253,7 @@ def test_prefetching_teacher_samples_and_overlapping_old_logps_change_no_weight(
                 tmp_path / str(overlap),
                 server,
                 teacher_temperature=0.0,
+                teacher_num_generations=1,  # greedy: one reply per question
                 prefetch_teacher_samples=overlap,
                 overlap_old_logps=overlap,
             ),

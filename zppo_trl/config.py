@@ -515,6 +515,16 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
             minimum = 0 if name == "replay_capacity" else 1
             if not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        temperature = self.teacher_temperature
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
+            raise ValueError(f"teacher_temperature must be a number >= 0, got {temperature!r}")
+        if temperature == 0 and self.teacher_num_generations > 1:
+            # greedy decoding gives one reply G_T times (and vLLM refuses n > 1 at temperature 0)
+            raise ValueError(
+                f"teacher_temperature=0 decodes greedily: its teacher_num_generations={self.teacher_num_generations} "
+                "rollouts per question would be one reply repeated; set teacher_num_generations: 1 or a "
+                "teacher_temperature > 0 (the paper's: 1.0)"
+            )
         if self.optim == ANYPRECISION_OPTIM:
             anyprecision_kwargs(self.optim_args)  # a bad optim_args fails here, before any training
         check_distillation(self)
