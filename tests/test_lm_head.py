@@ -152,9 +152,12 @@ def test_generation_is_untouched_by_the_reference_path(pair):
         torch.testing.assert_close(fused.model(input_ids=ids).logits, full.model(input_ids=ids).logits)
 
 
-def test_the_fused_head_scores_the_loss_positions_only_with_the_same_outputs(monkeypatch):
-    # TRL's PyTorch tiles score every position handed to them; score_loss_positions hands them the positions
-    # from the first loss position on, and gives back the same per-token outputs and gradients.
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_the_fused_head_scores_the_loss_positions_only_with_the_same_outputs(monkeypatch, layout):
+    # TRL's PyTorch tiles score every position handed to them; score_loss_positions hands them only the states
+    # predicting a loss position and gives back the same per-token outputs and gradients. Padded, those run from
+    # the first completion column on; in a packed row each sequence's completion sits between prompts, which a
+    # cut from the first loss position on would all have scored.
     import trl.trainer.utils as trl_utils
 
     from zppo_trl.lm_head import score_loss_positions
@@ -163,10 +166,19 @@ def test_the_fused_head_scores_the_loss_positions_only_with_the_same_outputs(mon
     vocab = len(tiny_tokenizer())
     ids = torch.randint(len(SPECIAL_TOKENS), vocab, (ROWS, PROMPT + COMPLETION), generator=g)
     mask = torch.ones_like(ids)
-    mask[1, :3] = 0  # a left-padded prompt
-    labels = ids.masked_fill(mask == 0, -100)
-    labels[:, :PROMPT] = -100
-    labels[2, PROMPT + 5 :] = -100  # a short completion
+    if layout == "padded":
+        mask[1, :3] = 0  # a left-padded prompt
+        labels = ids.masked_fill(mask == 0, -100)
+        labels[:, :PROMPT] = -100
+        labels[2, PROMPT + 5 :] = -100  # a short completion
+        scored = ROWS * COMPLETION
+    else:  # one row of three sequences: prompt, completion, prompt, completion, prompt, completion (of 11, 5, 11)
+        ids, mask = ids.reshape(1, -1)[:, :54], mask.reshape(1, -1)[:, :54]
+        labels = ids.clone()
+        for start, end in ((0, PROMPT), (18, 18 + PROMPT + 6), (36, 36 + PROMPT)):
+            labels[:, start:end] = -100  # the second sequence has a longer prompt, a shorter completion
+        scored = int((labels[:, 1:] != -100).sum())
+        assert scored == 11 + 5 + 11
     scored_rows = []
     tiles = trl_utils._ChunkedLogProbFunction
 
@@ -187,7 +199,7 @@ def test_the_fused_head_scores_the_loss_positions_only_with_the_same_outputs(mon
         (out.log_probs.sum() + out.entropy.sum()).backward()
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
         outputs[trimmed] = out, grads
-    assert scored_rows == [ROWS * (PROMPT + COMPLETION - 1), ROWS * COMPLETION]  # the prompts' positions dropped
+    assert scored_rows == [ids.numel() - ids.size(0), scored]  # only the states predicting a loss position
     (full, full_grads), (trimmed, trimmed_grads) = outputs[False], outputs[True]
     for name in ("log_probs", "entropy", "label_mask"):
         assert getattr(trimmed, name).shape == getattr(full, name).shape

@@ -13,9 +13,11 @@ JSD is chunked the same way by :func:`zppo_trl.distill.chunked_jsd`.
 TRL's PyTorch tiles (every device without Triton: CPUs) score every position of the micro-batch, the
 prompt's included, where its Triton kernel scores only the loss positions; each float32 temporary of a
 tile is then as long as the micro-batch's rows x their whole length. :func:`score_loss_positions` keeps
-the hidden states the head sees to the positions from the first scored label on, as TRL's own logits
-path and :func:`use_full_logits` do: on the CPU demo's micro-batch (10 rows of 241 prompt and 48
-completion tokens) one forward and backward peaked 2.6 GB lower (docs/benchmarks.md).
+the hidden states the head sees to those that predict a loss position: in a padded micro-batch the columns
+from the first scored label on, as TRL's own logits path and :func:`use_full_logits` do; in a packed row
+(``padding_free``) each sequence's completion, without the prompts packed between them. On the CPU demo's
+micro-batch (10 rows of 241 prompt and 48 completion tokens) one padded forward and backward peaked 2.6 GB
+lower (docs/benchmarks.md).
 
 ``fused_lm_head: false`` swaps in :func:`use_full_logits`, the textbook computation (all logits, then a
 log-softmax): the reference the fused path is tested against, and the baseline of
@@ -85,19 +87,23 @@ def use_full_logits(model: Any, temperature: float = 1.0) -> None:
 
 _PER_TOKEN = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1", "label_mask")
 
-# The cut of the fused-head call in progress in this thread: (the backbone it runs, the first position kept).
-# Call-local, not module state: the model may run a forward on another thread meanwhile (the plain rollouts'
-# old log-probs on a second thread, zppo_trl.logp_paths), and that forward must see its own hidden states whole.
-_CUT: contextvars.ContextVar[tuple[torch.nn.Module, int] | None] = contextvars.ContextVar("zppo_cut", default=None)
+# The cut of the fused-head call in progress in this thread: (the backbone it runs, what of its last hidden states
+# the head sees: from a position on, or the positions at an index). Call-local, not module state: the model may run
+# a forward on another thread meanwhile (the plain rollouts' old log-probs on a second thread,
+# zppo_trl.logp_paths), and that forward must see its own hidden states whole.
+_CUT: contextvars.ContextVar[tuple[torch.nn.Module, int | torch.Tensor] | None] = contextvars.ContextVar(
+    "zppo_cut", default=None
+)
 _HOOK_FLAG = "_zppo_cuts_scored_positions"
 _hook_lock = threading.Lock()
 
 
 def _cut_hidden_states(module, inputs, output):
-    """The backbone's forward hook: the last hidden states from this thread's cut on, if it has one here."""
+    """The backbone's forward hook: the last hidden states this thread's call cut to, if it has one here."""
     cut = _CUT.get()
     if cut is not None and cut[0] is module:
-        output.last_hidden_state = output.last_hidden_state[:, cut[1] :]
+        states, kept = output.last_hidden_state, cut[1]
+        output.last_hidden_state = states[:, kept:] if isinstance(kept, int) else states.index_select(1, kept)
     return output
 
 
@@ -111,14 +117,29 @@ def _hooked(backbone: torch.nn.Module) -> torch.nn.Module:
     return backbone
 
 
+def scored_states(labels: torch.Tensor) -> int | torch.Tensor:
+    """The hidden states the head must score for ``labels`` (the state at ``i`` predicts label ``i + 1``): those
+    predicting a label that some row scores. An int ``first`` where they run from ``first`` to the end (a padded
+    batch: its completions are its last columns), else their positions (a packed row: each sequence's completion
+    sits between prompts)."""
+    predicts = (labels[:, 1:] != -100).any(0)
+    positions = predicts.nonzero().squeeze(1)
+    if len(positions) == 0:
+        return labels.size(1) - 2  # the last state alone: an all-masked batch still gives outputs of its shape
+    first = int(positions[0])
+    return first if len(positions) == predicts.numel() - first else positions
+
+
 def score_loss_positions(model: Any) -> None:
-    """Make TRL's fused head (``model(..., labels=..., fused_lm_head=True)``) score only the positions from the
-    first scored label on: the same per-token outputs, of the same shape, with zeros before that position.
+    """Make TRL's fused head (``model(..., labels=..., fused_lm_head=True)``) score only the hidden states that
+    predict a loss position (:func:`scored_states`): the same per-token outputs, of the same shape, with zeros
+    at every other position.
 
     ``model`` must already carry TRL's fused head. TRL's head runs ``model.base_model`` and scores its last
     hidden state at position ``i`` against label ``i + 1``; a forward hook on ``base_model`` hands it the
-    states from the first loss position's predecessor on, with the labels cut to match, and the outputs are
-    padded back on the left. Pre-shifted ``shift_labels`` (context parallelism) pass through unchanged.
+    states that predict a loss position (from the first one on in a padded batch; a packed row's completions
+    only, without the prompts between them), with the labels cut to match, and the outputs are put back in
+    place. Pre-shifted ``shift_labels`` (context parallelism) pass through unchanged.
     The hook stays registered and cuts only inside such a call, in the thread making it: any other forward of
     the model, on any thread (generation meanwhile included), sees its hidden states whole.
     """
@@ -129,19 +150,28 @@ def score_loss_positions(model: Any) -> None:
     def forward(self, *args, fused_lm_head: bool = False, labels=None, **kwargs):
         if not fused_lm_head or labels is None or kwargs.get("shift_labels") is not None:
             return fused_forward(*args, fused_lm_head=fused_lm_head, labels=labels, **kwargs)
-        scored = (labels[:, 1:] != -100).any(0).nonzero()
-        first = int(scored[0]) if len(scored) else labels.size(1) - 2  # the hidden state predicting that label
-        if first <= 0:
-            return fused_forward(*args, fused_lm_head=True, labels=labels, **kwargs)
-        token = _CUT.set((_hooked(self.base_model), first))  # looked up per call: PEFT and FSDP replace it
+        kept = scored_states(labels)
+        if isinstance(kept, int):
+            if kept <= 0:
+                return fused_forward(*args, fused_lm_head=True, labels=labels, **kwargs)
+            cut, cut_labels = kept, labels[:, kept:]
+        else:  # TRL's head drops the last state it is handed and the first label: one more of each
+            cut = torch.cat([kept, kept.new_tensor([labels.size(1) - 1])])
+            cut_labels = labels[:, torch.cat([kept[:1], kept + 1])]
+        token = _CUT.set((_hooked(self.base_model), cut))  # looked up per call: PEFT and FSDP replace it
         try:
-            out = fused_forward(*args, fused_lm_head=True, labels=labels[:, first:], **kwargs)
+            out = fused_forward(*args, fused_lm_head=True, labels=cut_labels, **kwargs)
         finally:
             _CUT.reset(token)
+        width = labels.size(1) - 1
         for name in _PER_TOKEN:
             value = getattr(out, name, None)
-            if value is not None:
-                setattr(out, name, torch.nn.functional.pad(value, (first, 0)))
+            if value is None:
+                continue
+            if isinstance(kept, int):
+                setattr(out, name, torch.nn.functional.pad(value, (kept, 0)))
+            else:
+                setattr(out, name, value.new_zeros(value.size(0), width).index_copy(1, kept.to(value.device), value))
         return out
 
     model.forward = types.MethodType(forward, model)
