@@ -117,7 +117,7 @@ def _hooked(backbone: torch.nn.Module) -> torch.nn.Module:
     return backbone
 
 
-def scored_states(labels: torch.Tensor) -> int | torch.Tensor:
+def _scored_states(labels: torch.Tensor) -> int | torch.Tensor:
     """The hidden states the head must score for ``labels`` (the state at ``i`` predicts label ``i + 1``): those
     predicting a label that some row scores. An int ``first`` where they run from ``first`` to the end (a padded
     batch: its completions are its last columns), else their positions (a packed row: each sequence's completion
@@ -130,9 +130,17 @@ def scored_states(labels: torch.Tensor) -> int | torch.Tensor:
     return first if len(positions) == predicts.numel() - first else positions
 
 
+def _put_back(value: torch.Tensor, kept: int | torch.Tensor, width: int) -> torch.Tensor:
+    """A per-token output of the kept states (:func:`_scored_states`) in place among ``width`` positions, zeros
+    elsewhere."""
+    if isinstance(kept, int):
+        return torch.nn.functional.pad(value, (kept, 0))
+    return value.new_zeros(value.size(0), width).index_copy(1, kept.to(value.device), value)
+
+
 def score_loss_positions(model: Any) -> None:
     """Make TRL's fused head (``model(..., labels=..., fused_lm_head=True)``) score only the hidden states that
-    predict a loss position (:func:`scored_states`): the same per-token outputs, of the same shape, with zeros
+    predict a loss position (:func:`_scored_states`): the same per-token outputs, of the same shape, with zeros
     at every other position.
 
     ``model`` must already carry TRL's fused head. TRL's head runs ``model.base_model`` and scores its last
@@ -150,7 +158,7 @@ def score_loss_positions(model: Any) -> None:
     def forward(self, *args, fused_lm_head: bool = False, labels=None, **kwargs):
         if not fused_lm_head or labels is None or kwargs.get("shift_labels") is not None:
             return fused_forward(*args, fused_lm_head=fused_lm_head, labels=labels, **kwargs)
-        kept = scored_states(labels)
+        kept = _scored_states(labels)
         if isinstance(kept, int):
             if kept <= 0:
                 return fused_forward(*args, fused_lm_head=True, labels=labels, **kwargs)
@@ -163,15 +171,10 @@ def score_loss_positions(model: Any) -> None:
             out = fused_forward(*args, fused_lm_head=True, labels=cut_labels, **kwargs)
         finally:
             _CUT.reset(token)
-        width = labels.size(1) - 1
         for name in _PER_TOKEN:
             value = getattr(out, name, None)
-            if value is None:
-                continue
-            if isinstance(kept, int):
-                setattr(out, name, torch.nn.functional.pad(value, (kept, 0)))
-            else:
-                setattr(out, name, value.new_zeros(value.size(0), width).index_copy(1, kept.to(value.device), value))
+            if value is not None:
+                setattr(out, name, _put_back(value, kept, labels.size(1) - 1))
         return out
 
     model.forward = types.MethodType(forward, model)
