@@ -18,6 +18,7 @@ from zppo_trl.evaluation.trace_audit import (
     parse_memorization_verdict,
     votes_needed,
 )
+from zppo_trl.group_log import GroupLog, read_group_log
 from zppo_trl.prompts import render_memorization_judge
 from zppo_trl.trace_log import TraceLog, read_trace_log
 
@@ -96,6 +97,29 @@ def test_the_trace_file_keeps_the_first_reference_and_the_last_graduation(tmp_pa
     other.references(0, [("q3", "What is 3+3?", "held ref three"), ("q1", "What is 1+1?", "held ref one")])
     kept, missing = audit_questions(path, other.path)
     assert {q.id: q.reference for q in kept} == {"q1": "held ref one", "q3": "held ref three"} and missing == []
+
+
+def test_the_group_log_keeps_each_steps_last_line_and_names_a_bad_one(tmp_path):
+    log = GroupLog(tmp_path / "run" / "groups.jsonl")
+    log.write(1, [("new", "q1", [1.0, 0.0]), ("bcq", "q1", [1, 1])])
+    log.write(2, [("replay", "q1", [0.0, 0.0])])
+    log.write(2, [("replay", "q1", [1.0, 0.0]), ("ncq", 7, [0.0, 0.0])])  # a resumed run re-did step 2
+    with open(log.path, "a") as f:
+        f.write('{"step": 3, "groups": [{"kind": "new", "id')  # a torn last line
+    steps = read_group_log(log.path)
+    assert list(steps) == [1, 2]
+    assert steps[1] == [
+        {"kind": "new", "id": "q1", "rewards": [1.0, 0.0]},
+        {"kind": "bcq", "id": "q1", "rewards": [1.0, 1.0]},
+    ]
+    assert [(g["kind"], g["id"], g["rewards"]) for g in steps[2]] == [
+        ("replay", "q1", [1.0, 0.0]),
+        ("ncq", 7, [0.0, 0.0]),
+    ]
+    with open(log.path, "a") as f:
+        f.write('\n{"step": 4, "groups": []}\n')  # the torn line is no longer the last: named
+    with pytest.raises(ValueError, match="groups.jsonl:4 is not a group log line"):
+        read_group_log(log.path)
 
 
 def test_the_audit_summary_counts_majority_flags(tmp_path):

@@ -20,6 +20,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3_5ForConditionalGeneration, TrainerCallback
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
+from zppo_trl.group_log import GROUP_LOG_NAME, read_group_log
 from zppo_trl.processing import load_processor
 from zppo_trl.prompts import BCQ_INSTRUCTION, RL_CLOSER, bcq_block, compose_prompt, ncq_block
 from zppo_trl.replay import PromptReplayBuffer
@@ -64,6 +65,7 @@ class Spy:
                 texts=[completion_text(c) for c in completions],
                 rewards=rewards,
                 teacher=completion_ids is None,
+                tokens=None if completion_ids is None else sum(len(ids) for ids in completion_ids),
             )
         )
         return rewards
@@ -169,7 +171,7 @@ def test_zppo_trains_bcq_and_ncq_groups_against_a_real_teacher(boxed_text_studen
     trainer = ZPPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(boxed_text_student_dir),
         reward_funcs=spy,
-        args=_config(tmp_path, boxed_teacher_server),
+        args=_config(tmp_path, boxed_teacher_server, log_groups=True),
         train_dataset=Dataset.from_list(rows),
         processing_class=AutoTokenizer.from_pretrained(boxed_text_student_dir),
         callbacks=[trained],
@@ -212,6 +214,38 @@ def test_zppo_trains_bcq_and_ncq_groups_against_a_real_teacher(boxed_text_studen
         expected.update({key: sum(v) / len(v) for key, v in scores.items()})
     assert trainer.replay_buffer.residents() == expected.residents()
     assert logs[-1]["buffer_size"] == len(expected) > 0
+
+    # The group log has, per step, every group the student's scoring rounds scored, in order, with its kind; the
+    # step's token counts are what the student generated, and what the updates that ran trained on.
+    G = trainer.num_generations
+    per_step: list[list[dict]] = []
+    for call in [c for c in spy.calls if not c["teacher"]]:
+        reformulated = "<candidate>" in _text(call["prompts"][0])
+        if not reformulated:
+            per_step.append([])
+        per_step[-1].append(call)
+    steps = read_group_log(tmp_path / "out" / GROUP_LOG_NAME)
+    assert list(steps) == [1, 2]
+    for step, calls, log in zip(steps, per_step, logs):
+        expected_groups = [
+            (
+                _check_reformulated_prompt(_text(call["prompts"][g]), questions[call["ids"][g]])
+                if "<candidate>" in _text(call["prompts"][g])
+                else "plain",
+                call["ids"][g],
+                call["rewards"][g : g + G],
+            )
+            for call in calls
+            for g in range(0, len(call["ids"]), G)
+        ]
+        written = [(g["kind"] if g["kind"] in ("bcq", "ncq") else "plain", g["id"], g["rewards"]) for g in steps[step]]
+        assert written == expected_groups
+        assert {g["kind"] for g in steps[step]} - {"bcq", "ncq"} <= {"new", "replay"}
+        assert log["generated_tokens"] == sum(call["tokens"] for call in calls) > 0
+        assert 0 < log["trained_tokens"] <= log["generated_tokens"]
+        if log["skipped_partitions"] == 0:
+            assert log["trained_tokens"] == log["generated_tokens"]
+    assert trainer.counters["generated_tokens_total"] == sum(log["generated_tokens"] for log in logs)
 
 
 class SampleRecorder(TeacherClient):

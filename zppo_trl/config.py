@@ -272,6 +272,14 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
             "BCQ prompt showed for it (the fixed reference) and the plain rollouts of the group it graduated with."
         },
     )
+    log_groups: bool = field(
+        default=False,
+        metadata={
+            "help": "Write every group each rollout step scored to <output_dir>/groups.jsonl: its kind (new, replay, "
+            "bcq, ncq, ...), question id and rollout rewards, one line per step (zppo_trl.group_log), for analyses "
+            "per question (e.g. the student's accuracy inside BCQ prompts against its plain accuracy on them)."
+        },
+    )
     compression_max_tokens: int = field(
         default=512,
         metadata={"help": "Token cap of each compressed BCQ/NCQ candidate."},
@@ -496,6 +504,7 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
             "compress_candidates",
             "padding_free",
             "audit_traces",
+            "log_groups",
             "defer_old_logps",
             "overlap_old_logps",
             "prefetch_teacher_samples",

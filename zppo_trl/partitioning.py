@@ -35,7 +35,16 @@ from .advantages import nontrivial_groups, partition_groups, two_step_advantages
 from .batches import MARKED_ROWS, ROUND_ROW, TARGET_ROWS, select_rows
 from .rollout import FILLER
 
-__all__ = ["SKIP", "PolicyPartitions", "deal_targets", "is_skipped", "pack_partition", "policy_partitions", "skipped"]
+__all__ = [
+    "SKIP",
+    "PolicyPartitions",
+    "deal_targets",
+    "generated_tokens",
+    "is_skipped",
+    "pack_partition",
+    "policy_partitions",
+    "skipped",
+]
 
 SKIP = "zppo_skip"  # marks the micro-batches of a partition that makes no update
 
@@ -121,6 +130,7 @@ class PolicyPartitions:
     micro_batches: list[dict]
     skipped: int
     trained: dict[tuple[int, int], float]
+    trained_tokens: int = 0  # loss tokens of the partitions that made an update, over all ranks
 
 
 def policy_partitions(
@@ -177,7 +187,7 @@ def policy_partitions(
     tokens, sequences = ranks.reduce_sum(local_counts).T.tolist()
 
     micro_batches: list[dict] = []
-    skipped_count = 0
+    skipped_count = trained_tokens = 0
     trained: dict[tuple[int, int], float] = {}
     for p in range(partitions):
         members = [(r, i) for r in range(ranks.world) for i in rows[r][p] if i not in target_rows[r][p]]
@@ -200,6 +210,7 @@ def policy_partitions(
         advantage_of = dict(zip(members, adv.tolist()))
         mark_of = dict(zip(members, marked.tolist()))
         trained.update(advantage_of)
+        trained_tokens += int(tokens[p])
         local = rows[ranks.rank][p]
         largest = max(len(rows[r][p]) for r in range(ranks.world))
         advantages = [advantage_of.get((ranks.rank, i), 0.0) for i in local]  # a target row: zero
@@ -208,7 +219,17 @@ def policy_partitions(
         micro_batches += pack_partition(
             batch, local, largest, advantages, tokens[p], sequences[p], grad_accum, partitions, device, marks, targets
         )
-    return PolicyPartitions(micro_batches, skipped_count, trained)
+    return PolicyPartitions(micro_batches, skipped_count, trained, trained_tokens)
+
+
+def generated_tokens(batch: Mapping, kinds: Sequence[str], group_size: int) -> int:
+    """The response tokens of this rank's sampled rows in ``batch`` (groups of ``group_size`` rows in order, each
+    of the kind in ``kinds``), fillers left out."""
+    if not kinds:
+        return 0
+    real = torch.tensor([kind != FILLER for kind in kinds], dtype=torch.bool).repeat_interleave(group_size)
+    mask = batch["completion_mask"][: real.numel()]  # rows after the groups' (ReLIFT's targets) were not sampled
+    return int(mask[real.to(mask.device)].sum())
 
 
 def deal_targets(

@@ -36,6 +36,8 @@ TOTALS = (
     "graduated",
     "evicted",
     "unscored_groups",
+    "generated_tokens",
+    "trained_tokens",
 )
 _KIND_TOTALS = ("", "_trained", "_correct", "_rollouts", "_signal", "_targets", "_leaked")
 

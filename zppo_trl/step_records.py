@@ -92,6 +92,25 @@ class StepRecords:
         if self.is_world_process_zero():
             self.trace_log.graduations(self.state.global_step, items.values())
 
+    def _log_groups(self, rounds: Sequence[Round]) -> None:
+        """Every real group of the step's ``rounds`` with its rewards, over all ranks, into the group log (main
+        process; :mod:`zppo_trl.group_log`)."""
+        if not self.is_world_process_zero():
+            return
+        G = self.num_generations
+        groups = []
+        for played in rounds:
+            if played.rewards is None:
+                continue
+            per_rank = played.rewards.view(self.ranks.world, -1)
+            for rank, rank_groups in enumerate(played.groups_per_rank):
+                groups += [
+                    (kind, key, per_rank[rank, g * G : (g + 1) * G].tolist())
+                    for g, (kind, key) in enumerate(rank_groups)
+                    if kind != FILLER
+                ]
+        self.group_log.write(self.state.global_step // self.args.num_partitions + 1, groups)
+
     def _augmentation_metrics(self, plan: Sequence, built: BuiltGroups, augmented_round: Round) -> dict:
         """Per kind: instances planned and trained, in-prompt accuracy and groups with signal (all ranks);
         then the augmentation's own audit (e.g. BCQ's candidate match), summed over ranks."""

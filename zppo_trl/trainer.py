@@ -64,13 +64,14 @@ from .config import ZPPOConfig
 from .dataset_formats import IMAGE, PROMPT, prepare_datasets
 from .evaluation.condition import record_condition
 from .generation_hooks import GenerationHooks
+from .group_log import GROUP_LOG_NAME, GroupLog
 from .lm_head import score_loss_positions, use_full_logits
 from .logp_paths import LogProbPaths
 from .losses import LossInputs
 from .model_card import PAPER_CITATION, PAPER_TITLE
 from .optim import optimizer_cls_and_kwargs
 from .packing import segment_packed_sequences
-from .partitioning import deal_targets, is_skipped, policy_partitions
+from .partitioning import deal_targets, generated_tokens, is_skipped, policy_partitions
 from .prefetch import BatchLookahead, PrefetchedSampling
 from .ranks import Ranks
 from .reformulate import augment_limit, select_hard
@@ -190,6 +191,8 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
         self.counters: dict[str, float] = defaultdict(float)
         # audit_traces: what the trace-overlap audit reads (zppo_trl.trace_log); written by the main process
         self.trace_log = TraceLog(os.path.join(args.output_dir, TRACE_LOG_NAME)) if args.audit_traces else None
+        # log_groups: every scored group of every step (zppo_trl.group_log); written by the main process
+        self.group_log = GroupLog(os.path.join(args.output_dir, GROUP_LOG_NAME)) if args.log_groups else None
         self.dataset_name = dataset_name
         self.model_license = model_license
         # The row's parts and the union of what they ask of the run (zppo_trl.row): read here, never re-derived.
@@ -415,6 +418,8 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
         augmented_round = self._augmented_round(built, most_built, draw.plain[0].row, metrics)
         plain_round, targets = self._with_terms(PlainStep(draw, plain_round, teacher_future, metrics))
         micro_batches = self._policy_batches(plain_round, augmented_round, metrics, targets)
+        if self.group_log is not None:
+            self._log_groups((plain_round, augmented_round))
         self._score_on_teacher_server(micro_batches, metrics)
         if augmenting:
             metrics.update(self._augmentation_metrics(plan, built, augmented_round))
@@ -533,6 +538,9 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
             dense=self.row.needs.trains_zero_advantage,
         )
         metrics["skipped_partitions"] = result.skipped
+        # what the step cost in student tokens: every response it sampled, and those its updates trained on
+        metrics["generated_tokens"] = self.ranks.total(generated_tokens(batch, kinds_per_rank[self.ranks.rank], G))
+        metrics["trained_tokens"] = result.trained_tokens
         metrics.update(advantage_stats(list(result.trained.values())))
         self._log_trained_advantages(
             result.trained, [len(r.groups_per_rank[0]) * G for r in (plain_round, augmented_round)]
