@@ -9,10 +9,10 @@ The design is fixed before any comparison and written in docs/learning.md; this 
 Task and models (``benchmarks/learning_task.py``). Two-digit addition worked in the paper's answer format
 (``<think> 7 + 8 = 15 . 4 + 3 + 1 = 8 . </think> \\boxed{85}``), split once into 400 held-out questions that no
 row trains on, 1,000 training questions and a pool for fine-tuning the models. The student, a tiny Qwen3 (two
-layers, hidden size 64) fine-tuned here, forgets the carry almost always (right on about 1% of the carry
-questions, 70% of the others: about 40% of the training questions in all) and can read the paper's BCQ and NCQ
-prompts: inside a BCQ prompt it follows one of the two candidates at random 70% of the time, which puts it
-right on about 29% of the carry questions. The teacher, the same size, is right on about 88% of them and
+layers, hidden size 64) fine-tuned here, always forgets the carry (right on no carry question alone, on about 74%
+of the others: about 40% of the training questions in all) and can read the paper's BCQ and NCQ prompts: inside a
+BCQ prompt it follows one of the two candidates at random 70% of the time, which puts it right on about a third
+of the carry questions. The teacher, the same size, is right on about 88% of them and
 compresses candidates into ``<summary>`` tags; it sits behind a real OpenAI-compatible server on 127.0.0.1
 (vLLM's CPU engine by default, ``transformers serve`` with ``--teacher transformers``).
 
@@ -212,7 +212,10 @@ def run_one(row: str, seed: int, run_dir: Path, design: Design, student: Path, t
     class Evaluate(TrainerCallback):
         """Held-out and probe accuracy at step 0, every ``eval_every`` rollout steps and at the end."""
 
+        seconds = 0.0  # spent evaluating: not part of what the row costs
+
         def _evaluate(self, state, model) -> None:
+            began = time.monotonic()
             step = state.global_step // args.num_partitions
             # the same sampling seed at a step for every row of a seed: their evaluations share their noise
             line = {
@@ -222,6 +225,7 @@ def run_one(row: str, seed: int, run_dir: Path, design: Design, student: Path, t
             }
             with open(run_dir / "eval.jsonl", "a") as f:
                 f.write(json.dumps(line) + "\n")
+            self.seconds += time.monotonic() - began
 
         def on_train_begin(self, args_, state, control, model=None, **kwargs):
             self._evaluate(state, model)
@@ -234,15 +238,24 @@ def run_one(row: str, seed: int, run_dir: Path, design: Design, student: Path, t
             if step % design.eval_every == 0 or step == design.steps:
                 self._evaluate(state, model)
 
+    evaluations = Evaluate()
     trainer = ZPPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(student),
         args=args,
         train_dataset=Dataset.from_list([q.row() for q in splits["train"]]),
         processing_class=tokenizer,
-        callbacks=[JsonlMetricsCallback(), Evaluate()],
+        callbacks=[JsonlMetricsCallback(), evaluations],
     )
     trainer.train()
-    summary = {"row": row, "seed": seed, "variant": args.variant, "wall_s": time.monotonic() - start}
+    wall = time.monotonic() - start
+    summary = {
+        "row": row,
+        "seed": seed,
+        "variant": args.variant,
+        "wall_s": wall,
+        "eval_s": evaluations.seconds,
+        "train_s": wall - evaluations.seconds,
+    }
     (run_dir / "run.json").write_text(json.dumps(summary))
 
 
@@ -305,9 +318,8 @@ def run_all(runs: Sequence[tuple[str, int]], out: Path, design: Design, models: 
     todo = [(row, seed) for row, seed in runs if not (run_dir(out, row, seed) / "run.json").exists()]
     done_steps = (len(runs) - len(todo)) * design.steps
     active: dict[tuple[str, int], subprocess.Popen] = {}
-    with tqdm(
-        total=len(runs) * design.steps, initial=done_steps, unit="step", desc="rollout steps", file=sys.stdout
-    ) as bar:
+    bar = tqdm(total=len(runs) * design.steps, initial=done_steps, unit="step", desc="rollout steps", mininterval=5)
+    with bar:
         while todo or active:
             while todo and len(active) < jobs:
                 row, seed = todo.pop(0)
@@ -483,7 +495,7 @@ def summarize(out: Path, rows: Sequence[str], seeds: Sequence[int], design: Desi
             totals["generated_tokens"].append(sum(m.get("zppo/generated_tokens", 0) for m in metrics))
             totals["trained_tokens"].append(sum(m.get("zppo/trained_tokens", 0) for m in metrics))
             totals["teacher_requests"].append(sum(m.get("zppo/teacher/requests", 0) for m in metrics))
-            totals["wall_s"].append(runs[row, seed]["run"]["wall_s"])
+            totals["wall_s"].append(runs[row, seed]["run"]["wall_s"])  # its evaluations included
         costs[row] = {name: statistics.fmean(values) for name, values in totals.items()}
     zppo = mechanisms.get("ZPPO", {})
     summary = {
@@ -590,7 +602,7 @@ def console(summary: dict) -> str:
             + ", ".join(f"{100 * v:.1f}" for v in acc.values())
             + f"; carry {100 * by_class['carry']:.1f}%, others {100 * by_class['no_carry']:.1f}%); "
             f"{cost['generated_tokens'] / 1e3:.0f}k tokens generated, {cost['trained_tokens'] / 1e3:.0f}k trained, "
-            f"{cost['teacher_requests']:.0f} teacher requests, {cost['wall_s']:.0f} s per run"
+            f"{cost['teacher_requests']:.0f} teacher requests, {cost['wall_s']:.0f} s per run (evaluations included)"
         )
     per_seed = ", ".join(f"{v:+.1f}" for v in e["per_seed_pp"].values())
     lines.append(
@@ -624,7 +636,10 @@ def verdict(summary: dict) -> str:
     probe = {row: summary["curves"][row]["probe"] for row in HEADLINE}
     last = max(probe["ZPPO"], key=int)
     if probe["ZPPO"][last][0] <= probe["GRPO\u2020"][last][0]:
-        return "verdict: no effect shown; the signal on BCQ/NCQ prompts did not transfer to plain prompts"
+        return (
+            "verdict: no effect shown; ZPPO's extra signal did not leave the student better than GRPO\u2020 did on "
+            "its hard training questions without the candidates (the probe)"
+        )
     return (
         "verdict: no effect shown; the hard training questions improved but the held-out ones not beyond the interval"
     )

@@ -15,17 +15,17 @@ mixtures, as ``tests/boxed_models.py``'s are: each is trained on the exact distr
 it should write, so that sampling at temperature 1 reproduces it.
 
 * The student (:data:`STUDENT`) is the learner the paper describes: it works every column right, but on a
-  carry question it forgets the carry with probability ``slip`` (0.97), and it copies the ones digit into
-  the box wrong with probability ``box_error`` (0.25) on any question. So it is right on about three
-  quarters of the no-carry questions and almost never on a carry question: those are hard for it, and its
-  groups there are mostly all wrong (no GRPO signal).
+  carry question it forgets the carry (``slip``: always, in the second design; 0.97 in the first, see
+  docs/learning.md), and it copies the ones digit into the box wrong with probability ``box_error`` (0.25)
+  on any question. So it is right on about three quarters of the no-carry questions and never on a carry
+  question alone: those are hard for it, and its groups there are all wrong (the group GRPO discards).
 * It can read the paper's prompt formats. Under a BCQ prompt (two ``<candidate>`` blocks, one right and
   one wrong, anonymised and shuffled) it follows one of the two candidates, at random (it cannot tell
   which is right), with probability ``follow`` (0.7), writing that candidate's working and answer;
   otherwise it answers as it would without the block. Under an NCQ prompt it avoids each mistake whose
   answer the block lists as wrong with probability ``avoid`` (0.3). That is the zone of proximal
   development in miniature: inside a BCQ prompt the student is right on a carry question about a third
-  of the time, alone about 2% of it.
+  of the time, alone never.
 * The teacher (:data:`TEACHER`) slips on a carry with probability 0.1 and miscopies with 0.05 (right on
   about 91% of the questions), and answers the paper's compression prompt with the response's working and
   boxed answer inside ``<summary>`` tags: what the compressed candidate of a BCQ or NCQ prompt then shows.
@@ -173,7 +173,9 @@ class Behaviour:
     avoid: float = 0.0
 
 
-STUDENT = Behaviour(slip=0.97, box_error=0.25, follow=0.7, avoid=0.3)
+# The second design's student (docs/learning.md): the first design's forgot the carry with probability 0.97, right
+# on 1-2% of the carry questions alone, enough for GRPO† to learn the carry from its own rare successes.
+STUDENT = Behaviour(slip=1.0, box_error=0.25, follow=0.7, avoid=0.3)
 TEACHER = Behaviour(slip=0.1, box_error=0.05)
 
 
