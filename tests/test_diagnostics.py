@@ -118,8 +118,14 @@ def test_the_group_log_keeps_each_steps_last_line_and_names_a_bad_one(tmp_path):
     ]
     with open(log.path, "a") as f:
         f.write('\n{"step": 4, "groups": []}\n')  # the torn line is no longer the last: named
-    with pytest.raises(ValueError, match="groups.jsonl:4 is not a group log line"):
+    with pytest.raises(ValueError, match="groups.jsonl:4: not a JSON line"):
         read_group_log(log.path)
+    bad = GroupLog(tmp_path / "bad.jsonl")
+    bad.write(1, [])
+    with open(bad.path, "a") as f:
+        f.write('{"step": 2, "groups": [{"kind": "new"}]}\n')  # JSON, but not a group
+    with pytest.raises(ValueError, match="bad.jsonl:2 is not a group log line"):
+        read_group_log(bad.path)
 
 
 def test_the_audit_summary_counts_majority_flags(tmp_path):

@@ -71,7 +71,7 @@ def test_a_second_run_is_refused_naming_the_first_and_a_stale_lock_is_taken_over
 def test_a_torn_last_metrics_line_is_dropped_and_an_earlier_bad_line_named(tmp_path, caplog):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "loss": 0.')
-    with caplog.at_level(logging.WARNING, logger="zppo_trl.callbacks"):
+    with caplog.at_level(logging.WARNING, logger="zppo_trl.appended_log"):
         assert read_metrics(path) == [{"step": 1}, {"step": 2}]
     assert f"{path}:3: dropped a torn last line" in caplog.text
     path.write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')

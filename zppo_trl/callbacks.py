@@ -22,6 +22,7 @@ import os
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
+from .appended_log import read_appended
 from .augmentations import AUGMENTATION_KINDS
 
 __all__ = [
@@ -73,17 +74,7 @@ class JsonlMetricsCallback(TrainerCallback):
 def read_metrics(path: str | os.PathLike) -> list[dict]:
     """The rows of a ``metrics.jsonl`` file, in order. A last line cut short (a run killed while writing it) is
     dropped with a warning; a bad line before it is an error naming the file and line."""
-    with open(path, "rb") as f:
-        lines = [(number, line) for number, line in enumerate(f, start=1) if line.strip()]
-    rows = []
-    for position, (number, line) in enumerate(lines):
-        try:
-            rows.append(json.loads(line))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            if position < len(lines) - 1:
-                raise ValueError(f"{path}:{number}: not a JSON line ({err})") from None
-            logger.warning("%s:%d: dropped a torn last line (a run stopped while writing it)", path, number)
-    return rows
+    return [row for _, row in read_appended(path)]
 
 
 def _kind(logs: dict, kind: str) -> str:

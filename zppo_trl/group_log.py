@@ -22,6 +22,8 @@ import json
 import os
 from collections.abc import Hashable, Iterable, Sequence
 
+from .appended_log import read_appended
+
 __all__ = ["GROUP_LOG_NAME", "GroupLog", "read_group_log"]
 
 GROUP_LOG_NAME = "groups.jsonl"
@@ -48,22 +50,15 @@ class GroupLog:
 
 def read_group_log(path: str | os.PathLike) -> dict[int, list[dict]]:
     """Rollout step -> its groups (dicts with ``kind``, ``id``, ``rewards``), in step order; a step written twice
-    (a resumed run) keeps its last line. A torn last line (the run killed mid-write) is ignored; any other bad
+    (a resumed run) keeps its last line. A torn last line (the run killed mid-write) is dropped; any other bad
     line raises ValueError naming it."""
     steps: dict[int, list[dict]] = {}
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for number, record in read_appended(path):
         try:
-            record = json.loads(line)
             step, groups = int(record["step"]), record["groups"]
             if not all({"kind", "id", "rewards"} <= set(group) for group in groups):
                 raise KeyError("a group without kind, id or rewards")
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-            if number == len(lines):  # no newline after it: a torn write
-                break
+        except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{path}:{number} is not a group log line ({err})") from None
         steps[step] = groups
     return dict(sorted(steps.items()))

@@ -27,6 +27,8 @@ import os
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from .appended_log import read_appended
+
 __all__ = ["TRACE_LOG_NAME", "AuditQuestion", "TraceLog", "read_trace_log"]
 
 TRACE_LOG_NAME = "audit_traces.jsonl"
@@ -98,17 +100,10 @@ def read_trace_log(path: str | os.PathLike, graduated_only: bool = True) -> dict
     graduation line). A torn last line (the run killed mid-write) is ignored; any other bad line raises
     ValueError naming it."""
     questions: dict[Hashable, AuditQuestion] = {}
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for number, record in read_appended(path):
         try:
-            record = json.loads(line)
             kind, key = record["kind"], record["id"]
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            if number == len(lines):  # no newline after it: a torn write
-                break
+        except (KeyError, TypeError) as err:
             raise ValueError(f"{path}:{number} is not an audit trace line ({err})") from None
         entry = questions.setdefault(key, AuditQuestion(key, record.get("question", "")))
         if kind == "reference":
