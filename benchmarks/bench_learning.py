@@ -56,8 +56,15 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import learning_task as task  # noqa: E402  (this script's folder is on sys.path)
 
-G_S = 8
-TAU = 0.5
+
+def _paper(name: str):
+    """The paper's value of a ZPPOConfig field: its default (zppo_trl/config.py: the hyperparameter table)."""
+    from zppo_trl import ZPPOConfig
+
+    return next(f.default for f in dataclasses.fields(ZPPOConfig) if f.name == name)
+
+
+G_S, PARTITIONS, TAU = _paper("num_generations"), _paper("num_partitions"), _paper("hard_threshold")
 ROWS = {
     "GRPO\u2020": "grpo_dagger.yaml",
     "ZPPO": None,  # the paper's recipe as it is
@@ -85,34 +92,21 @@ class Design:
     fits: tuple[int, int] | None = None  # (teacher, student) fine-tuning steps; None: learning_task's
 
     def config(self) -> dict:
-        """The ZPPOConfig fields every row shares (the row's recipe adds its own)."""
+        """The ZPPOConfig fields in which every row of the miniature leaves the paper's defaults (the rest, G_S 8,
+        G_T 4, I 4, tau 0.5, the fractions, the clips, the optimizer's settings and the temperatures, are
+        ZPPOConfig's, which are the paper's; the row's recipe adds its own)."""
         return dict(
-            num_generations=G_S,
-            teacher_num_generations=4,
-            num_partitions=4,
-            gradient_accumulation_steps=1,
-            per_device_train_batch_size=self.new_questions * G_S // 4,
-            max_steps=4 * self.steps,
+            per_device_train_batch_size=self.new_questions * G_S // PARTITIONS,
+            max_steps=PARTITIONS * self.steps,
             learning_rate=self.learning_rate,
-            lr_scheduler_type="constant",
-            warmup_steps=0,
-            adam_beta1=0.9,
-            adam_beta2=0.999,
-            weight_decay=0.1,
-            max_grad_norm=1.0,
-            temperature=1.0,
-            teacher_temperature=1.0,
             max_completion_length=self.max_completion_length,
             teacher_max_tokens=self.max_completion_length,
             compression_max_tokens=self.compression_max_tokens,
-            max_prompt_length=512,
+            max_prompt_length=512,  # sizes nothing here (no server of the student's); the NCQ prompts reach 383
             padding_free=True,  # the paper's: no update pays for the padding to the longest NCQ prompt
             # the paper's recipe checkpoints for its 12,288-token responses; here it would only recompute (no
             # number changes): 4 rollout steps' updates took 18.4 s without it, 24.7 s with it
             gradient_checkpointing=False,
-            hard_threshold=TAU,
-            replay_fraction=0.25,
-            augment_fraction=0.25,
         )
 
 
