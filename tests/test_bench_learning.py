@@ -151,20 +151,18 @@ def test_the_interval_draws_seeds_then_questions():
 
 
 @pytest.mark.integration
-def test_the_smallest_setting_runs_every_part(boxed_text_student_dir, boxed_teacher_server, tmp_path, capsys):
+def test_the_smallest_setting_runs_every_part(boxed_text_student_dir, vllm_boxed_teacher_server, tmp_path):
     """Two rollout steps of GRPO† and ZPPO through the script's own processes, on the suite's boxed student (which
-    boxes wrong answers to these questions: NCQ prompts get built) and boxed teacher server."""
-    design = bench.SMOKE
-    client = TeacherClient(boxed_teacher_server.base_url, boxed_teacher_server.model)
+    boxes wrong answers to these questions: NCQ prompts get built) and the session's vLLM boxed teacher."""
+    design, server = bench.SMOKE, vllm_boxed_teacher_server
+    client = TeacherClient(server.base_url, server.model)
     regime = bench.measure_regime(boxed_text_student_dir, client, design, seed=0)
     client.close()
     assert regime["training_questions"] == design.regime_questions
     assert len(regime["probe"]) == design.probe_size
     out = tmp_path / "bench"
     runs = [(row, 0) for row in bench.HEADLINE]
-    bench.run_all(
-        runs, out, design, {"student": boxed_text_student_dir}, boxed_teacher_server, regime["probe"], 2, True
-    )
+    bench.run_all(runs, out, design, {"student": boxed_text_student_dir}, server, regime["probe"], 2, True)
     for row, seed in runs:
         run = bench.read_run(bench.run_dir(out, row, seed))
         assert list(run["eval"]) == [0, 1, 2]
