@@ -421,14 +421,19 @@ def band(per_seed: Mapping[int, Mapping[str, float]], resamples: int = 2_000) ->
     return float(values.mean()), float(low), float(high)
 
 
-def mechanism(groups_by_step: Mapping[int, Sequence[dict]]) -> dict:
+def mechanism(groups_by_step: Mapping[int, Sequence[dict]], steps: int | None = None) -> dict:
     """From one run's group log: each reformulated kind's accuracy inside its prompts against the plain accuracy of
-    the same questions in the same steps, and the hard questions (plain accuracy below tau) that gave any learning
-    signal (a group of theirs, plain or reformulated, neither all right nor all wrong)."""
+    the same questions in the same steps, over the run and in its first and last quarter of ``steps`` (default:
+    the last step logged); and the hard questions (plain accuracy below tau) that gave any learning signal (a group
+    of theirs, plain or reformulated, neither all right nor all wrong)."""
+    last = steps or max(groups_by_step, default=0)
+    quarter = max(1, last // 4)
     inside: dict[str, list[float]] = defaultdict(list)
     same_plain: dict[str, list[float]] = defaultdict(list)
+    phases: dict[str, dict[str, list[float]]] = defaultdict(lambda: {"first": [], "last": []})
     hard = signal = 0
-    for groups in groups_by_step.values():
+    for step, groups in groups_by_step.items():
+        phase = "first" if step <= quarter else "last" if step > last - quarter else None
         plain: dict[str, list[float]] = defaultdict(list)
         mixed: dict[str, bool] = defaultdict(bool)
         for g in groups:
@@ -438,8 +443,11 @@ def mechanism(groups_by_step: Mapping[int, Sequence[dict]]) -> dict:
                 plain[g["id"]] += right
         for g in groups:
             if g["kind"] not in ("new", "replay") and g["id"] in plain:
-                inside[g["kind"]].append(statistics.fmean(r > 0.5 for r in g["rewards"]))
+                accuracy = statistics.fmean(r > 0.5 for r in g["rewards"])
+                inside[g["kind"]].append(accuracy)
                 same_plain[g["kind"]].append(statistics.fmean(plain[g["id"]]))
+                if phase is not None:
+                    phases[g["kind"]][phase].append(accuracy)
         for key, right in plain.items():
             if statistics.fmean(right) < TAU:
                 hard += 1
@@ -447,6 +455,8 @@ def mechanism(groups_by_step: Mapping[int, Sequence[dict]]) -> dict:
     out = {"hard_groups": hard, "hard_with_signal": signal}
     for kind in inside:
         out[kind] = {"groups": len(inside[kind]), "in_prompt": sum(inside[kind]), "plain": sum(same_plain[kind])}
+        for phase, values in phases[kind].items():
+            out[kind][f"{phase}_quarter"], out[kind][f"{phase}_quarter_groups"] = sum(values), len(values)
     return out
 
 
@@ -465,7 +475,7 @@ def summarize(out: Path, rows: Sequence[str], seeds: Sequence[int], design: Desi
         counts: dict = defaultdict(float)
         kinds: dict = defaultdict(lambda: defaultdict(float))
         for seed in seeds:
-            m = mechanism(runs[row, seed]["groups"])
+            m = mechanism(runs[row, seed]["groups"], design.steps)
             counts["hard_groups"] += m.pop("hard_groups")
             counts["hard_with_signal"] += m.pop("hard_with_signal")
             for kind, values in m.items():
@@ -479,6 +489,9 @@ def summarize(out: Path, rows: Sequence[str], seeds: Sequence[int], design: Desi
                     "groups": int(v["groups"]),
                     "in_prompt_accuracy_hard": v["in_prompt"] / max(v["groups"], 1),
                     "plain_accuracy_hard": v["plain"] / max(v["groups"], 1),
+                    # whether the student gets better inside the prompt as it trains
+                    "in_prompt_accuracy_first_quarter": v["first_quarter"] / max(v["first_quarter_groups"], 1),
+                    "in_prompt_accuracy_last_quarter": v["last_quarter"] / max(v["last_quarter_groups"], 1),
                 }
                 for kind, v in kinds.items()
             },
@@ -582,8 +595,10 @@ def console(summary: dict) -> str:
             if kind in per_row[row]:
                 k = per_row[row][kind]
                 parts.append(
-                    f"{kind.upper()} right {100 * k['in_prompt_accuracy_hard']:.1f}% in-prompt vs "
-                    f"{100 * k['plain_accuracy_hard']:.1f}% plain ({k['groups']} groups)"
+                    f"{kind.upper()} right {100 * k['in_prompt_accuracy_hard']:.1f}% in-prompt (first quarter of "
+                    f"the steps {100 * k['in_prompt_accuracy_first_quarter']:.0f}%, last "
+                    f"{100 * k['in_prompt_accuracy_last_quarter']:.0f}%) vs {100 * k['plain_accuracy_hard']:.1f}% "
+                    f"plain ({k['groups']} groups)"
                 )
         lines.append(f"mechanism, {row}: " + "; ".join(parts))
     for row in rows:
@@ -630,6 +645,17 @@ def verdict(summary: dict) -> str:
     probe = {row: summary["curves"][row]["probe"] for row in HEADLINE}
     last = max(probe["ZPPO"], key=int)
     if probe["ZPPO"][last][0] <= probe["GRPO\u2020"][last][0]:
+        learned = m["per_row"]["ZPPO"].get("bcq", {})
+        first, late = (
+            learned.get("in_prompt_accuracy_first_quarter", 0),
+            learned.get("in_prompt_accuracy_last_quarter", 0),
+        )
+        if late > first:
+            return (
+                f"verdict: no effect shown; the student learned to use the candidates (right {100 * first:.0f}% "
+                f"inside BCQ prompts in the first quarter of the steps, {100 * late:.0f}% in the last) but that did "
+                "not carry over to plain prompts (the probe of its hard training questions: no better than GRPO\u2020)"
+            )
         return (
             "verdict: no effect shown; ZPPO's extra signal did not leave the student better than GRPO\u2020 did on "
             "its hard training questions without the candidates (the probe)"

@@ -129,8 +129,13 @@ def test_the_mechanism_is_read_per_question_from_the_group_log():
     m = bench.mechanism(steps)
     # hard visits: a and b in step 1, a and d in step 2; with a signal: a (its BCQ group), b, a; not d
     assert (m["hard_groups"], m["hard_with_signal"]) == (4, 3)
-    assert m["bcq"] == {"groups": 2, "in_prompt": 0.5, "plain": 0.0}
-    assert m["ncq"] == {"groups": 1, "in_prompt": 0.0, "plain": 0.0}
+    # two steps: the first quarter is step 1, the last step 2
+    assert m["bcq"] == {
+        "groups": 2, "in_prompt": 0.5, "plain": 0.0,
+        "first_quarter": 0.5, "first_quarter_groups": 1, "last_quarter": 0.0, "last_quarter_groups": 1,
+    }  # fmt: skip
+    assert m["ncq"]["groups"] == 1 and m["ncq"]["in_prompt"] == m["ncq"]["plain"] == 0.0
+    assert (m["ncq"]["first_quarter_groups"], m["ncq"]["last_quarter_groups"]) == (1, 0)
 
 
 def test_the_interval_draws_seeds_then_questions():
