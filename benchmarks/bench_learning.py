@@ -112,7 +112,7 @@ class Design:
 
 DESIGN = Design()
 SMOKE = Design(
-    steps=2, new_questions=4, eval_every=1, eval_passes=1, heldout_size=16, probe_size=4, regime_samples=2,
+    steps=2, new_questions=4, eval_every=2, eval_passes=1, heldout_size=16, probe_size=4, regime_samples=2,
     regime_questions=8, fits=(30, 30),
 )  # fmt: skip
 # The paper's evaluation decoding (zppo_trl.evaluation.spec.PAPER_DECODING) as transformers' generate takes it;
