@@ -122,13 +122,11 @@ EVAL_DECODING = dict(temperature=0.6, top_p=0.95, top_k=20)
 
 def row_fields(row: str) -> dict:
     """The fields ``row``'s recipe changes from the paper's recipe (recipes/qwen35_0.8b.yaml): its definition."""
-    from zppo_trl.recipe import load_recipe
+    from zppo_trl.recipe import recipe_changes
 
     if ROWS[row] is None:
         return {}
-    base = load_recipe(REPO / "recipes" / "qwen35_0.8b.yaml")
-    fields = load_recipe(REPO / "recipes" / "rows" / ROWS[row])
-    return {k: v for k, v in fields.items() if k not in ("output_dir", "hub_model_id") and base.get(k) != v}
+    return recipe_changes(REPO / "recipes" / "rows" / ROWS[row], REPO / "recipes" / "qwen35_0.8b.yaml")
 
 
 HELDOUT_SPEC = None

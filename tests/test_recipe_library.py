@@ -23,6 +23,7 @@ from zppo_trl.recipe import (
     load_recipe,
     load_student,
     parse_recipe_args,
+    recipe_changes,
     resolve_base,
     reward_functions,
     student_config,
@@ -54,6 +55,15 @@ def test_load_recipe_puts_each_yaml_on_top_of_its_base(tmp_path):
     assert load_recipe(str(tmp_path / "rows" / "tweak.yaml")) == {"a": 1, "b": 2, "c": 3, "augmentations": []}
     (tmp_path / "empty.yaml").write_text("")
     assert load_recipe(tmp_path / "empty.yaml") == {}
+
+
+def test_recipe_changes_are_the_fields_a_row_sets_otherwise_except_where_it_writes(tmp_path):
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "paper.yaml").write_text(yaml.safe_dump({"a": 1, "b": 2, "output_dir": "out/paper"}))
+    row = {"base": "../paper.yaml", "a": 1, "b": 3, "c": 4, "output_dir": "out/row", "hub_model_id": "x/row"}
+    (tmp_path / "rows" / "row.yaml").write_text(yaml.safe_dump(row))
+    assert recipe_changes(tmp_path / "rows" / "row.yaml", tmp_path / "paper.yaml") == {"b": 3, "c": 4}
+    assert recipe_changes(tmp_path / "paper.yaml", tmp_path / "paper.yaml") == {}
 
 
 def test_load_recipe_names_a_cycle_a_missing_base_and_a_non_mapping(tmp_path):

@@ -45,8 +45,6 @@ ROWS_DIR = REPO / "recipes" / "rows"
 STORE = Path(__file__).resolve().parent / "row_fingerprints"
 sys.path.insert(0, str(REPO / "tests"))  # the boxed models and the server launcher the tests use
 
-# Fields of a row file that say where a run writes or publishes, or name a checkpoint on the Hub: replaced here.
-NOT_TRAINING = ("output_dir", "hub_model_id", "distill_teacher")
 # Logged values that measure the machine, not the training: left out of ``logged``.
 MACHINE = re.compile(r"seconds|_s$|time|runtime|per_second|rss|memory|wait|throughput|flos")
 # Counted in the step in which a request returns, which the teacher's prefetch during the updates makes a matter of
@@ -72,14 +70,13 @@ def rows() -> dict[str, Path]:
 
 
 def row_fields(path: Path) -> dict:
-    """The fields ``path`` changes from the paper's recipe, except where it writes (:data:`NOT_TRAINING`)."""
-    from zppo_trl.recipe import load_recipe
+    """The fields ``path`` changes from the paper's recipe (:func:`zppo_trl.recipe.recipe_changes`), with
+    ``distill_teacher`` True where the row loads its teacher next to the student (the boxed teacher goes there)."""
+    from zppo_trl.recipe import recipe_changes
 
-    base = load_recipe(PAPER)
-    fields = load_recipe(path)
-    changed = {k: v for k, v in fields.items() if base.get(k) != v and k not in NOT_TRAINING}
-    if fields.get("distill_teacher"):
-        changed["distill_teacher"] = True  # where the row loads its teacher: replaced by the boxed teacher
+    changed = recipe_changes(path, PAPER)
+    if changed.get("distill_teacher"):
+        changed["distill_teacher"] = True
     return changed
 
 

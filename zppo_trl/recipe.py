@@ -42,6 +42,7 @@ __all__ = [
     "endpoints",
     "is_vision_language",
     "load_recipe",
+    "recipe_changes",
     "load_student",
     "parse_recipe_args",
     "release_distributed",
@@ -160,6 +161,18 @@ def load_recipe(path: str | os.PathLike, _seen: tuple[str, ...] = ()) -> dict:
     if base is None:
         return fields
     return {**load_recipe(os.path.join(os.path.dirname(path), base), (*_seen, path)), **fields}
+
+
+# Where a run writes and publishes: not what it trains.
+WHERE_IT_WRITES = ("output_dir", "hub_model_id")
+
+
+def recipe_changes(path: str | os.PathLike, base: str | os.PathLike) -> dict:
+    """The fields the recipe at ``path`` sets otherwise than the recipe at ``base`` (each through its bases), except
+    where a run writes and publishes (``output_dir``, ``hub_model_id``): what a comparison row changes of the paper's
+    recipe, for a benchmark or tool that trains the row at its own size."""
+    reference = load_recipe(base)
+    return {k: v for k, v in load_recipe(path).items() if reference.get(k) != v and k not in WHERE_IT_WRITES}
 
 
 def read_yaml(path: str | os.PathLike) -> object:
