@@ -55,6 +55,7 @@ SCRIPTS = {
         for p in (REPO / "benchmarks").glob("*.py")
     },
     "tests/boxed_models.py": [sys.executable, "tests/boxed_models.py", "--help"],
+    "tools/row_fingerprints.py": [sys.executable, "tools/row_fingerprints.py", "--help"],
     "evaluation/run.py": [sys.executable, "evaluation/run.py", "--help"],
     "evaluation/compare.py": [sys.executable, "evaluation/compare.py", "--help"],
     "zppo-eval run": [sys.executable, "-m", "zppo_trl.evaluation.cli", "run", "--help"],
