@@ -19,11 +19,13 @@ fingerprint of a run is:
 
 Two runs of one row on one machine give equal fingerprints only if the teacher's replies are equal, so the tool
 decodes the teacher greedily (``teacher_temperature: 0``, one reply per question: ``teacher_num_generations: 1``);
-every other setting is the row's. Float arithmetic differs between CPUs (AVX2, AVX-512, AMX), so fingerprints are
-kept per CPU capability, in ``tools/row_fingerprints/<capability>.json``: record main's with ``--save`` on the
-machine you check on, if its capability has none. ``--check`` exits 1 naming each row that differs, and how.
+every other setting is the row's. Float arithmetic differs between CPUs (AVX2, AVX-512, AMX), and the boxed models
+are fitted on the machine, so fingerprints are kept per CPU capability, in ``tools/row_fingerprints/<capability>.json``
+with the machine and library versions they were recorded on: on another machine, record main's first with ``--save``
+(``--store`` a file of your own). ``--check`` says when the recorded machine is not this one, and exits 1 naming each
+row that differs, and how.
 
-It needs ``make env`` and ``make vllm-env``. Not part of ``make test``: the 35 rows take several minutes.
+It needs ``make env`` and ``make vllm-env``. Not part of ``make test``: the 47 rows take about 4 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -115,7 +117,6 @@ def fingerprint(name: str, path: Path, student: Path, teacher: Path, server, out
 
     from zppo_trl import ZPPOConfig, ZPPOTrainer
 
-    warnings.filterwarnings("ignore", message="rlkd_gsrm_max_tokens=.* has no effect")  # TINY's, on every row
     fields = row_fields(path)
     if fields.pop("distill_teacher", False):
         fields["distill_teacher"] = str(teacher)
@@ -135,10 +136,9 @@ def fingerprint(name: str, path: Path, student: Path, teacher: Path, server, out
         weights.update(param.detach().to(torch.float32).contiguous().numpy().tobytes())
     history = trainer.state.log_history
     logged = [{k: v for k, v in e.items() if not MACHINE.search(k) and k != TEACHER_REQUESTS} for e in history]
-    buffer = trainer.replay_buffer.state_dict() if trainer.replay_buffer is not None else None
     return {
         "weights": weights.hexdigest()[:16],
-        "buffer": _sha(json.dumps(buffer, sort_keys=True, default=str).encode()),
+        "buffer": _sha(json.dumps(trainer.replay_buffer.state_dict(), sort_keys=True, default=str).encode()),
         "logged": _sha(json.dumps(logged, sort_keys=True, default=str).encode()),
         "logged_values": sum(len(entry) for entry in logged),
         "teacher_requests": sum(entry.get(TEACHER_REQUESTS, 0) for entry in history),
@@ -210,9 +210,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"no row {unknown}; the rows: {', '.join(every)}")
     store = options.store or STORE / f"{capability()}.json"
-    recorded = json.loads(store.read_text())["rows"] if store.exists() else {}
+    stored = json.loads(store.read_text()) if store.exists() else {"machine": None, "rows": {}}
+    recorded = stored["rows"]
     if options.check and not recorded:
         parser.error(f"no fingerprints recorded in {store}: record main's first with --save on this machine")
+    if options.check and stored["machine"] != machine():
+        print(f"recorded on {stored['machine']}, checked on {machine()}: record main's here first if rows differ")
+    warnings.filterwarnings("ignore", message="rlkd_gsrm_max_tokens=.* has no effect")  # TINY's, on every row
     reason = vllm_unavailable()
     if reason:
         parser.error(f"the teacher runs on vLLM's CPU engine: {reason}")
