@@ -107,7 +107,7 @@ def instrument(trainer: ZPPOTrainer) -> dict:
     current: dict = {}
     rollout_step, generate_round, prepare_inputs = (
         trainer._rollout_step,
-        trainer._generate_round,
+        trainer.rounds.play,
         trainer._prepare_inputs,
     )
 
@@ -129,9 +129,9 @@ def instrument(trainer: ZPPOTrainer) -> dict:
         )
         return micro_batches
 
-    def _generate_round(groups, name, metrics):
+    def _generate_round(groups, name):
         current["rounds"].append([[g.kind, g.row["id"], g.block is not None] for g in groups])
-        return generate_round(groups, name, metrics)
+        return generate_round(groups, name)
 
     def _prepare_inputs(generation_batch):
         out = prepare_inputs(generation_batch)
@@ -139,7 +139,7 @@ def instrument(trainer: ZPPOTrainer) -> dict:
             record["micro_steps"].append(_describe(out))
         return out
 
-    trainer._rollout_step, trainer._generate_round, trainer._prepare_inputs = (
+    trainer._rollout_step, trainer.rounds.play, trainer._prepare_inputs = (
         _rollout_step,
         _generate_round,
         _prepare_inputs,
@@ -222,7 +222,7 @@ def train_and_record(run: dict, outdir: Path) -> None:
     trainer.train()
 
     acc = trainer.accelerator
-    version, internal, gauss = trainer._rng.getstate()
+    version, internal, gauss = trainer.zppo_state.rng.getstate()
     record.update(
         rank=acc.process_index,
         world=acc.num_processes,

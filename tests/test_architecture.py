@@ -22,6 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "zppo_trl"
 PURE = (
     "prompts",
+    "teacher_sampling",
+    "rounds",
+    "logp_paths",
+    "step_batches",
+    "checkpoint_state",
+    "step_records",
     "replay",
     "reformulate",
     "advantages",
@@ -149,7 +155,8 @@ def _run_as(module: str, code: str) -> dict:
 
 def test_the_objective_example_registers_a_trainable_objective():
     from zppo_trl import ZPPOConfig
-    from zppo_trl.losses import LOSSES, LossInputs, loss_for
+    from zppo_trl.losses import LOSSES, LossInputs
+    from zppo_trl.objectives import loss_for
 
     module, registration = _example("A new objective")
     assert "OBJECTIVE_MODULES" in registration and '"zppo_trl.my_objective"' in registration

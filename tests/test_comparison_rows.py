@@ -147,17 +147,17 @@ def _record_steps(trainer) -> list[dict]:
     steps: list[dict] = []
     teacher = trainer.teacher if isinstance(trainer.teacher, RecordingTeacher) else None
     sampling_from: list[int | None] = [None]  # where this step's teacher sampling began (None: no sampling yet)
-    start, augmented = trainer._start_teacher_sampling, trainer._augmented_batches
-    gather, plan, build = trainer._gather_evidence, trainer.augmentation.plan, trainer.augmentation.build
+    start, augmented = trainer.teacher_sampler.start, trainer._augmented_batches
+    gather, plan, build = trainer.teacher_sampler.evidence, trainer.augmentation.plan, trainer.augmentation.build
 
-    def start_teacher_sampling(plain, metrics):
+    def start_teacher_sampling(plain):
         if sampling_from[0] is None:  # the first step
             sampling_from[0] = len(teacher.exchanges) if teacher else 0
-        return start(plain, metrics)
+        return start(plain)
 
-    def augmented_batches(teacher_future, draw, plain_round, accuracy, metrics):
+    def augmented_batches(teacher_future, draw, plain_round, accuracy):
         steps.append(dict(draw=draw, plain=plain_round, accuracy=dict(accuracy)))
-        out = augmented(teacher_future, draw, plain_round, accuracy, metrics)
+        out = augmented(teacher_future, draw, plain_round, accuracy)
         sampling_from[0] = len(teacher.exchanges) if teacher else 0  # the next step's sampling starts after this
         return out
 
@@ -178,8 +178,9 @@ def _record_steps(trainer) -> list[dict]:
             steps[-1].update(sampled=sampled, requests=teacher.exchanges[before:])
         return out
 
-    trainer._start_teacher_sampling, trainer._augmented_batches = start_teacher_sampling, augmented_batches
-    trainer._gather_evidence, trainer.augmentation.plan, trainer.augmentation.build = gather_evidence, planned, built
+    trainer.teacher_sampler.start, trainer._augmented_batches = start_teacher_sampling, augmented_batches
+    trainer.teacher_sampler.evidence = gather_evidence
+    trainer.augmentation.plan, trainer.augmentation.build = planned, built
     return steps
 
 
@@ -364,18 +365,18 @@ def test_prefix_row_continues_a_correct_teacher_prefix_that_carries_no_loss(
     steps = _record_steps(trainer)
     tokenizer = trainer.processing_class
     evidence, rounds = [], []
-    gather, generate = trainer._gather_evidence, trainer._generate_round
+    gather, generate = trainer.teacher_sampler.evidence, trainer.rounds.play
 
     def gather_evidence(*args, **kwargs):
         evidence.append(gather(*args, **kwargs))
         return evidence[-1]
 
-    def generate_round(groups, name, metrics):
-        result = generate(groups, name, metrics)
+    def generate_round(groups, name):
+        result = generate(groups, name)
         rounds.append((list(groups), result.batch))
         return result
 
-    trainer._gather_evidence, trainer._generate_round = gather_evidence, generate_round
+    trainer.teacher_sampler.evidence, trainer.rounds.play = gather_evidence, generate_round
     trainer.train()
 
     logs = _rollout_logs(trainer)
@@ -477,10 +478,10 @@ def test_zppo_trains_under_each_step_6_objective(
 def _train_recorded(trainer) -> dict:
     """Train ``trainer``, recording its plain rounds, gradings, teacher requests and every trained micro-batch."""
     record = dict(plain=[], graded=[], requests=[], micro=[])
-    generate_round, grade, prepare = trainer._generate_round, trainer._grade_many, trainer._prepare_inputs
+    generate_round, grade, prepare = trainer.rounds.play, trainer.grader.grade, trainer._prepare_inputs
 
-    def generate(groups, name, metrics):
-        out = generate_round(groups, name, metrics)
+    def generate(groups, name):
+        out = generate_round(groups, name)
         record["plain"].append(out)
         return out
 
@@ -508,7 +509,7 @@ def _train_recorded(trainer) -> dict:
             return sample(conversations, *args, **kwargs)
 
         trainer.teacher.sample_async = sample_async
-    trainer._generate_round, trainer._grade_many, trainer._prepare_inputs = generate, graded, prepare_inputs
+    trainer.rounds.play, trainer.grader.grade, trainer._prepare_inputs = generate, graded, prepare_inputs
     trainer.train()
     return record
 
@@ -1380,7 +1381,7 @@ def test_rlkd_adds_the_structure_reward_of_rollouts_of_questions_holding_a_teach
         accuracy = [float(call["before"][g * G : (g + 1) * G].mean()) for g, _ in real]
         assert log["plain_accuracy"] == pytest.approx(sum(accuracy) / len(accuracy))  # the correctness reward alone
     assert scored > 0, "no question held a teacher trace: nothing was scored"
-    assert dict(trainer.zppo_state_dict()["structure_traces"]) == expected_traces  # checkpointed with the buffer
+    assert dict(trainer.zppo_state.state_dict()["structure_traces"]) == expected_traces  # checkpointed with the buffer
 
 
 def test_perception_r1_adds_the_judges_fraction_of_stated_annotations_to_the_advantages_rewards(

@@ -20,7 +20,8 @@ import torch
 
 from zppo_trl import ZPPOConfig
 from zppo_trl.hybrid_objectives import kdrl_coefficient, kdrl_loss, rlad_log_ratio, rlad_loss
-from zppo_trl.losses import LossInputs, loss_for, policy_objectives
+from zppo_trl.losses import LossInputs
+from zppo_trl.objectives import loss_for, policy_objectives
 
 CPU = dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[], augmentations=[])
 TEACHER = dict(teacher_base_url="http://127.0.0.1:1/v1", teacher_model="teacher")

@@ -79,7 +79,7 @@ def _batch(trainer):
         "num_items_in_batch": completion_mask.sum() * trainer.args.steps_per_generation,
     }
     with torch.no_grad():
-        logps, _, _ = trainer._completion_logps(trainer.model, inputs)
+        logps, _, _ = trainer.token_logps.completions(trainer.model, inputs)
     inputs["old_per_token_logps"] = logps + (torch.rand(logps.shape, generator=g) - 0.5)
     return inputs
 
@@ -109,8 +109,8 @@ def pair(tmp_path_factory):
 def test_the_log_probs_and_entropies_are_the_full_logits_ones(pair):
     fused, full = pair
     inputs = _batch(fused)
-    logps_f, entropy_f, _ = fused._completion_logps(fused.model, inputs)
-    logps_u, entropy_u, _ = full._completion_logps(full.model, inputs)
+    logps_f, entropy_f, _ = fused.token_logps.completions(fused.model, inputs)
+    logps_u, entropy_u, _ = full.token_logps.completions(full.model, inputs)
     torch.testing.assert_close(logps_f, logps_u, rtol=RTOL, atol=ATOL)
     torch.testing.assert_close(entropy_f, entropy_u, rtol=RTOL, atol=ATOL)
     # the reference itself: the model's own logits at temperature 0.7, log-softmaxed, at the completion tokens
@@ -228,7 +228,7 @@ def test_the_patched_heads_keep_the_models_signature_for_generate():
 
 
 def test_scoring_on_a_second_thread_leaves_the_main_threads_generation_alone(tmp_path):
-    # overlap_old_logps scores the plain rollouts on a second thread (LogProbPaths._rollout_logps) while the
+    # overlap_old_logps scores the plain rollouts on a second thread (OldLogProbs.rollouts) while the
     # main thread goes on; a test runs its own generation meanwhile. The scoring pass cuts the hidden states the
     # fused head sees to the loss positions, and must cut its own call only: here the scorer is held inside the
     # model, its cut in place, while the main thread generates as TRL does (checkpointing off around it). A cut
@@ -264,7 +264,7 @@ def test_scoring_on_a_second_thread_leaves_the_main_threads_generation_alone(tmp
                 pad_token_id=0,
             )
 
-    alone_logps, alone_generated = trainer._rollout_logps([(0, row)])[0], generate()
+    alone_logps, alone_generated = trainer.old_logps.rollouts([(0, row)])[0], generate()
     inside, release = threading.Event(), threading.Event()
 
     def hold(module, args):
@@ -274,7 +274,7 @@ def test_scoring_on_a_second_thread_leaves_the_main_threads_generation_alone(tmp
 
     def score_on_a_thread() -> dict:
         scored = {}
-        scorer = threading.Thread(target=lambda: scored.update(trainer._rollout_logps([(0, row)])), name="scorer")
+        scorer = threading.Thread(target=lambda: scored.update(trainer.old_logps.rollouts([(0, row)])), name="scorer")
         scorer.start()
         try:
             assert inside.wait(60)
@@ -295,7 +295,7 @@ def test_scoring_on_a_second_thread_leaves_the_main_threads_generation_alone(tmp
     assert model.is_gradient_checkpointing
     # the scorer changes nothing on the model: no hook left behind, none added or removed
     hooks = {name: (len(m._forward_hooks), len(m._forward_pre_hooks)) for name, m in model.named_modules()}
-    scorer = threading.Thread(target=lambda: trainer._rollout_logps([(0, row)]))
+    scorer = threading.Thread(target=lambda: trainer.old_logps.rollouts([(0, row)]))
     scorer.start()
     scorer.join(60)
     assert {name: (len(m._forward_hooks), len(m._forward_pre_hooks)) for name, m in model.named_modules()} == hooks

@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from zppo_trl.losses import LOSSES, DispoBounds, LossInputs, loss_for, register_loss
+from zppo_trl.losses import LOSSES, DispoBounds, LossInputs, register_loss
+from zppo_trl.objectives import loss_for
 
 ARGS = SimpleNamespace(
     epsilon=0.2,

@@ -11,7 +11,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from zppo_trl.losses import policy_objectives
+from zppo_trl.objectives import policy_objectives
 from zppo_trl.partitioning import SKIP, deal_targets, is_skipped, pack_partition, policy_partitions
 from zppo_trl.ranks import Ranks
 from zppo_trl.rollout import FILLER, Group, draw_questions, merge_lists, plain_accuracy

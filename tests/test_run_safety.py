@@ -92,8 +92,8 @@ _KILLED_MID_SAVE = textwrap.dedent(
     from zppo_trl.callbacks import JsonlMetricsCallback
 
     class KilledMidSave(ZPPOTrainer):
-        def _save_zppo_state(self, output_dir):
-            super()._save_zppo_state(output_dir)
+        def _save_rng_state(self, output_dir):  # where the ZPPO state is written
+            super()._save_rng_state(output_dir)
             if self.state.global_step == 4:
                 os.kill(os.getpid(), signal.SIGKILL)
 
@@ -194,8 +194,8 @@ def test_a_second_trainer_on_a_live_runs_output_dir_is_refused(tiny_text_model_d
 
 
 def test_a_group_with_an_unscored_rollout_leaves_the_step():
-    from zppo_trl.generation_hooks import _without_unscored
     from zppo_trl.rollout import FILLER, plain_accuracy
+    from zppo_trl.rounds import without_unscored as _without_unscored
 
     groups = [[("new", "a"), ("new", "b")], [("replay", "c"), (FILLER, "a")]]
     unscored = torch.tensor([False, False, False, True, False, False, False, False])  # b's second rollout

@@ -19,7 +19,8 @@ import torch
 from zppo_trl import ZPPOConfig
 from zppo_trl.batches import concat_batches
 from zppo_trl.distill import DistillInputs, TeacherTopK, top_k_logps
-from zppo_trl.losses import LossInputs, loss_for
+from zppo_trl.losses import LossInputs
+from zppo_trl.objectives import loss_for
 from zppo_trl.terms import selected_by
 from zppo_trl.terms.self_teachers import (
     OPSD,

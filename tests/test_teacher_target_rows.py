@@ -301,7 +301,7 @@ def _rows(trainer, n: int, seed: int) -> dict:
         "advantages": torch.zeros(n),
     }
     with torch.no_grad():
-        batch["old_per_token_logps"], _, _ = trainer._completion_logps(trainer.model, batch)
+        batch["old_per_token_logps"], _, _ = trainer.token_logps.completions(trainer.model, batch)
     return batch
 
 
@@ -327,14 +327,13 @@ def test_relift_trains_the_teacher_target_of_an_all_wrong_question_and_nothing_e
     target = _rows(trainer, 2, 1)
     target["completion_mask"][1] = 0  # a filler row: no loss tokens
     targets = Round(target, None, [], [[("relift", "q0"), ("filler", "q0")]])
-    metrics: dict = {}
-    assert all(is_skipped(m) for m in trainer._policy_batches(plain, empty_round(1), metrics))  # GRPO† alone: none
-    micro_batches = trainer._policy_batches(plain, empty_round(1), metrics, targets)
+    assert all(is_skipped(m) for m in trainer.batches.policy(plain, empty_round(1)))  # GRPO† alone: none
+    micro_batches = trainer.batches.policy(plain, empty_round(1), targets)
     (micro,) = [m for m in micro_batches if not is_skipped(m)]
     loss = _train_step(trainer, micro_batches)
     # by hand: the target row's NLL over the partition's 2 x 4 rollout tokens plus its own 4 tokens
     with torch.no_grad():
-        logps, _, _ = trainer._completion_logps(trainer.model, target)
+        logps, _, _ = trainer.token_logps.completions(trainer.model, target)
     assert loss == pytest.approx(float(-logps[0].sum() / 12.0), rel=1e-5)
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in trainer.model.parameters())
 
@@ -352,7 +351,7 @@ def test_rstg_distils_only_the_all_wrong_rollouts(tmp_path):
     # group q0 all-wrong (rows 0, 1), group q1 mixed (rows 2, 3)
     batch = _rows(trainer, 4, 0)
     plain = Round(batch, torch.tensor([0.0, 0.0, 1.0, 0.0]), [""] * 4, [[("plain", "q0"), ("plain", "q1")]])
-    micro_batches = trainer._policy_batches(plain, empty_round(1), {})
+    micro_batches = trainer.batches.policy(plain, empty_round(1))
     (micro,) = [m for m in micro_batches if not is_skipped(m)]
     marks = {tuple(row): mark for row, mark in zip(micro["completion_ids"].tolist(), micro[MARK_FIELD].tolist())}
     assert marks == {tuple(batch["completion_ids"][i].tolist()): float(i < 2) for i in range(4)}

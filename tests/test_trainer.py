@@ -196,7 +196,7 @@ def test_resume_continues_the_same_run(tiny_text_model_dir, tmp_path):
     assert resumed.replay_buffer.residents() == straight.replay_buffer.residents()
     assert len(straight.replay_buffer) > 0
     assert dict(resumed.counters) == dict(straight.counters)
-    assert resumed._rng.getstate() == straight._rng.getstate()
+    assert resumed.zppo_state.rng.getstate() == straight.zppo_state.rng.getstate()
     for name, p in straight.model.named_parameters():
         torch.testing.assert_close(resumed.model.get_parameter(name), p, rtol=0, atol=0)
 
@@ -253,7 +253,7 @@ def test_async_reward_functions_grade_teacher_rollouts(tiny_text_model_dir, tmp_
 
     trainer = _trainer(tiny_text_model_dir, _config(tmp_path, max_steps=2), [async_boxed])
     row = trainer.train_dataset[3]  # "What is 3 + 3?" -> 6
-    assert trainer._grade_many([row], [["so \\boxed{6}", "\\boxed{7}", "no box"]]) == [[True, False, False]]
+    assert trainer.grader.grade([row], [["so \\boxed{6}", "\\boxed{7}", "no box"]]) == [[True, False, False]]
 
 
 def test_teacher_rollouts_of_every_hard_question_are_graded_in_one_call(tiny_text_model_dir, tmp_path):
@@ -270,13 +270,13 @@ def test_teacher_rollouts_of_every_hard_question_are_graded_in_one_call(tiny_tex
 
     trainer = _trainer(tiny_text_model_dir, _config(tmp_path, max_steps=2), [counting_boxed])
     three, five, seven = (trainer.train_dataset[i] for i in (3, 5, 7))  # answers 6, 10, 14
-    grades = trainer._grade_many(
+    grades = trainer.grader.grade(
         [three, five, seven], [["\\boxed{6}", "\\boxed{10}"], [], ["\\boxed{14}", "14", "\\boxed{6}"]]
     )
     assert grades == [[True, False], [], [True, False, False]]
     assert calls == [["q03", "q03", "q07", "q07", "q07"]]
     assert [p.startswith(q) for p, q in zip(asked, ["What is 3 + 3?"] * 2 + ["What is 7 + 7?"] * 3)] == [True] * 5
-    assert trainer._grade_many([three], [[]]) == [[]] and len(calls) == 1  # nothing to grade: no call
+    assert trainer.grader.grade([three], [[]]) == [[]] and len(calls) == 1  # nothing to grade: no call
 
 
 def test_prompts_that_leave_less_than_a_completion_in_the_context_are_counted_and_warned(
@@ -422,12 +422,11 @@ def test_old_logps_skip_every_partition_before_the_first_update(tiny_text_model_
         )
         for ids in completions
     )
-    metrics = {}
-    trainer._attach_old_logps([{"zppo_skip": True}, second, third], metrics)
+    trainer.old_logps.attach([{"zppo_skip": True}, second, third])
     assert "old_per_token_logps" not in second
     ids = torch.cat([prompt, completions[1]], dim=1)
     with torch.no_grad():
         logits = trainer.model(input_ids=ids).logits[:, prompt.size(1) - 1 : -1].float()
     expected = logits.log_softmax(-1).gather(-1, completions[1][..., None])[..., 0]
     torch.testing.assert_close(third["old_per_token_logps"], expected, rtol=0, atol=1e-5)
-    assert metrics["old_logps_rows"] == 2
+    assert trainer.recorder.metrics["old_logps_rows"] == 2

@@ -19,7 +19,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3_5ForConditionalGeneration, TrainerCallback
 
-from zppo_trl import ZPPOConfig, ZPPOTrainer
+from zppo_trl import ZPPOConfig, ZPPOTrainer, logp_paths
 from zppo_trl.group_log import GROUP_LOG_NAME, read_group_log
 from zppo_trl.processing import load_processor
 from zppo_trl.prompts import BCQ_INSTRUCTION, RL_CLOSER, bcq_block, compose_prompt, ncq_block
@@ -276,7 +276,7 @@ def test_prefetching_teacher_samples_and_overlapping_old_logps_change_no_weight(
     # second thread only reads the model, so the BCQ/NCQ round is generated on it meanwhile: test_lm_head.py holds
     # that interleaving in place. tests/test_student_server.py runs it in its real topology.)
     server = vllm_boxed_teacher_server
-    monkeypatch.setattr(ZPPOTrainer, "_second_round_off_device", property(lambda self: True))
+    monkeypatch.setattr(logp_paths, "rollouts_off_device", lambda args: True)
 
     def run(overlap: bool):
         teacher = SampleRecorder(server.base_url, server.model)

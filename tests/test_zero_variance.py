@@ -288,7 +288,7 @@ def _all_wrong_round(trainer):
         "advantages": torch.zeros(2),
     }
     with torch.no_grad():
-        logps, _, _ = trainer._completion_logps(trainer.model, batch)
+        logps, _, _ = trainer.token_logps.completions(trainer.model, batch)
     # inside the clip band (ratios e^-0.05, e^0.05), so the surrogate's gradient is not clipped away
     batch["old_per_token_logps"] = logps + torch.tensor([[0.05], [-0.05]])
     return Round(batch, torch.zeros(2), ["", ""], [[("plain", "q0")]])
@@ -300,14 +300,13 @@ def test_an_all_wrong_group_gets_a_gradient_under_each_row_and_none_under_grpo_d
 
     trainer = _tiny_trainer(tmp_path, signal)
     assert trainer.args.variant == {"none": "GRPO\u2020", "rl_zvp": "RL-ZVP\u2020", "lens": "LENS\u2020"}[signal]
-    metrics: dict = {}
-    micro_batches = trainer._policy_batches(_all_wrong_round(trainer), empty_round(1), metrics)
+    micro_batches = trainer.batches.policy(_all_wrong_round(trainer), empty_round(1))
     trainer.model.zero_grad(set_to_none=True)
     for micro in micro_batches:
         if not is_skipped(micro):
             trainer._compute_loss(trainer.model, micro).backward()
     norm = sum(float(p.grad.norm()) for p in trainer.model.parameters() if p.grad is not None)
     if signal == "none":  # both partitions are empty-signal: skipped, no forward, no gradient
-        assert metrics["skipped_partitions"] == 2 and norm == 0.0
+        assert trainer.recorder.metrics["skipped_partitions"] == 2 and norm == 0.0
     else:  # the group's partition trains; the other (empty) one is still skipped
-        assert metrics["skipped_partitions"] == 1 and norm > 0.0
+        assert trainer.recorder.metrics["skipped_partitions"] == 1 and norm > 0.0

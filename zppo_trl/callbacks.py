@@ -18,15 +18,17 @@ import json
 import logging
 import math
 import os
+from typing import Any
 
 from transformers import TrainerCallback
-from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from .appended_log import read_appended
 from .augmentations import AUGMENTATION_KINDS
 
 __all__ = [
     "EMAReferenceCallback",
+    "console_callbacks",
     "JsonlMetricsCallback",
     "QuietProgressCallback",
     "RolloutSummaryCallback",
@@ -156,3 +158,13 @@ class EMAReferenceCallback(TrainerCallback):
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if model is not None:
             self.reference.after_step(getattr(model, "module", model), state.global_step)
+
+
+def console_callbacks(handler: Any, full_console_logs: bool) -> None:
+    """Set a trainer's ``handler`` (its ``callback_handler``) to print one line per rollout step
+    (:class:`RolloutSummaryCallback`); TRL's metrics dict and the bare printer only with ``full_console_logs``."""
+    if not full_console_logs:
+        if handler.pop_callback(ProgressCallback) is not None:
+            handler.add_callback(QuietProgressCallback)
+        handler.pop_callback(PrinterCallback)
+    handler.add_callback(RolloutSummaryCallback)

@@ -1,6 +1,6 @@
-"""What :class:`zppo_trl.ZPPOTrainer` keeps in a checkpoint beyond TRL's, as a mixin: ``zppo_state.json`` (the replay
-buffer, admission accuracies, counters, the shared RNG and every term's state), the copies of the student the row's
-terms keep, and the run's model card.
+"""What :class:`zppo_trl.ZPPOTrainer` keeps in a checkpoint beyond TRL's: :class:`ZPPOState`, written as
+``zppo_state.json`` (the replay buffer, admission accuracies, counters, the shared RNG and every term's state) with
+the copies of the student the row's terms keep; and which of a run's checkpoints is whole.
 """
 
 from __future__ import annotations
@@ -8,16 +8,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
-from .evaluation.condition import CONDITION_KEY
-from .model_card import CardFacts, render_model_card
-from .student_copy import EMAReference
+from .replay import PromptReplayBuffer
+from .step_metrics import admission_bins, bin_label
 
-__all__ = ["ZPPO_STATE_NAME", "CheckpointState", "last_complete_checkpoint"]
+__all__ = ["ZPPO_STATE_NAME", "ZPPOState", "last_complete_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,97 +64,106 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
     return None
 
 
-class CheckpointState:
-    """A mixin of :class:`zppo_trl.ZPPOTrainer` (see the module's docstring)."""
+class ZPPOState:
+    """The run's state that Algorithm 1 carries from one rollout step to the next, beyond the weights and the
+    optimizer: the replay buffer, each resident's plain accuracy at admission, the cumulative counters, the RNG every
+    rank draws its decisions from, and the terms' state and student copies.
 
-    def _ema_copies(self) -> list[tuple[str, EMAReference, str]]:
-        """The run's copies of the student (the terms'), each with its checkpoint file and what it is."""
+    ``counters``, ``admitted_at`` and ``rng`` are the very objects the trainer's collaborators were given: loading a
+    checkpoint restores them in place.
+
+    Args:
+        capacity: the buffer's capacity (``replay_capacity``).
+        threshold: its graduation threshold (``hard_threshold``).
+        seed: the shared RNG's seed (``seed``; the same on every rank).
+        group_size: G_S, for the admission bins.
+        terms: the row's terms (their ``state_dict``/``load_state_dict`` and ``copies``); may be set after
+            construction, since a term is built with the RNG.
+    """
+
+    def __init__(self, capacity: int, threshold: float, seed: int, group_size: int, terms: Sequence = ()):
+        self.replay_buffer = PromptReplayBuffer(capacity=capacity, threshold=threshold)
+        self.rng = random.Random(seed)
+        self.admitted_at: dict[Any, float] = {}  # resident -> plain accuracy at admission (for the bin metrics)
+        self.counters: defaultdict[str, float] = defaultdict(float)
+        self.group_size = group_size
+        self.terms = list(terms)
+
+    def copies(self) -> list:
+        """The run's copies of the student (the terms'), each ``(checkpoint file, EMAReference, what it is)``."""
         return [copy for term in self.terms for copy in term.copies]
 
-    def _save_rng_state(self, output_dir: str) -> None:
-        super()._save_rng_state(output_dir)
-        self._save_zppo_state(output_dir)
+    def refresh(self, accuracy: Mapping[Any, float]) -> dict[str, float]:
+        """Step 7: the buffer refreshed from the plain accuracies; its events and admission bins as metrics (the
+        bins' running totals counted)."""
+        metrics: dict[str, float] = {}
+        events = self.replay_buffer.update(accuracy)
+        bins = admission_bins(self.group_size, self.replay_buffer.threshold)
+        for key in events.admitted:
+            self.admitted_at[key] = accuracy[key]
+        for name in ("admitted", "graduated", "evicted", "retained"):
+            metrics[name] = len(getattr(events, name))
+        for name, keys in (("admitted", events.admitted), ("graduated", events.graduated)):
+            counts = dict.fromkeys(bins, 0)
+            for key in keys:
+                label = bin_label(self.admitted_at.get(key, accuracy[key]), self.group_size)
+                if label in counts:
+                    counts[label] += 1
+            for label, count in counts.items():
+                metrics[f"{name}_bin_{label}"] = count
+                self.counters[f"{name}_bin_{label}_total"] += count
+        for key in events.graduated + events.evicted:
+            self.admitted_at.pop(key, None)
+        metrics["buffer_size"] = len(self.replay_buffer)
+        return metrics
 
-    def _save_checkpoint(self, model, trial) -> None:
-        if self.args.save_only_model:  # transformers then skips _save_rng_state, where ZPPO's state is written
-            self._save_zppo_state(os.path.join(self._get_output_dir(trial), f"checkpoint-{self.state.global_step}"))
-        super()._save_checkpoint(model, trial)
-
-    def _save_zppo_state(self, output_dir: str) -> None:
-        """``zppo_state.json`` and the student copies' weights, before TRL's trainer state (written last): a
-        checkpoint with its trainer state has them (:func:`last_complete_checkpoint`)."""
-        if self.args.should_save:
-            os.makedirs(output_dir, exist_ok=True)
-            with open(os.path.join(output_dir, ZPPO_STATE_NAME), "w") as f:
-                json.dump(self.zppo_state_dict(), f)
-            for name, copy, _what in self._ema_copies():  # EMA weights, for an exact resume
-                torch.save(copy.state_dict(), os.path.join(output_dir, name))
-
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
-            return
-        path = os.path.join(checkpoint, ZPPO_STATE_NAME)
-        if os.path.exists(path):
-            with open(path) as f:
-                self.load_zppo_state_dict(json.load(f))
-        else:
-            logger.warning(
-                "checkpoint %s has no %s: the replay buffer and ZPPO counters start empty", checkpoint, ZPPO_STATE_NAME
-            )
-        for name, copy, what in self._ema_copies():
-            path = os.path.join(checkpoint, name)
-            if os.path.exists(path):
-                copy.load_state_dict(torch.load(path, map_location=self.accelerator.device))
-            else:
-                logger.warning("checkpoint %s has no %s: %s restarts from the resumed weights", checkpoint, name, what)
-                copy.load_state_dict(self.model.state_dict())
-
-    def zppo_state_dict(self) -> dict:
-        """The buffer, admission accuracies, counters and ZPPO's RNG state (JSON-serialisable)."""
-        version, internal, gauss = self._rng.getstate()
+    def state_dict(self) -> dict:
+        """The buffer, admission accuracies, counters, the RNG's state and the terms' (JSON-serialisable)."""
+        version, internal, gauss = self.rng.getstate()
         return {
             "buffer": self.replay_buffer.state_dict(),
-            "admitted_at": [[key, r] for key, r in self._admitted_at.items()],
+            "admitted_at": [[key, r] for key, r in self.admitted_at.items()],
             "counters": dict(self.counters),
             "rng": [version, list(internal), gauss],
             **{key: value for term in self.terms for key, value in term.state_dict().items()},
         }
 
-    def load_zppo_state_dict(self, state: Mapping) -> None:
-        """Restore :meth:`zppo_state_dict` exactly."""
+    def load_state_dict(self, state: Mapping) -> None:
+        """Restore :meth:`state_dict` exactly, in place."""
         self.replay_buffer.load_state_dict(state["buffer"])
-        self._admitted_at = dict(state["admitted_at"])
-        self.counters = defaultdict(float, state["counters"])
+        self.admitted_at.clear()
+        self.admitted_at.update(dict(state["admitted_at"]))
+        self.counters.clear()
+        self.counters.update(state["counters"])
         version, internal, gauss = state["rng"]
-        self._rng.setstate((version, tuple(internal), gauss))
+        self.rng.setstate((version, tuple(internal), gauss))
         for term in self.terms:
             term.load_state_dict(state)
 
-    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """Write ``output_dir/README.md``: the model card of this run (see :mod:`zppo_trl.model_card`).
+    def save(self, output_dir: str) -> None:
+        """``zppo_state.json`` and the student copies' weights into ``output_dir``, before TRL's trainer state
+        (written last): a checkpoint with its trainer state has them (:func:`last_complete_checkpoint`)."""
+        os.makedirs(output_dir, exist_ok=True)
+        with open(os.path.join(output_dir, ZPPO_STATE_NAME), "w") as f:
+            json.dump(self.state_dict(), f)
+        for name, copy, _what in self.copies():  # EMA weights, for an exact resume
+            torch.save(copy.state_dict(), os.path.join(output_dir, name))
 
-        Replaces TRL's card, which links a local student as ``huggingface.co/None`` and cites
-        TRL alone: this one names the student and dataset as given, says how the model was
-        trained (variant, teacher, data, schedule, settings, final counters) and cites the paper.
-        """
-        if not self.is_world_process_zero():
-            return
-        args = self.args
-        on_hub = bool(args.push_to_hub and args.hub_model_id)
-        facts = CardFacts(
-            model_name=model_name
-            or (args.hub_model_id or os.path.basename(os.path.normpath(args.output_dir))).split("/")[-1],
-            student=getattr(self.model.config, "_name_or_path", None) or None,
-            dataset=dataset_name or self.dataset_name,
-            load_from=args.hub_model_id if on_hub else args.output_dir,
-            on_hub=on_hub,
-            vision=getattr(self.model.config, "vision_config", None) is not None,
-            license=self.model_license,
-            tags=(*self._tag_names, *([tags] if isinstance(tags, str) else tags or ())),
-            optimizer_steps=self.state.global_step,
-            evaluation_condition=getattr(self.model.config, CONDITION_KEY, None),
-        )
-        os.makedirs(args.output_dir, exist_ok=True)
-        with open(os.path.join(args.output_dir, "README.md"), "w") as f:
-            f.write(render_model_card(args, facts, self.state.log_history))
+    def load(self, checkpoint: str, device: Any, student_weights: Any) -> None:
+        """Restore what :meth:`save` wrote to ``checkpoint``; a checkpoint without it (not ZPPO's) starts the buffer
+        and counters empty, and a copy without its file restarts from ``student_weights()``, each said."""
+        path = os.path.join(checkpoint, ZPPO_STATE_NAME)
+        if os.path.exists(path):
+            with open(path) as f:
+                self.load_state_dict(json.load(f))
+        else:
+            logger.warning(
+                "checkpoint %s has no %s: the replay buffer and ZPPO counters start empty", checkpoint, ZPPO_STATE_NAME
+            )
+        for name, copy, what in self.copies():
+            path = os.path.join(checkpoint, name)
+            if os.path.exists(path):
+                copy.load_state_dict(torch.load(path, map_location=device))
+            else:
+                logger.warning("checkpoint %s has no %s: %s restarts from the resumed weights", checkpoint, name, what)
+                copy.load_state_dict(student_weights())

@@ -32,9 +32,9 @@ from .augmentations import candidate_content, check_kinds, parse_kinds
 from .composition import StepComposition, step_composition
 from .context import PAPER_MAX_PROMPT_LENGTH, ContextLengths, context_lengths
 from .distill import DistillationSettings, check_distillation
-from .losses import policy_objectives
 from .needs import SCORES_TOP_K
 from .objective_settings import DISPO_FIELDS, ObjectiveSettings, check_objective_settings
+from .objectives import policy_objectives
 from .optim import ANYPRECISION_OPTIM, anyprecision_kwargs
 from .prompts import RL_CLOSER
 from .reformulate import KINDS

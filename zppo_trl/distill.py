@@ -32,7 +32,10 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from .augmentations.base import BuiltGroup, BuiltGroups
+from .batches import concat_batches
 from .needs import SCORES_TOP_K, Needs
+from .rollout import Round
 
 __all__ = [
     "DISTILLATION_MODES",
@@ -45,6 +48,7 @@ __all__ = [
     "check_distillation",
     "chunked_jsd",
     "completion_states",
+    "distillation_targets",
     "frozen_distill_teacher",
     "generalized_jsd_per_token",
     "load_distill_teacher",
@@ -367,3 +371,23 @@ def frozen_distill_teacher(model: Any, name_or_path: str, student: Any, tokenize
             "the distillation rows need a teacher that shares the student's tokenizer"
         )
     return teacher
+
+
+def distillation_targets(
+    mode: str, teacher_future: Any, draw: Any, plain_round: Any, *, sampler: Any, rounds: Any, ranks: Any,
+    group_size: int, pad_token_id: int, metrics: dict,
+) -> Any:  # fmt: skip
+    """Steps 4-5 of Off-/On-Distill: the round of sequences to imitate. On-Distill (``mode="on"``) imitates the teacher
+    on every student rollout of the plain round; Off-Distill on every graded-correct teacher rollout of every question
+    (step 4's evidence from the ``sampler``), teacher-forced through ``rounds.targets`` (a question without one
+    contributes no target; ``distill_questions_with_target`` counts those with one)."""
+    if mode == "on":
+        per_rank = [[group for group in groups for _ in range(group_size)] for groups in plain_round.groups_per_rank]
+        return Round(concat_batches([plain_round.batch], pad_token_id), None, [], per_rank)
+    keys = list(dict.fromkeys(draw.new_keys + draw.replay_keys))
+    evidence = sampler.evidence(teacher_future, draw, plain_round, keys)
+    built = BuiltGroups()
+    for key in ranks.share(keys):
+        built.groups += [BuiltGroup("off_distill", key, target=text) for text in evidence.teacher_correct.get(key, ())]
+    metrics["distill_questions_with_target"] = sum(1 for key in keys if evidence.teacher_correct.get(key))
+    return rounds.targets(built, draw.plain[0].row)

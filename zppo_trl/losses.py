@@ -17,10 +17,11 @@ it. Adding an objective is one function here (or in a module of its own) and its
 ``jsd``    GKD's generalized Jensen-Shannon divergence to the teacher (the distillation rows).
 =========  =====================================================================================
 
-KDRL and RLAD, the teacher-side hybrid rows, register in :mod:`zppo_trl.hybrid_objectives` (listed in
-:data:`OBJECTIVE_MODULES`); they read the teacher's log-prob of every sampled token. SDPO and OPSD, the
-self-teacher rows, register in :mod:`zppo_trl.terms.self_teachers`; they read a copy of the student under another
-prompt.
+KDRL and RLAD, the teacher-side hybrid rows, register in :mod:`zppo_trl.hybrid_objectives`; they read the
+teacher's log-prob of every sampled token. SDPO and OPSD, the self-teacher rows, register in
+:mod:`zppo_trl.terms.self_teachers`; they read a copy of the student under another prompt. :mod:`zppo_trl.objectives`
+imports every module that registers one (this one imports none of them) and answers "which loss does a configuration
+train with" (:func:`zppo_trl.objectives.loss_for`).
 
 Every loss divides a sum over the micro-batch's loss tokens by ``normalizer``, the partition's token
 count as the trainer carries it (a token mean per optimizer update); GSPO as its paper trains it divides
@@ -49,8 +50,9 @@ This module is pure: torch only, no TRL, no trainer.
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +63,6 @@ from .needs import SCORES_TOKEN_LOGPS, Needs
 
 __all__ = [
     "LOSSES",
-    "OBJECTIVE_MODULES",
     "GSPO_EPSILONS",
     "DispoBounds",
     "Loss",
@@ -70,19 +71,15 @@ __all__ = [
     "CISPO_WEIGHT_BOUND",
     "dispo_outside",
     "dispo_per_token_loss",
-    "loss_for",
+    "log_loss",
     "masked_sum",
-    "policy_objectives",
     "register_loss",
+    "sequence_level_warning_expected",
 ]
 
 # GSPO's clip range on the sequence ratio, as the GSPO paper trains it (left 3e-4, right 4e-4): a geometric
 # mean of token ratios moves by about 1e-3 per update, so the ZPPO table's 0.2 / 0.28 would essentially never bind.
 GSPO_EPSILONS: tuple[float, float] = (3e-4, 4e-4)
-
-# Modules that register further objectives (imported at the end of this module): a new objective is
-# one module with a ``@register_loss(..., objective=...)`` function, and one line here.
-OBJECTIVE_MODULES: tuple[str, ...] = ("zppo_trl.hybrid_objectives", "zppo_trl.terms.self_teachers")
 
 
 # CISPO's upper bound on the importance weight. MiniMax-M1 (the CISPO paper) imposes no lower bound and tunes
@@ -274,9 +271,10 @@ def register_loss(
     def register(fn: Callable) -> Callable:
         if name in LOSSES:
             raise ValueError(f"a loss named {name!r} is already registered")
-        if objective is not None and objective in policy_objectives():
+        if objective is not None and objective in _registered_objectives():
             raise ValueError(
-                f"policy_objective {objective!r} is already registered (loss {policy_objectives()[objective].name!r})"
+                f"policy_objective {objective!r} is already registered "
+                f"(loss {_registered_objectives()[objective].name!r})"
             )
         LOSSES[name] = Loss(
             name,
@@ -293,22 +291,9 @@ def register_loss(
     return register
 
 
-def policy_objectives() -> dict[str, Loss]:
-    """Every registered policy objective: its ``policy_objective`` value -> its loss, in registration order."""
+def _registered_objectives() -> dict[str, Loss]:
+    """The policy objectives registered so far (every one: :func:`zppo_trl.objectives.policy_objectives`)."""
     return {loss.objective: loss for loss in LOSSES.values() if loss.objective is not None}
-
-
-def loss_for(args: Any, supervised: bool = False) -> Loss:
-    """The loss a configuration trains with: ``sft`` for a supervised augmentation, ``jsd`` for the
-    distillation rows, else its ``policy_objective``'s."""
-    if supervised:
-        return LOSSES["sft"]
-    if getattr(args, "distillation", None):
-        return LOSSES["jsd"]
-    objectives = policy_objectives()
-    if args.policy_objective not in objectives:
-        raise ValueError(f"policy_objective must be one of {list(objectives)}, got {args.policy_objective!r}")
-    return objectives[args.policy_objective]
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -461,5 +446,36 @@ def jsd_loss(inputs: LossInputs, args: Any) -> LossOutput:
     return LossOutput(total / inputs.normalizer, means={"distill/jsd": (total.detach(), count)})
 
 
-for _module in OBJECTIVE_MODULES:  # after the built-in losses: their modules import this one
-    importlib.import_module(_module)
+def log_loss(out: LossOutput, accelerator: Any, metrics: Any) -> None:
+    """What a loss reports, over every rank, appended to ``metrics`` (TRL's, of the mode): token means, and
+    per-response minima or maxima."""
+    for name, (total, count) in out.means.items():
+        totals = accelerator.reduce(torch.stack([total, count]), reduction="sum")
+        metrics[name].append((totals[0] / totals[1].clamp(min=1.0)).item())
+    for name, (values, how) in out.extremes.items():
+        gathered = accelerator.gather(values)
+        kept = gathered[~torch.isnan(gathered)]  # NaN marks a rank's or response's "nothing to report"
+        extreme = (kept.min() if how == "min" else kept.max()) if kept.numel() else torch.tensor(float("nan"))
+        metrics[name].append(extreme.item())
+
+
+@contextlib.contextmanager
+def sequence_level_warning_expected(objective: Loss, trl_module: str) -> Iterator[None]:
+    """Drop TRL's construction-time warning that a sequence-level ratio under ``loss_type="dapo"`` weights each
+    rollout by its length (it points to ``loss_type="grpo"``), where ``objective`` is sequence-level: TRL's loss does
+    not train it, its registered loss does (GSPO's averages per response as the GSPO paper does, or, with
+    ``gspo_settings="zppo_table"``, keeps DAPO's token mean on purpose). Any other warning, and every other
+    objective's, passes. ``trl_module``: the module whose logger warns (TRL's GRPO trainer)."""
+    trl_logger = logging.getLogger(trl_module)
+
+    def expected(record: logging.LogRecord) -> bool:
+        # accelerate's logger prefixes the rank ("[RANK 0] "), hence `in`
+        return not (
+            objective.sequence_level and "When using `importance_sampling_level='sequence'`" in record.getMessage()
+        )
+
+    trl_logger.addFilter(expected)
+    try:
+        yield
+    finally:
+        trl_logger.removeFilter(expected)

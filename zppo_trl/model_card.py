@@ -10,6 +10,7 @@ paper next to TRL. Every table cell is escaped, so each row renders.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -25,6 +26,7 @@ __all__ = [
     "CardFacts",
     "final_metrics",
     "render_model_card",
+    "write_run_card",
     "zppo_card_section",
 ]
 
@@ -425,3 +427,38 @@ def render_model_card(args, facts: CardFacts, log_history: Iterable[Mapping] = (
         "",
     ]
     return "\n".join(lines)
+
+
+def write_run_card(
+    args,
+    model_config,
+    model_name: str | None,
+    dataset: str | None,
+    license: str | None,
+    tags: Iterable[str],
+    optimizer_steps: int,
+    log_history: Iterable[Mapping] = (),
+) -> str:
+    """Write ``args.output_dir/README.md``, the card of a run of ``args`` whose student has ``model_config``, and
+    return its path: named after ``model_name`` (default: the Hub repo or output folder it is saved to), on
+    ``dataset``, with the student's ``license``, the trainer's and caller's ``tags``, its ``optimizer_steps`` and
+    TRL's ``log_history``."""
+    on_hub = bool(args.push_to_hub and args.hub_model_id)
+    facts = CardFacts(
+        model_name=model_name
+        or (args.hub_model_id or os.path.basename(os.path.normpath(args.output_dir))).split("/")[-1],
+        student=getattr(model_config, "_name_or_path", None) or None,
+        dataset=dataset,
+        load_from=args.hub_model_id if on_hub else args.output_dir,
+        on_hub=on_hub,
+        vision=getattr(model_config, "vision_config", None) is not None,
+        license=license,
+        tags=tuple(tags),
+        optimizer_steps=optimizer_steps,
+        evaluation_condition=getattr(model_config, CONDITION_KEY, None),
+    )
+    os.makedirs(args.output_dir, exist_ok=True)
+    path = os.path.join(args.output_dir, "README.md")
+    with open(path, "w") as f:
+        f.write(render_model_card(args, facts, log_history))
+    return path

@@ -29,6 +29,11 @@ class Ranks:
         self.world: int = accelerator.num_processes
         self.rank: int = accelerator.process_index
 
+    @property
+    def device(self) -> torch.device:
+        """This rank's device (where collectives take their tensors)."""
+        return self.accelerator.device
+
     def share(self, items: Sequence[T]) -> list[T]:
         """This rank's round-robin share of ``items`` (the same list on every rank)."""
         return list(items)[self.rank :: self.world]

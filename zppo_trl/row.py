@@ -15,8 +15,9 @@ from typing import Any
 
 from .augmentations import AUGMENTATIONS, Augmentation, candidate_content
 from .distill import DISTILLATION_NAMES, DISTILLATION_NEEDS
-from .losses import Loss, loss_for, policy_objectives
+from .losses import Loss
 from .needs import Needs
+from .objectives import loss_for, policy_objectives
 from .reformulate import KINDS
 from .terms import Description, Term, terms_for
 

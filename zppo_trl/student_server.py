@@ -39,6 +39,7 @@ __all__ = [
     "SharedMemoryVLLMClient",
     "SharedMemoryVLLMGeneration",
     "stand_in_for_overlong",
+    "stood_in",
     "student_generation",
     "student_server_errors",
     "weight_syncs",
@@ -122,6 +123,17 @@ def stand_in_for_overlong(
         sent.append(list(ids[-1:]) if over else list(ids))
         overlong.append(over)
     return sent, overlong
+
+
+def stood_in(completion_ids: list, logprobs: list | None, overlong: Sequence[bool], eos: int) -> tuple:
+    """What a stand-in prompt of :func:`stand_in_for_overlong` generated, dropped: its rollouts are a bare end of
+    sequence each (log-prob 0), a group without signal like an all-wrong one."""
+    if not any(overlong):
+        return completion_ids, logprobs
+    completion_ids = [[eos] if over else ids for ids, over in zip(completion_ids, overlong, strict=True)]
+    if logprobs is not None:
+        logprobs = [[0.0] if over else lp for lp, over in zip(logprobs, overlong, strict=True)]
+    return completion_ids, logprobs
 
 
 @contextlib.contextmanager

@@ -25,11 +25,13 @@ partitions and to the loss), or, for Off-/On-Distill, steps 4-6 replaced by GKD'
 (:mod:`zppo_trl.distill`). What a row asks of the run (teacher samples or scores, a judge, copies of the
 student) is its parts' declared needs (:mod:`zppo_trl.row`), read here and never re-derived from names.
 
-The class is TRL's hooks and Algorithm 1's stages. The rounds inside TRL's generation and scoring, the
-per-token log-prob paths, the teacher's sampling and evidence, the checkpoint state, the step's records and
-what the trainer offers its row's parts are mixins in modules of their own (:mod:`zppo_trl.generation_hooks`,
-:mod:`zppo_trl.logp_paths`, :mod:`zppo_trl.teacher_sampling`, :mod:`zppo_trl.checkpoint_state`,
-:mod:`zppo_trl.step_records`, :mod:`zppo_trl.row_parts`).
+The class is TRL's hooks and Algorithm 1's stages. Everything else is an object it builds in ``__init__`` from
+explicit arguments and calls, none of which knows the trainer: the questions and their grading
+(:mod:`zppo_trl.questions`), the teacher's sampling and evidence (:class:`~zppo_trl.teacher_sampling.TeacherSampler`),
+the generation rounds (:class:`~zppo_trl.rounds.Rounds`), the log-prob paths and old log-probs
+(:mod:`zppo_trl.logp_paths`), the state checkpoints hold (:class:`~zppo_trl.checkpoint_state.ZPPOState`) and the
+step's records (:class:`~zppo_trl.step_records.StepRecorder`). The one value TRL's hooks share is the round in flight,
+set by :meth:`ZPPOTrainer.generate_and_score` and read by the hooks in this file.
 
 Distributed runs: every decision is computed from gathered data with the same seeded ``random.Random``
 on every rank (:mod:`zppo_trl.ranks`). Replay groups and built instances are dealt round-robin over
@@ -39,55 +41,52 @@ rank scores equal row counts, and optimizer mini-batches are padded with zero-we
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import random
 import time
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from accelerate.utils import is_peft_model
-from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
 from . import data, host_memory
-from .augmentations import Augmentation, BuiltGroup, BuiltGroups
+from .augmentations import Augmentation, BuiltGroups, make_augmentation
 from .backbones import backbone_family
-from .batches import concat_batches
-from .callbacks import QuietProgressCallback, RolloutSummaryCallback
-from .checkpoint_state import ZPPO_STATE_NAME, CheckpointState, last_complete_checkpoint
+from .callbacks import console_callbacks
+from .checkpoint_state import ZPPO_STATE_NAME, ZPPOState, last_complete_checkpoint
 from .config import ZPPOConfig
 from .dataset_formats import IMAGE, PROMPT, prepare_datasets
+from .distill import distillation_targets
 from .evaluation.condition import record_condition
-from .generation_hooks import GenerationHooks
 from .group_log import GROUP_LOG_NAME, GroupLog
 from .lm_head import score_loss_positions, use_full_logits
-from .logp_paths import LogProbPaths
-from .losses import LossInputs
-from .model_card import PAPER_CITATION, PAPER_TITLE
+from .logp_paths import OldLogProbs, TeacherSignal, TokenLogProbs, overlaps_old_logps
+from .losses import LossInputs, log_loss, sequence_level_warning_expected
+from .model_card import PAPER_CITATION, PAPER_TITLE, write_run_card
 from .optim import optimizer_cls_and_kwargs
 from .packing import segment_packed_sequences
-from .partitioning import deal_targets, generated_tokens, is_skipped, policy_partitions
-from .prefetch import BatchLookahead, PrefetchedSampling
+from .partitioning import is_skipped
+from .prefetch import BatchLookahead
+from .questions import Grader, Questions
 from .ranks import Ranks
 from .reformulate import augment_limit, select_hard
 from .replay import PromptReplayBuffer, replay_count
 from .reward_signal import RewardSignalWatch
 from .rewards import boxed_accuracy_reward
-from .rollout import FILLER, Draw, Round, RoundRequest, draw_questions, plain_accuracy
-from .row_parts import RowParts
+from .rollout import Draw, Round, RoundRequest, draw_questions, plain_accuracy
+from .rounds import Rounds, cut_to_budget, hand_back, prompts_with_prefixes, responses_with_prefixes, token_types
+from .row_parts import apply_terms, judge_client, prepare_teachers, student_copy_maker
 from .run_lock import run_lock
-from .step_metrics import admission_bins, advantage_stats, bin_label
-from .step_records import StepRecords
-from .student_server import student_generation, weight_syncs
+from .step_batches import StepBatches
+from .step_records import StepRecorder
+from .student_server import stand_in_for_overlong, stood_in, student_generation, student_server_errors, weight_syncs
 from .teacher import TeacherClient
-from .teacher_sampling import TeacherSampling
+from .teacher_sampling import TeacherSampler
 from .teacher_scores import attach_teacher_scores
-from .terms import PlainStep, Term
+from .terms import PlainStep, Term, TermContext
 from .trace_log import TRACE_LOG_NAME, TraceLog
 
 __all__ = ["ZPPO_STATE_NAME", "ZPPOTrainer"]
@@ -95,7 +94,7 @@ __all__ = ["ZPPO_STATE_NAME", "ZPPOTrainer"]
 logger = logging.getLogger(__name__)
 
 
-class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, CheckpointState, RowParts, GRPOTrainer):
+class ZPPOTrainer(GRPOTrainer):
     """GRPO with ZPPO's teacher-in-the-prompt reformulations and prompt replay buffer.
 
     Takes `trl.GRPOTrainer`'s arguments; ``args`` must be a :class:`zppo_trl.ZPPOConfig`.
@@ -125,6 +124,8 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
     Attributes:
         replay_buffer: the :class:`PromptReplayBuffer` (saved in every checkpoint).
         counters: cumulative ZPPO counters (saved in every checkpoint).
+        zppo_state: the :class:`~zppo_trl.checkpoint_state.ZPPOState` holding both, the admission accuracies, the
+            shared RNG and the terms' state.
     """
 
     _tag_names = ["trl", "grpo", "zppo"]
@@ -160,7 +161,7 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
         # TRL's dataset formats or ZPPO's schema, checked against what the reward functions and the row read
         train_dataset, self.dataset_format, row_of = prepare_datasets(train_dataset, eval_dataset, reward_funcs, args)
         # TRL's student vLLM generation, or its server mode with weights synced through shared memory
-        with _gspo_warning_expected(args), student_generation(args):
+        with sequence_level_warning_expected(args.row.objective, GRPOTrainer.__module__), student_generation(args):
             super().__init__(
                 model=model,
                 reward_funcs=reward_funcs,
@@ -178,46 +179,149 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
             use_full_logits(student, self.temperature)
         else:  # TRL's PyTorch tiles would score the prompts' positions too (zppo_trl.lm_head)
             score_loss_positions(student)
-        self.ranks = Ranks(self.accelerator)
-        self._row_of = row_of  # id -> dataset row, for replayed questions and augmented prompts (None: a stream)
-        self._streamed_rows: dict[Any, Mapping] = {}  # a stream's rows of the step, by id
-        self.replay_buffer = PromptReplayBuffer(capacity=args.replay_capacity, threshold=args.hard_threshold)
-        self._rng = random.Random(args.seed)  # identical on every rank: every decision is replicated
-        self._admitted_at: dict[Any, float] = {}  # resident -> plain accuracy at admission (for the bin metrics)
-        # prefetch_teacher_samples: the training loop's batches, readable ahead, and the teacher's replies to the
-        # next rollout step's new questions once asked for (zppo_trl.prefetch)
+        if args.padding_free:  # the layers that would see across packed sequences, run per sequence (zppo_trl.packing)
+            segment_packed_sequences(self.accelerator.unwrap_model(self.model))
+        self.ranks = ranks = Ranks(self.accelerator)
+        G = self.num_generations
+        # The replay buffer, admission accuracies, counters and the RNG every rank draws its decisions from
+        self.zppo_state = ZPPOState(args.replay_capacity, args.hard_threshold, args.seed, G)
+        # prefetch_teacher_samples: the training loop's batches, readable ahead (zppo_trl.prefetch)
         self._lookahead = BatchLookahead()
-        self._prefetched: PrefetchedSampling | None = None
-        self.counters: dict[str, float] = defaultdict(float)
-        # audit_traces: what the trace-overlap audit reads (zppo_trl.trace_log); written by the main process
+        # audit_traces / log_groups: the trace-overlap audit's and every scored group's files (main process)
         self.trace_log = TraceLog(os.path.join(args.output_dir, TRACE_LOG_NAME)) if args.audit_traces else None
-        # log_groups: every scored group of every step (zppo_trl.group_log); written by the main process
         self.group_log = GroupLog(os.path.join(args.output_dir, GROUP_LOG_NAME)) if args.log_groups else None
-        self.dataset_name = dataset_name
-        self.model_license = model_license
+        self.dataset_name, self.model_license = dataset_name, model_license
+        self.questions = Questions(self.train_dataset, row_of, self.dataset_format, args.closer)
+        weights, state, loop = self.reward_weights.tolist(), lambda: self.state, lambda: self.async_loop
+        self.grader = Grader(self.questions, self.reward_funcs, weights, state, loop)
         # The row's parts and the union of what they ask of the run (zppo_trl.row): read here, never re-derived.
         self.row = row = args.row
-        self.teacher, self.distill_teacher = self._prepare_teachers(teacher, distill_teacher_model)
+        sharded = self._parameters_sharded
+        self.teacher, self.distill_teacher = prepare_teachers(
+            row, args, teacher, distill_teacher_model, student=self.model, tokenizer=self._tokenizer,
+            accelerator=self.accelerator, deepspeed=self.is_deepspeed_enabled, fsdp=self.is_fsdp_enabled,
+        )  # fmt: skip
         # The row's named terms (zppo_trl.terms), each with what the trainer offers it.
-        self.terms: list[Term] = [term(args, self._term_context()) for term in row.terms]
+        self.terms: list[Term] = [term(args, self._term_context(sharded)) for term in row.terms]
+        self.zppo_state.terms = self.terms
         # Step 5's augmentation: ZPPO's BCQ/NCQ prompts, or a comparison row's; None for GRPO†.
-        self.augmentation: Augmentation | None = self._make_augmentation()
+        questions = self.questions
+        self.augmentation: Augmentation | None = make_augmentation(
+            args.augmentations, prefix_fraction=args.prefix_fraction, tokenizer=self._tokenizer,
+            question_of=lambda key: questions.question(questions.row(key)),
+            teacher_chat=lambda key, text: questions.teacher_chat(questions.row(key), text),
+            grade=self.grader.grade_keys, answer_of=lambda key: questions.row(key)[data.ANSWER],
+            bcq_candidate_content=args.bcq_candidate_content,
+        )  # fmt: skip
         # The condition the checkpoint is evaluated under (Correction-SFT: <correct>), in the config every
         # save and push writes, for `zppo-eval run` to apply; the other rows clear one a base model carried.
         record_condition(self.model.config, getattr(self.augmentation, "evaluation_condition", None))
         self.objective_loss = row.objective  # step 6's loss (zppo_trl.losses)
         # The generation round in flight: what TRL's hooks read and where its scoring leaves the rewards.
         self._active_round: RoundRequest | None = None
-        # Reward functions whose rewards carry no signal, warned once each (zppo_trl.reward_signal)
-        self.reward_signal = RewardSignalWatch(
-            self.reward_func_names, "lists of chat messages" if self.dataset_format.messages_for_rewards else "strings"
+        # reward functions whose rewards carry no signal, warned once each (zppo_trl.reward_signal)
+        reward_form = "lists of chat messages" if self.dataset_format.messages_for_rewards else "strings"
+        self.recorder = StepRecorder(
+            ranks=ranks, group_size=G, num_partitions=args.num_partitions, main_process=self.is_world_process_zero(),
+            state=self.zppo_state, trl_metrics=self._metrics, trl_logs=self._logs,
+            clients={"teacher": self.teacher, "judge": judge_client(self.terms, self.reward_funcs)},
+            kinds=self.augmentation.kinds if self.augmentation is not None else (), questions=self.questions,
+            reward_signal=RewardSignalWatch(self.reward_func_names, reward_form),
+            trace_log=self.trace_log, group_log=self.group_log,
+        )  # fmt: skip
+        self.teacher_sampler = TeacherSampler(
+            self.teacher, self.questions, self.grader, ranks, G, self.recorder, n=args.teacher_num_generations,
+            max_tokens=args.teacher_max_tokens, temperature=args.teacher_temperature, top_p=args.teacher_top_p,
+        )  # fmt: skip
+        # a rollout step's old log-probs wait for its micro-batches (defer_old_logps), unless a term reads every
+        # rollout's at scoring time (LENS)
+        defers = args.defer_old_logps and not row.needs.sampling_logps_at_scoring
+        self.rounds = Rounds(
+            self.generate_and_score, questions=self.questions, ranks=ranks, group_size=G, recorder=self.recorder,
+            counters=self.zppo_state.counters, tokenizer=self._tokenizer, eos_token_id=self.eos_token_ids[0],
+            max_completion_length=self.max_completion_length, context=args.vllm_max_model_length,
+            on_server=self.rollouts_on_server, defers_old_logps=defers, token_types=self._token_types,
+        )  # fmt: skip
+        self.token_logps = TokenLogProbs(
+            super()._get_per_token_logps_and_entropies, unwrap_model=self.accelerator.unwrap_model,
+            autocast=self.accelerator.autocast, padding_free=args.padding_free, counters=self.zppo_state.counters,
+            token_types=self._token_types,
+        )  # fmt: skip
+        second_round = self._augmenting and not self.augmentation.supervised
+        self.old_logps = OldLogProbs(
+            self.token_logps, model=lambda: self.model, ranks=ranks, recorder=self.recorder,
+            accumulation=args.gradient_accumulation_steps, deferred=defers, read=self.objective_loss.reads_old_logps,
+            overlap=overlaps_old_logps(args, defers=defers, reads=self.objective_loss.reads_old_logps,
+                                       second_round=second_round, terms=bool(self.terms), sharded=sharded),
+            sharded=sharded,
+        )  # fmt: skip
+        self.batches = StepBatches(
+            args, ranks, G, self._tokenizer.pad_token_id, terms=self.terms, dense=row.needs.trains_zero_advantage,
+            rng=self.zppo_state.rng, recorder=self.recorder,
+        )  # fmt: skip
+        self.teacher_signal = TeacherSignal(
+            self.distill_teacher, vocab=len(self._tokenizer), autocast=self.accelerator.autocast,
+            fused_lm_head=args.fused_lm_head, chunk_size=args.distill_chunk_size,
+        )  # fmt: skip
+        console_callbacks(self.callback_handler, args.full_console_logs)  # one line per rollout step
+
+    @property
+    def replay_buffer(self) -> PromptReplayBuffer:
+        """The prompt replay buffer (:attr:`zppo_state`'s)."""
+        return self.zppo_state.replay_buffer
+
+    @property
+    def counters(self) -> dict[str, float]:
+        """The cumulative ZPPO counters (:attr:`zppo_state`'s)."""
+        return self.zppo_state.counters
+
+    @property
+    def rollouts_on_server(self) -> bool:
+        """Whether the student's rollouts come from a vLLM server (TRL's server mode), whose context and
+        availability the rollout step must then respect (zppo_trl.student_server)."""
+        return bool(self.use_vllm and self.vllm_mode == "server")
+
+    @property
+    def _augmenting(self) -> bool:
+        return self.augmentation is not None and bool(self.augmentation.kinds)
+
+    @property
+    def _parameters_sharded(self) -> bool:
+        """Whether a forward pass gathers the parameters over ranks (ZeRO-3, FSDP)."""
+        deepspeed = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        return self.is_fsdp_enabled or (self.is_deepspeed_enabled and deepspeed.zero_stage == 3)
+
+    def _term_context(self, sharded: bool) -> TermContext:
+        """What the trainer offers a term (zppo_trl.terms.TermContext)."""
+        return TermContext(
+            args=self.args,
+            ranks=self.ranks,
+            tokenizer=self._tokenizer,
+            group_size=self.num_generations,
+            temperature=self.temperature,
+            rng=self.zppo_state.rng,
+            dataset=self.train_dataset,
+            row=self.questions.row,
+            question=self.questions.question,
+            teacher_chat=self.questions.teacher_chat,
+            grade=self.grader.grade,
+            evidence=lambda step, keys: self.teacher_sampler.evidence(
+                step.teacher_future, step.draw, step.round, keys
+            ),
+            student_copy=student_copy_maker(
+                self.model, self.accelerator.device, sharded=sharded, add_callback=self.add_callback
+            ),
+            judge=lambda: TeacherClient.from_config(self.args, role="judge"),
+            teacher=self.teacher,
+            distill_teacher=self.distill_teacher,
+            tokenize_prompts=lambda conversations: self._tokenize_prompts(conversations)[0],
+            token_types=self._token_types,
+            autocast=self.accelerator.autocast,
         )
-        self._padding_free_warned: set[str] = set()  # the reasons padding_free fell back for, warned once each
-        # where the plain rollouts' old log-probs run during steps 4-5 (overlap_old_logps)
-        self._old_logps_thread = None
-        if args.padding_free:  # the layers that would see across packed sequences, run per sequence (zppo_trl.packing)
-            segment_packed_sequences(self.accelerator.unwrap_model(self.model))
-        self._set_up_console()
+
+    def _token_types(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Image (1) and video (2) placeholder positions of ``input_ids``, as TRL marks them for tool images."""
+        return token_types(input_ids, self._image_pad_token_id, self._video_pad_token_id)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None):
         """TRL's training loop, holding ``output_dir``'s lock (:mod:`zppo_trl.run_lock`: one run per folder);
@@ -229,18 +333,6 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
                 if resume_from_checkpoint is None:
                     raise ValueError(f"no complete checkpoint in output_dir {self.args.output_dir} to resume from")
             return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
-
-    def _set_up_console(self) -> None:
-        """One line per rollout step on the console; TRL's metrics dict only with ``full_console_logs``."""
-        if not self.args.full_console_logs:
-            if self.pop_callback(ProgressCallback) is not None:
-                self.add_callback(QuietProgressCallback)
-            self.pop_callback(PrinterCallback)
-        self.add_callback(RolloutSummaryCallback)
-
-    @property
-    def _augmenting(self) -> bool:
-        return self.augmentation is not None and bool(self.augmentation.kinds)
 
     # ------------------------------------------------------------------ TRL hooks: the training loop
 
@@ -278,7 +370,7 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
         if isinstance(generation_batch, Mapping):  # a micro-batch this trainer already prepared
             return generation_batch
         if not self.model.training:
-            return super()._prepare_inputs([self._with_prompt(row) for row in generation_batch])
+            return super()._prepare_inputs([self.questions.with_prompt(row) for row in generation_batch])
         steps_per_generation = self.args.steps_per_generation
         if self._buffered_inputs is None:  # first step of this process: align with a resumed run
             self._step = self.state.global_step * self.args.gradient_accumulation_steps
@@ -293,6 +385,104 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
         if self._step % steps_per_generation == 0 or self._buffered_inputs is None:
             self._buffered_inputs = self._rollout_step(generation_batch)
         return self._buffered_inputs[self._step % steps_per_generation]
+
+    # ------------------------------------------------------------------ TRL hooks: generation and scoring
+
+    def generate_and_score(self, rows: list[dict], request: RoundRequest) -> dict:
+        """TRL's generation and scoring of ``rows`` (its batch) with ``request`` the round in flight, which the hooks
+        below read: response prefixes, given responses, and where the scoring leaves rewards and texts."""
+        self._active_round = request
+        try:
+            return super()._generate_and_score_completions(rows)
+        finally:
+            self._active_round = None
+
+    def _tokenize_prompts(self, prompts: list):
+        prompt_ids, images, multimodal_fields = super()._tokenize_prompts(prompts)
+        prompt_ids, multimodal_fields = prompts_with_prefixes(prompt_ids, multimodal_fields, self._active_round)
+        return prompt_ids, images, multimodal_fields
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        request = self._active_round
+        if request is not None and request.given_responses is not None:  # the targets: given, not sampled
+            return [list(ids) for ids in request.given_responses], None
+        overlong = [False] * len(prompt_ids)
+        if self.rollouts_on_server and self.args.vllm_max_model_length:
+            # one prompt beyond the server's context would fail the whole request: its rollouts are a bare
+            # end of sequence each (a group without signal, like an all-wrong one), and Rounds.check_context names it
+            prompt_ids, overlong = stand_in_for_overlong(prompt_ids, self.args.vllm_max_model_length, images)
+        # Decoding alone allocates from glibc's heap: its many small tensors per token are cheapest there, and
+        # the heap is handed back when it ends. The forward passes that score the rollouts keep large tensors
+        # in pages of their own (zppo_trl.host_memory).
+        with host_memory.generation_heap(), student_server_errors(self):
+            completion_ids, logprobs = super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        completion_ids, logprobs = stood_in(completion_ids, logprobs, overlong, self.eos_token_ids[0])
+        return cut_to_budget(completion_ids, logprobs, request, self.max_completion_length)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        request = self._active_round
+        if request is not None and request.given_responses is not None:
+            # Teacher-forced targets: already graded, never judged again (their reward is never read).
+            return torch.zeros(
+                len(prompts) * self.accelerator.num_processes, len(self.reward_funcs), device=self.accelerator.device
+            )
+        decode = lambda ids: self._tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        completions = responses_with_prefixes(completions, completion_ids_list, request, decode)
+        prompts, completions = self.dataset_format.for_rewards(prompts, completions)  # as TRL would give them
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        hand_back(request, rewards_per_func, self.reward_weights, completions)
+        return rewards_per_func
+
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+        compute_aux_loss=False, pixel_values=None, image_grid_thw=None, num_images=None, pixel_attention_mask=None,
+        spatial_shapes=None, num_tiles=None, image_sizes=None, token_type_ids=None, mm_token_type_ids=None,
+        image_position_ids=None,
+    ):  # fmt: skip
+        # TRL's signature, spelled out (tests/test_trl_coupling.py compares it with the installed TRL's)
+        multimodal = dict(
+            pixel_values=pixel_values, image_grid_thw=image_grid_thw, num_images=num_images,
+            pixel_attention_mask=pixel_attention_mask, spatial_shapes=spatial_shapes, num_tiles=num_tiles,
+            image_sizes=image_sizes, token_type_ids=token_type_ids, mm_token_type_ids=mm_token_type_ids,
+            image_position_ids=image_position_ids,
+        )  # fmt: skip
+        request = self._active_round
+        if request is not None and not request.old_logps:  # TRL's old log-probs: see OldLogProbs.attach
+            return None, None, None
+        if request is not None and request.given_responses is not None:
+            # Teacher-forced targets: TRL's old log-probs of them are never read (the SFT and JSD losses).
+            empty = torch.zeros(input_ids.size(0), logits_to_keep, device=input_ids.device)
+            return empty, (torch.zeros_like(empty) if compute_entropy else None), None
+        return self.token_logps(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, multimodal
+        )
+
+    # ------------------------------------------------------------------ TRL hooks: checkpoints and the card
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        super()._save_rng_state(output_dir)
+        if self.args.should_save:
+            self.zppo_state.save(output_dir)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        if self.args.save_only_model and self.args.should_save:  # transformers then skips _save_rng_state
+            self.zppo_state.save(os.path.join(self._get_output_dir(trial), f"checkpoint-{self.state.global_step}"))
+        super()._save_checkpoint(model, trial)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:
+            self.zppo_state.load(checkpoint, self.accelerator.device, self.model.state_dict)
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """Write ``output_dir/README.md``: the model card of this run (:func:`zppo_trl.model_card.write_run_card`),
+        in place of TRL's, which links a local student as ``huggingface.co/None`` and cites TRL alone."""
+        if self.is_world_process_zero():
+            tags = (*self._tag_names, *([tags] if isinstance(tags, str) else tags or ()))
+            dataset, steps, history = dataset_name or self.dataset_name, self.state.global_step, self.state.log_history
+            write_run_card(self.args, self.model.config, model_name, dataset, self.model_license, tags, steps, history)
 
     # ------------------------------------------------------------------ TRL hooks: the optimizer
 
@@ -322,22 +512,24 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
         )
         aux_loss = None
         if self.objective_loss.computes == "distributions":
-            loss_inputs.distill = self._distill_inputs(model, inputs)
+            loss_inputs.distill = self.teacher_signal.distributions(model, inputs)
         else:
-            loss_inputs.logps, loss_inputs.entropies, aux_loss = self._completion_logps(model, inputs)
+            loss_inputs.logps, loss_inputs.entropies, aux_loss = self.token_logps.completions(
+                model, inputs, aux_loss=self.aux_loss_enabled
+            )
             loss_inputs.old_logps, loss_inputs.advantages = inputs.get("old_per_token_logps"), inputs.get("advantages")
             for term in self.terms:  # a term's own advantages (token-level on the all-wrong groups)
                 advantages = term.advantages(loss_inputs, inputs)
                 if advantages is not None:
                     loss_inputs.advantages = advantages
             if self.objective_loss.needs_teacher_logps:  # the teacher's log-prob of each sampled token
-                loss_inputs.teacher_logps = self._teacher_token_logps(inputs)
+                loss_inputs.teacher_logps = self.teacher_signal.token_logps(inputs)
                 loss_inputs.step = self.state.global_step
             for term in self.terms:  # what the objective reads of a term (a self-teacher's signal)
                 term.prepare_loss(model, inputs, loss_inputs)
         out = self.objective_loss.fn(loss_inputs, self.args)
         for term in self.terms:  # a term added to the objective's loss (a teacher target on the all-wrong questions)
-            added = term.loss_term(inputs, loss_inputs, lambda: self._distill_inputs(model, inputs))
+            added = term.loss_term(inputs, loss_inputs, lambda: self.teacher_signal.distributions(model, inputs))
             if added is not None:
                 out.loss, out.means = out.loss + added[0], {**out.means, **added[1]}
         loss = out.loss
@@ -346,26 +538,35 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
                 self.current_gradient_accumulation_steps if mode == "train" else 1.0
             )
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
-        self._log_loss(mode, out)
+        log_loss(out, self.accelerator, self._metrics[mode])
         return loss
+
+    def _update_count(self, inputs, key: str, mode: str) -> torch.Tensor:
+        """A loss divisor as TRL's ``"dapo"`` divisor rescales ``num_items_in_batch``: to one accumulation
+        window and one rank. ZPPO's micro-batches carry their partition's token count (``num_items_in_batch``)
+        and response count (``num_sequences_in_batch``) x ``num_partitions``, so it is that count / processes
+        (gradients are averaged over ranks)."""
+        count = inputs[key].clamp(min=1.0) / self.accelerator.num_processes
+        if mode == "train":  # in eval the batch is neither split across steps nor accumulated
+            count = count * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        return count
 
     # ------------------------------------------------------------------ the rollout step (Algorithm 1)
 
     def _rollout_step(self, inputs: list[dict]) -> list[dict]:
         """One rollout step of Algorithm 1; returns this rank's optimizer micro-batches."""
-        start = time.perf_counter()
-        metrics: dict[str, float] = {}
+        metrics = self.recorder.begin(self.state.global_step)
         args = self.args
         # 1. X_new from the dataloader (each row repeated G times), X_replay from the buffer.
         draw = self._draw_questions(inputs)
         # 2. Teacher sampling for every question of X starts now, overlapping the student's rollouts.
         sampling = self.row.needs.teacher_samples
-        teacher_future = self._start_teacher_sampling(draw.plain, metrics) if sampling else None
+        teacher_future = self.teacher_sampler.start(draw.plain) if sampling else None
         # 3. Plain rollouts, scored; plain accuracy r_x per question over all ranks. TRL sends the student's
         # server the weights as the round starts (timed where the shared-memory client sends them).
         syncs = weight_syncs(self)
         synced_before = len(syncs) if syncs is not None else 0
-        plain_round = self._generate_round(draw.plain, "plain", metrics)
+        plain_round = self.rounds.play(draw.plain, "plain")
         if syncs is not None:
             metrics["time/weight_sync_s"] = sum(s["write"] + s["reload"] for s in syncs[synced_before:])
         accuracy = plain_accuracy(
@@ -374,86 +575,79 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
             self.num_generations,
             order=draw.new_keys + draw.replay_keys,
         )
-        self._check_reward_signal(plain_round)  # a reward function that cannot teach, said in the step it shows
+        self.recorder.reward_signal_check(plain_round)  # a reward function that cannot teach, said in that step
         # The plain rollouts' old log-probs, computed while steps 4-5 run off this device (overlap_old_logps).
-        plain_logps = self._start_plain_old_logps(plain_round.batch)
+        plain_logps = self.old_logps.start(plain_round.batch)
         # 4-6. The row's optimizer micro-batches, with the old log-probs the updates read.
         if args.distillation is not None:
-            micro_batches = self._distillation_batches(teacher_future, draw, plain_round, metrics)
+            micro_batches = self._distillation_batches(teacher_future, draw, plain_round)
         else:
-            micro_batches = self._augmented_batches(teacher_future, draw, plain_round, accuracy, metrics)
-        self._attach_old_logps(micro_batches, metrics, plain_logps)
+            micro_batches = self._augmented_batches(teacher_future, draw, plain_round, accuracy)
+        self.old_logps.attach(micro_batches, plain_logps)
         if self.trace_log is not None:  # before step 7, while the graduates' admission bins are known
-            self._log_graduations(draw, plain_round, accuracy)
+            self.recorder.graduations(draw, plain_round, accuracy)
         # 7. Buffer refresh from the plain groups only.
-        metrics.update(self._refresh_buffer(accuracy))
+        metrics.update(self.zppo_state.refresh(accuracy))
         if sampling and args.prefetch_teacher_samples:  # the teacher samples the next step during these updates
-            self._prefetch_teacher_sampling()
+            self._prefetch_next_questions()
 
         metrics["new"], metrics["replayed"] = len(draw.new_keys), len(draw.replay_keys)
         metrics["plain_accuracy"] = sum(accuracy.values()) / max(len(accuracy), 1)
-        self._record_step(metrics, start)
+        self.recorder.finish()
         return micro_batches
 
-    def _augmented_batches(
-        self, teacher_future: Any, draw: Draw, plain_round: Round, accuracy: Mapping, metrics: dict
-    ) -> list[dict]:
+    def _augmented_batches(self, teacher_future: Any, draw: Draw, plain_round: Round, accuracy: Mapping) -> list[dict]:
         """Steps 4-6 of ZPPO and of the rows built on its step 5 (GRPO†, Hint, Prefix, the SFT controls)."""
-        augmenting = self._augmenting
+        augmenting, metrics, rng = self._augmenting, self.recorder.metrics, self.zppo_state.rng
         # 4. The pre-cap; the teacher's replies collected and graded, with the wrong plain rollouts of those questions.
         limit = augment_limit(len(draw.new_keys), self.args.augment_fraction)
-        hard = select_hard(accuracy, limit, self.args.hard_threshold, rng=self._rng) if augmenting else []
-        evidence = self._gather_evidence(teacher_future, draw, plain_round, hard, metrics) if augmenting else None
+        hard = select_hard(accuracy, limit, self.args.hard_threshold, rng=rng) if augmenting else []
+        evidence = self.teacher_sampler.evidence(teacher_future, draw, plain_round, hard) if augmenting else None
         # 5. Augmented instances planned (post-cap) and built.
-        plan = self.augmentation.plan(evidence, limit, self._rng, metrics) if augmenting else []
-        built, most_built = self._build_augmented(plan, metrics)
+        plan = self.augmentation.plan(evidence, limit, rng, metrics) if augmenting else []
+        built, most_built = self._build_augmented(plan)
         if self.trace_log is not None:
-            self._log_references(built, accuracy)
+            self.recorder.references(built, accuracy)
         if augmenting and self.augmentation.supervised:
             # 5-6, supervised controls: the verified targets, fitted in the partitions of their questions.
-            targets = self._target_round(built, draw.plain[0].row, metrics)
-            metrics.update(self._target_metrics(plan, built))
-            return self._target_batches(targets, draw, metrics)
+            targets = self.rounds.targets(built, draw.plain[0].row)
+            self.recorder.targets(self.augmentation.kinds[0], plan, built)
+            return self.batches.targets(targets, draw)
         # 5. The student's group on each built instance; 6. partitions, two-step advantages, padded micro-batches.
-        augmented_round = self._augmented_round(built, most_built, draw.plain[0].row, metrics)
+        augmented_round = self.rounds.augmented(built, most_built, draw.plain[0].row)
         plain_round, targets = self._with_terms(PlainStep(draw, plain_round, teacher_future, metrics))
-        micro_batches = self._policy_batches(plain_round, augmented_round, metrics, targets)
-        if self.group_log is not None:
-            self._log_groups((plain_round, augmented_round))
-        self._score_on_teacher_server(micro_batches, metrics)
+        micro_batches = self.batches.policy(plain_round, augmented_round, targets)
+        self.recorder.groups((plain_round, augmented_round))
+        self._score_on_teacher_server(micro_batches)
         if augmenting:
-            metrics.update(self._augmentation_metrics(plan, built, augmented_round))
+            self.recorder.augmentation(self.augmentation, plan, built, augmented_round)
         return micro_batches
 
-    def _distillation_batches(self, teacher_future: Any, draw: Draw, plain_round: Round, metrics: dict) -> list[dict]:
-        """Steps 4-6 of Off-/On-Distill: the sequences to imitate, each in its question's partition.
-        On-Distill imitates the teacher on every student rollout; Off-Distill on every graded-correct
-        teacher rollout of every question, teacher-forced (a question without one contributes no target)."""
-        G = self.num_generations
-        if self.args.distillation == "on":
-            rows_per_rank = [[group for group in groups for _ in range(G)] for groups in plain_round.groups_per_rank]
-            targets = Round(concat_batches([plain_round.batch], self._tokenizer.pad_token_id), None, [], rows_per_rank)
-        else:
-            keys = list(dict.fromkeys(draw.new_keys + draw.replay_keys))
-            evidence = self._gather_evidence(teacher_future, draw, plain_round, keys, metrics)
-            built = BuiltGroups()
-            for key in self.ranks.share(keys):
-                built.groups += [
-                    BuiltGroup("off_distill", key, target=text) for text in evidence.teacher_correct.get(key, ())
-                ]
-            metrics["distill_questions_with_target"] = sum(1 for key in keys if evidence.teacher_correct.get(key))
-            targets = self._target_round(built, draw.plain[0].row, metrics)
-        micro_batches = self._target_batches(targets, draw, metrics)
-        self._score_on_teacher_server(micro_batches, metrics)
+    def _with_terms(self, step: PlainStep) -> tuple[Round, Round | None]:
+        """The plain round with the terms' contributions, and their target round
+        (:func:`~zppo_trl.row_parts.apply_terms`)."""
+        return apply_terms(self.terms, step, self.rounds.targets)
+
+    def _distillation_batches(self, teacher_future: Any, draw: Draw, plain_round: Round) -> list[dict]:
+        """Steps 4-6 of Off-/On-Distill: the sequences to imitate (:func:`zppo_trl.distill.distillation_targets`),
+        each in its question's partition, with the teacher server's scores."""
+        targets = distillation_targets(
+            self.args.distillation, teacher_future, draw, plain_round, sampler=self.teacher_sampler,
+            rounds=self.rounds, ranks=self.ranks, group_size=self.num_generations,
+            pad_token_id=self._tokenizer.pad_token_id, metrics=self.recorder.metrics,
+        )  # fmt: skip
+        micro_batches = self.batches.targets(targets, draw)
+        self._score_on_teacher_server(micro_batches)
         return micro_batches
 
-    def _score_on_teacher_server(self, micro_batches: list[dict], metrics: dict) -> None:
+    def _score_on_teacher_server(self, micro_batches: list[dict]) -> None:
         """The teacher server's scores of the trained rows, where the row's needs ask for them and no teacher is
         loaded next to the student (only the rows a term marks, where one does)."""
         scores = self.row.scores_from_server(self.distill_teacher is not None)
         if scores:
             only = next((term.scores_only for term in self.terms if term.scores_only), None)
-            attach_teacher_scores(self.teacher, micro_batches, scores, self.args.distill_top_k, metrics, only)
+            top_k, metrics = self.args.distill_top_k, self.recorder.metrics
+            attach_teacher_scores(self.teacher, micro_batches, scores, top_k, metrics, only)
 
     # 1.
 
@@ -462,150 +656,43 @@ class ZPPOTrainer(GenerationHooks, LogProbPaths, TeacherSampling, StepRecords, C
 
         def sample_replay(new_count: int) -> list:
             count = replay_count(new_count, self.args.replay_fraction, len(self.replay_buffer))
-            return self.replay_buffer.sample(count, rng=self._rng)
+            return self.replay_buffer.sample(count, rng=self.zppo_state.rng)
 
-        if self._row_of is None:  # a stream: this step's questions, from every rank, are the ones looked up
+        if self.questions.streamed:  # a stream: this step's questions, from every rank, are the ones looked up
             local = [inputs[i] for i in range(0, len(inputs), self.num_generations)]
-            self._streamed_rows = {row[data.ID]: row for part in self.ranks.gather(local) for row in part}
-        return draw_questions(inputs, self.num_generations, sample_replay, self.ranks, self._row)
+            self.questions.take_stream([row for part in self.ranks.gather(local) for row in part])
+        return draw_questions(inputs, self.num_generations, sample_replay, self.ranks, self.questions.row)
+
+    # 2., ahead
+
+    def _prefetch_next_questions(self) -> None:
+        """Ask the teacher for the next rollout step's new questions on this rank: the dataloader's batch after
+        this step's ``steps_per_generation`` (this update's are taken already), read ahead. Nothing is asked past
+        ``max_steps`` or the epoch's end, nor in a step a resumed run entered in its middle."""
+        steps = self.args.steps_per_generation
+        if self._step % steps or self.state.global_step + self.args.num_partitions >= self.state.max_steps:
+            return
+        batch = self._lookahead.peek(steps - self.current_gradient_accumulation_steps)
+        if batch is not None:
+            self.teacher_sampler.prefetch([batch[i] for i in range(0, len(batch), self.num_generations)])
 
     # 5.
 
-    def _build_augmented(self, plan: Sequence, metrics: dict) -> tuple[BuiltGroups, int]:
+    def _build_augmented(self, plan: Sequence) -> tuple[BuiltGroups, int]:
         """Step 5, first half: this rank's share of the instances (dealt round-robin), built; and the
         most groups any rank built (the plan is the same on every rank, so all take the same path)."""
+        metrics = self.recorder.metrics
         local = self.ranks.share(self.augmentation.order(plan)) if plan else []
         built = self.augmentation.build(local, self.teacher, self.args, metrics) if local else BuiltGroups()
         most_built = self.ranks.largest(len(built.groups))
         metrics["compression_failures"] = self.ranks.total(built.failures)
         metrics["dropped"] = len(plan) - self.ranks.total(len(built.instances))
-        for name in (
-            self.augmentation.summed_metrics if self.augmentation is not None else ()
-        ):  # per-rank counts of the build
+        for name in self.augmentation.summed_metrics if self.augmentation is not None else ():  # per-rank counts
             metrics[name] = self.ranks.total(metrics.get(name, 0))
         return built, most_built
 
-    # 6.
-
-    def _partition_signal(self, rewards, group_ids, confidences):
-        """One partition's ``(marked rows, extra advantages)`` from the terms' signals (None: none has one)."""
-        for term in self.terms:
-            signal = term.partition_signal(rewards, group_ids, confidences)
-            if signal is not None:
-                return signal
-        return None
-
-    def _policy_batches(
-        self, plain_round: Round, augmented_round: Round, metrics: dict, targets: Round | None = None
-    ) -> list[dict]:
-        """Step 6 for the RL rows: every rank's plain and augmented groups dealt into partitions, two-step
-        advantages per partition, this rank's micro-batches; ReLIFT's ``targets`` rows, after them, each in its
-        question's partition."""
-        world, G = self.ranks.world, self.num_generations
-        rounds = [r for r in (plain_round, augmented_round) if r.batch is not None]
-        extra = [targets.batch] if targets is not None and targets.batch is not None else []
-        batch = concat_batches([r.batch for r in rounds] + extra, self._tokenizer.pad_token_id)
-        kinds_per_rank = [[kind for r in rounds for kind, _key in r.groups_per_rank[rank]] for rank in range(world)]
-        rewards_per_rank = [
-            [x for r in rounds for x in r.rewards.view(world, -1)[rank].tolist()] for rank in range(world)
-        ]
-        # what a term's partition signal reads of each rollout (LENS: its sampling log-prob), gathered like the rewards
-        reads = [values for term in self.terms if (values := term.partition_reads(batch)) is not None]
-        confidences = self.ranks.gather(reads[0]) if reads else None
-        targets_per_rank = None
-        if extra:  # each target row anchored to its question's plain group (rank, group)
-            anchor = {
-                key: (r, g)
-                for r, groups in enumerate(plain_round.groups_per_rank)
-                for g, (kind, key) in enumerate(groups)
-                if kind != FILLER
-            }
-            targets_per_rank = [
-                [(len(kinds) * G + i, anchor[key]) for i, (kind, key) in enumerate(rows) if kind != FILLER]
-                for kinds, rows in zip(kinds_per_rank, targets.groups_per_rank)
-            ]
-        result = policy_partitions(
-            batch,
-            kinds_per_rank,
-            rewards_per_rank,
-            G,
-            self.args,
-            self.ranks,
-            self._rng.getrandbits(32),
-            confidences,
-            targets_per_rank,
-            signal=self._partition_signal if self.terms else None,
-            dense=self.row.needs.trains_zero_advantage,
-        )
-        metrics["skipped_partitions"] = result.skipped
-        # what the step cost in student tokens: every response it sampled, and those its updates trained on
-        metrics["generated_tokens"] = self.ranks.total(generated_tokens(batch, kinds_per_rank[self.ranks.rank], G))
-        metrics["trained_tokens"] = result.trained_tokens
-        metrics.update(advantage_stats(list(result.trained.values())))
-        self._log_trained_advantages(
-            result.trained, [len(r.groups_per_rank[0]) * G for r in (plain_round, augmented_round)]
-        )
-        return result.micro_batches
-
-    def _target_batches(self, targets: Round, draw: Draw, metrics: dict) -> list[dict]:
-        """Step 6 for the target rows: each target in its question's partition (:func:`deal_targets`)."""
-        seed = self._rng.getrandbits(32)
-        micro_batches, skipped_count, trained = deal_targets(
-            targets.batch, targets.groups_per_rank, draw.new_keys, draw.replay_keys, self.args, self.ranks, seed
-        )
-        metrics["skipped_partitions"], metrics["targets_trained"] = skipped_count, trained
-        return micro_batches
-
-    # 7.
-
-    def _refresh_buffer(self, accuracy: Mapping[Any, float]) -> dict[str, float]:
-        """Step 7: the buffer refreshed from the plain accuracies; its events and admission bins as metrics."""
-        metrics: dict[str, float] = {}
-        events = self.replay_buffer.update(accuracy)
-        bins = admission_bins(self.num_generations, self.args.hard_threshold)
-        for key in events.admitted:
-            self._admitted_at[key] = accuracy[key]
-        for name in ("admitted", "graduated", "evicted", "retained"):
-            metrics[name] = len(getattr(events, name))
-        for name, keys in (("admitted", events.admitted), ("graduated", events.graduated)):
-            counts = dict.fromkeys(bins, 0)
-            for key in keys:
-                label = bin_label(self._admitted_at.get(key, accuracy[key]), self.num_generations)
-                if label in counts:
-                    counts[label] += 1
-            for label, count in counts.items():
-                metrics[f"{name}_bin_{label}"] = count
-                self.counters[f"{name}_bin_{label}_total"] += count
-        for key in events.graduated + events.evicted:
-            self._admitted_at.pop(key, None)
-        metrics["buffer_size"] = len(self.replay_buffer)
-        return metrics
-
 
 # ---------------------------------------------------------------------- helpers
-
-
-@contextlib.contextmanager
-def _gspo_warning_expected(args: ZPPOConfig):
-    """Drop TRL's construction-time warning that a sequence-level ratio under ``loss_type="dapo"``
-    weights each rollout by its length (it points to ``loss_type="grpo"``): TRL's loss does not train
-    ZPPO's GSPO, whose registered loss averages per response as the GSPO paper does (or, with
-    ``gspo_settings="zppo_table"``, keeps DAPO's token mean on purpose). Any other warning, and every other
-    objective's, passes."""
-    trl_logger = logging.getLogger(GRPOTrainer.__module__)
-
-    def expected(record: logging.LogRecord) -> bool:
-        # accelerate's logger prefixes the rank ("[RANK 0] "), hence `in`
-        return not (
-            args.policy_objective == "gspo"
-            and "When using `importance_sampling_level='sequence'`" in record.getMessage()
-        )
-
-    trl_logger.addFilter(expected)
-    try:
-        yield
-    finally:
-        trl_logger.removeFilter(expected)
 
 
 def _model_name(model: Any) -> str:
