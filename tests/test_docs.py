@@ -27,7 +27,7 @@ def _doc_id(doc: Path) -> str:
     return "tests/README.md" if doc.parent.name == "tests" else doc.name  # two READMEs
 
 
-ROOTS = ("recipes/", "zppo_trl/", "tests/", "benchmarks/", "docs/", "evaluation/", ".ci/", ".github/")
+ROOTS = ("recipes/", "zppo_trl/", "tests/", "benchmarks/", "tools/", "docs/", "evaluation/", ".ci/", ".github/")
 PRODUCED = ("outputs/", ".cache/", "logs/", "data/")  # written by runs, not in the repository
 # Flags of other programs the docs show (vLLM, TRL's vllm-serve, accelerate, pip, transformers serve, pytest),
 # and "--bogus", the unknown key in a quoted error message.
@@ -194,11 +194,54 @@ def test_repository_paths_exist(doc):
         r"(?<![\w/.-])((?:" + "|".join(map(re.escape, ROOTS)) + r")[\w./*-]+)", "\n".join(_code_lines(_text(doc)))
     ):
         token = token.rstrip(".,:;)")
-        if not token.startswith(ROOTS) or token.startswith(PRODUCED):
+        if not token.startswith(ROOTS) or token.startswith(PRODUCED) or "<" in token:  # <capability>: a pattern
             continue
         path = token.split("::")[0]
         matches = list(REPO.glob(path)) if "*" in path else [REPO / path]
         assert matches and all(m.exists() for m in matches), f"{doc.name}: {token} does not exist"
+
+
+# Other repositories' files, named where docs/evaluation.md says which upstream evaluator a scorer follows.
+UPSTREAM_FILES = {
+    "calculate_score.py", "eval_your_results.py", "vqa_metric.py", "IoUscore_metric.py", "TEDS_metric.py",
+    "page_ocr_metric.py", "spotting_metric.py", "get_score.py", "mm-vet_evaluator.py", "scienceqa.py", "eval.py",
+}  # fmt: skip
+
+
+@cache
+def _repository_files() -> frozenset[str]:
+    """The names of every file the repository tracks (a fresh clone's), or of the tree where git is not at hand."""
+    try:
+        listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+        return frozenset(Path(line).name for line in listed.splitlines())
+    except (OSError, subprocess.CalledProcessError):
+        return frozenset(p.name for p in REPO.rglob("*") if ".venv" not in p.parts)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_doc_id)
+def test_bare_file_names_exist(doc):
+    # a module or script named without its folder (`logp_paths.py` in a table row) must still be one of the
+    # repository's (data files named bare, `config.json`, are what runs write)
+    for token in _inline_code(_text(doc)):
+        for name in re.findall(r"(?<![\w/.-])([A-Za-z_][\w-]*\.(?:py|sh))\b", token):
+            if "/" not in token and "*" not in token and name not in UPSTREAM_FILES:
+                assert name in _repository_files(), f"{doc.name}: `{name}` is no file of the repository"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_doc_id)
+def test_no_commit_of_this_repository_is_named(doc):
+    # Docs say what is; which commit a figure was measured on is history, and history is git log's. (Upstream
+    # evaluators' commits, `owner/repo ...@abc1234`, are other repositories' and are not checked here.)
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    for token in set(re.findall(r"(?<![\w@/-])([0-9a-f]{7,40})(?![\w-])", _text(doc))):
+        if not re.search(r"[a-f]", token) or not re.search(r"[0-9]", token):
+            continue
+        known = (
+            subprocess.run(["git", "cat-file", "-e", f"{token}^{{commit}}"], cwd=REPO, capture_output=True).returncode
+            == 0
+        )
+        assert not known, f"{doc.name}: names commit {token} of this repository"
 
 
 def test_make_targets_exist():
