@@ -37,6 +37,12 @@ from trl import GRPOTrainer, TrlParser
 import zppo_trl.trainer as trainer_module
 from zppo_trl import ZPPOConfig, ZPPOTrainer
 from zppo_trl.config import PAPER_OBJECTIVE
+from zppo_trl.losses import sequence_level_warning_expected
+
+try:  # tests/ on sys.path (pytest's default import mode) or imported as a package
+    from settings import CPU as CPU_ONLY
+except ImportError:
+    from tests.settings import CPU as CPU_ONLY
 
 try:  # tests/ is on sys.path under pytest's default (rootdir-less, prepend) import mode
     from tiny_models import SPECIAL_TOKENS, tiny_text_model, tiny_tokenizer
@@ -51,7 +57,7 @@ DISPO_DEFAULT = dict(low_pos=0.2, high_pos=10.0, low_neg=1.0, high_neg=100.0)
 DISPO_TIGHT = dict(low_pos=0.2, high_pos=0.5, low_neg=0.5, high_neg=2.0)
 PROMPT_LEN = 6
 PAD_RATIO = 1000.0  # the ratio given to padding tokens: absurd on purpose, it must never count
-CPU = dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[], augmentations=[])
+CPU = {**CPU_ONLY, "augmentations": []}
 
 
 # --------------------------------------------------------------------------- the formulas, independently
@@ -332,7 +338,7 @@ def test_gspo_trl_warning_about_dapo_is_expected_and_silenced(tmp, caplog, monke
     assert not [r for r in caplog.records if message in r.getMessage()]
 
     caplog.clear()
-    monkeypatch.setattr(trainer_module, "_gspo_warning_expected", lambda args: contextlib.nullcontext())
+    monkeypatch.setattr(trainer_module, "sequence_level_warning_expected", lambda *args: contextlib.nullcontext())
     with caplog.at_level(logging.WARNING):
         make_trainer(tmp / "loud", GSPO_LEN, policy_objective="gspo")
     assert [r for r in caplog.records if message in r.getMessage()], "TRL no longer warns: drop the filter"
@@ -344,7 +350,9 @@ def test_gspo_trl_warning_about_dapo_is_expected_and_silenced(tmp, caplog, monke
         caplog.clear()
         with (
             caplog.at_level(logging.WARNING),
-            trainer_module._gspo_warning_expected(ZPPOConfig(**CPU, policy_objective=objective)),
+            sequence_level_warning_expected(
+                ZPPOConfig(**CPU, policy_objective=objective).row.objective, trl_logger.name
+            ),
         ):
             trl_logger.warning(message + " ...")
             trl_logger.warning("another warning")

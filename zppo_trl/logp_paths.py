@@ -21,7 +21,14 @@ from .packing import ImageRows, batch_refusal, model_refusal, multimodal_refusal
 from .partitioning import is_skipped
 from .teacher_scores import TEACHER_LOGPS_FIELD, TEACHER_TOPK_IDS, TEACHER_TOPK_LOGPS
 
-__all__ = ["OldLogProbs", "TeacherSignal", "TokenLogProbs", "overlaps_old_logps", "rollouts_off_device"]
+__all__ = [
+    "OldLogProbs",
+    "TeacherSignal",
+    "TokenLogProbs",
+    "overlaps_old_logps",
+    "rollouts_off_device",
+    "scoring_inputs",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +46,7 @@ _MULTIMODAL_FIELDS = (
 )
 
 
-def _scoring_inputs(inputs) -> tuple:
+def scoring_inputs(inputs) -> tuple:
     """A batch's ``(input_ids, attention_mask, logits_to_keep, multimodal)``, as TRL's log-prob hook takes them."""
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
@@ -55,7 +62,7 @@ class TokenLogProbs:
     Args:
         padded: TRL's ``_get_per_token_logps_and_entropies`` (the padded computation).
         unwrap_model: the accelerator's ``unwrap_model``; ``autocast``: its autocast context.
-        padding_free: ``ZPPOConfig.padding_free``.
+        args: the configuration (its ``padding_free``, read at every call).
         counters: the run's counters (``padded_micro_batches_total``).
         token_types: token ids -> the image/video placeholder types TRL marks.
     """
@@ -66,12 +73,12 @@ class TokenLogProbs:
         *,
         unwrap_model: Callable,
         autocast: Callable,
-        padding_free: bool,
+        args: Any,
         counters: Any,
         token_types: Callable[[torch.Tensor], torch.Tensor],
     ):
         self.padded, self.unwrap_model, self.autocast = padded, unwrap_model, autocast
-        self.padding_free, self.counters, self.token_types = padding_free, counters, token_types
+        self.args, self.counters, self.token_types = args, counters, token_types
         self._warned: set[str] = set()  # the reasons padding_free fell back for, warned once each
 
     def __call__(
@@ -92,7 +99,7 @@ class TokenLogProbs:
             if multimodal.get(name) is not None and multimodal[name].size(1) != input_ids.size(1):
                 multimodal[name] = self.token_types(input_ids)
         batch_size = batch_size or input_ids.size(0)
-        if self.padding_free:  # the paper's "Padding-free training" (zppo_trl.packing)
+        if self.args.padding_free:  # the paper's "Padding-free training" (zppo_trl.packing)
             config = self.unwrap_model(model).config
             present = sorted(name for name, value in multimodal.items() if value is not None)
             refusal = model_refusal(config) or multimodal_refusal(config, present)
@@ -122,7 +129,7 @@ class TokenLogProbs:
     def completions(self, model, inputs, for_loss: bool = True, aux_loss: bool = False):
         """Per-token log-probs of a micro-batch's completions; ``for_loss`` adds what only the loss reads: the
         entropies and, with ``aux_loss``, the router's aux loss (else None)."""
-        input_ids, attention_mask, keep, multimodal = _scoring_inputs(inputs)
+        input_ids, attention_mask, keep, multimodal = scoring_inputs(inputs)
         return self(model, input_ids, attention_mask, keep, None, for_loss, for_loss and aux_loss, multimodal)
 
     def _packed(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, aux, multimodal):
@@ -268,7 +275,7 @@ class OldLogProbs:
         out, model = {}, self.model()
         with torch.no_grad():
             for key, row in rows:
-                input_ids, attention_mask, keep, multimodal = _scoring_inputs(row)
+                input_ids, attention_mask, keep, multimodal = scoring_inputs(row)
                 logps = self.scorer(model, input_ids, attention_mask, keep, None, False, False, multimodal)
                 out[key] = logps[0][0]
         return out

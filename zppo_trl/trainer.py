@@ -63,7 +63,7 @@ from .distill import distillation_targets
 from .evaluation.condition import record_condition
 from .group_log import GROUP_LOG_NAME, GroupLog
 from .lm_head import score_loss_positions, use_full_logits
-from .logp_paths import OldLogProbs, TeacherSignal, TokenLogProbs, overlaps_old_logps
+from .logp_paths import OldLogProbs, TeacherSignal, TokenLogProbs, overlaps_old_logps, scoring_inputs
 from .losses import LossInputs, log_loss, sequence_level_warning_expected
 from .model_card import PAPER_CITATION, PAPER_TITLE, write_run_card
 from .optim import optimizer_cls_and_kwargs
@@ -233,8 +233,7 @@ class ZPPOTrainer(GRPOTrainer):
             self.teacher, self.questions, self.grader, ranks, G, self.recorder, n=args.teacher_num_generations,
             max_tokens=args.teacher_max_tokens, temperature=args.teacher_temperature, top_p=args.teacher_top_p,
         )  # fmt: skip
-        # a rollout step's old log-probs wait for its micro-batches (defer_old_logps), unless a term reads every
-        # rollout's at scoring time (LENS)
+        # old log-probs wait for the step's micro-batches (defer_old_logps) unless a term reads them at scoring (LENS)
         defers = args.defer_old_logps and not row.needs.sampling_logps_at_scoring
         self.rounds = Rounds(
             self.generate_and_score, questions=self.questions, ranks=ranks, group_size=G, recorder=self.recorder,
@@ -244,7 +243,7 @@ class ZPPOTrainer(GRPOTrainer):
         )  # fmt: skip
         self.token_logps = TokenLogProbs(
             super()._get_per_token_logps_and_entropies, unwrap_model=self.accelerator.unwrap_model,
-            autocast=self.accelerator.autocast, padding_free=args.padding_free, counters=self.zppo_state.counters,
+            autocast=self.accelerator.autocast, args=args, counters=self.zppo_state.counters,
             token_types=self._token_types,
         )  # fmt: skip
         second_round = self._augmenting and not self.augmentation.supervised
@@ -514,8 +513,9 @@ class ZPPOTrainer(GRPOTrainer):
         if self.objective_loss.computes == "distributions":
             loss_inputs.distill = self.teacher_signal.distributions(model, inputs)
         else:
-            loss_inputs.logps, loss_inputs.entropies, aux_loss = self.token_logps.completions(
-                model, inputs, aux_loss=self.aux_loss_enabled
+            ids, mask, keep, multimodal = scoring_inputs(inputs)  # through TRL's hook, as TRL's loss scores them
+            loss_inputs.logps, loss_inputs.entropies, aux_loss = self._get_per_token_logps_and_entropies(
+                model, ids, mask, keep, compute_entropy=True, compute_aux_loss=self.aux_loss_enabled, **multimodal
             )
             loss_inputs.old_logps, loss_inputs.advantages = inputs.get("old_per_token_logps"), inputs.get("advantages")
             for term in self.terms:  # a term's own advantages (token-level on the all-wrong groups)
