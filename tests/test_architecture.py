@@ -18,11 +18,27 @@ from pathlib import Path
 import pytest
 import torch
 
+import zppo_trl
+
+try:  # tests/ on sys.path (pytest's default import mode) or imported as a package
+    from settings import CPU as CPU_ONLY
+    from settings import UNREACHABLE_TEACHER
+except ImportError:
+    from tests.settings import CPU as CPU_ONLY
+    from tests.settings import UNREACHABLE_TEACHER
+
+try:  # tests/ on sys.path (pytest's default import mode) or imported as a package
+    from code_scan import code_strings
+except ImportError:
+    from tests.code_scan import code_strings
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "zppo_trl"
 PURE = (
     "prompts",
     "teacher_sampling",
+    "prompt_sizes",
+    "objectives",
     "rounds",
     "logp_paths",
     "step_batches",
@@ -69,7 +85,7 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-CPU = dict(output_dir="unused", use_cpu=True, bf16=False, teacher_base_url="http://127.0.0.1:1/v1", teacher_model="t")
+CPU = {**CPU_ONLY, **UNREACHABLE_TEACHER}
 MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
@@ -259,3 +275,63 @@ def test_the_term_example_is_a_row_the_pipeline_reads():
         assert contribution.metrics == {"length_share_mean": 0.625}
     finally:
         TERMS.pop(("reward_term", "length_penalty"), None)
+
+
+# ---------------------------------------------------------------------- every row family's names stay in its part
+
+
+def _families() -> dict[str, tuple[set[str], tuple[str, ...]]]:
+    """Each row family's registered names (its kinds or modes, and how the paper prints them) and the modules of the
+    package that are its parts (paths relative to zppo_trl/). The named terms have their own guard
+    (tests/test_terms.py)."""
+    from zppo_trl.augmentations import AUGMENTATIONS
+    from zppo_trl.distill import DISTILLATION_MODES, DISTILLATION_NAMES
+    from zppo_trl.losses import LOSSES
+
+    augmentations = set(AUGMENTATIONS) | {part.printed for part in AUGMENTATIONS.values() if part.printed}
+    objectives = set(LOSSES) | {loss.objective for loss in LOSSES.values() if loss.objective}
+    objectives |= {loss.printed for loss in LOSSES.values() if loss.printed}
+    own_objectives = ("losses.py", "objectives.py", "hybrid_objectives.py", "objective_settings.py")
+    return {
+        # reformulate.py is the BCQ/NCQ augmentation's planning (augmentations/candidates.py builds on it)
+        "augmentation": (augmentations, ("augmentations/", "reformulate.py")),
+        "objective": (objectives, (*own_objectives, "terms/self_teachers.py")),
+        "distillation": (set(DISTILLATION_MODES) | set(DISTILLATION_NAMES.values()), ("distill.py",)),
+    }
+
+
+# Strings that spell a registered name but do not name a row: values of TRL's own settings and tags, and the truthy
+# spellings of an environment variable or option.
+NOT_A_ROW = {
+    ("config.py", "dapo"): "TRL's loss_type that the paper's objective pins (PAPER_OBJECTIVE)",
+    ("trainer.py", "grpo"): "TRL's Hub tag of a GRPO-trained model",
+    ("plan.py", "on"): "a truthy spelling of an environment variable",
+    ("optim.py", "on"): "a truthy spelling of optim_args",
+    ("optim.py", "off"): "a falsy spelling of optim_args",
+}
+
+
+@pytest.mark.parametrize("family", ["augmentation", "objective", "distillation"])
+def test_no_module_outside_a_family_s_parts_names_its_rows(family):
+    # The card, the plan, the context bounds, the config and the trainer read what a part declares (its needs,
+    # settings, words, prompt bounds), never its name: a row is one module and one registry line.
+    names, own = _families()[family]
+    package = Path(zppo_trl.__file__).resolve().parent
+    named = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        if relative.startswith(own):
+            continue
+        named += [
+            (relative, line, text)
+            for line, text in code_strings(path)
+            if text in names and (relative, text) not in NOT_A_ROW
+        ]
+    assert not named, f"modules outside the {family} parts name one of its rows: {named}"
+
+
+def test_the_family_guard_would_catch_a_name(tmp_path):
+    source = tmp_path / "leaky.py"
+    source.write_text('"""The card says gspo."""\ndef f(args):\n    return args.policy_objective == "gspo"\n')
+    names, _ = _families()["objective"]
+    assert [text for _, text in code_strings(source) if text in names] == ["gspo"]

@@ -7,7 +7,12 @@ from trl import TrlParser
 from zppo_trl.config import PAPER_OBJECTIVE, ZPPOConfig
 from zppo_trl.prompts import RL_CLOSER
 
-CPU = dict(output_dir="unused", use_cpu=True, bf16=False, per_device_train_batch_size=8, report_to="none")
+try:  # tests/ on sys.path (pytest's default import mode) or imported as a package
+    from settings import CPU as CPU_ONLY
+except ImportError:
+    from tests.settings import CPU as CPU_ONLY
+
+CPU = {**CPU_ONLY, "per_device_train_batch_size": 8}
 TEACHER = dict(teacher_base_url="http://127.0.0.1:8000/v1", teacher_model="Qwen/Qwen3.5-27B-FP8")
 
 
@@ -109,6 +114,25 @@ def test_trl_defaults_that_change_the_objective_are_the_papers():
 def test_settings_that_change_the_objective_are_refused_naming_the_field(name, value):
     with pytest.raises(ValueError, match=rf"^{name}=.* changes ZPPO's objective.*Set {name}="):
         ZPPOConfig(**CPU, **TEACHER, **{name: value})
+
+
+@pytest.mark.parametrize(
+    "row, trains", [({"augmentations": ["correction"]}, "sft"), ({"distillation": "on", "augmentations": []}, "jsd")]
+)
+def test_a_policy_objective_on_a_row_without_one_is_refused_naming_the_loss_it_trains(row, trains):
+    with pytest.raises(
+        ValueError, match=rf"policy_objective='cispo' has no effect on this row: it trains the '{trains}'"
+    ):
+        ZPPOConfig(**CPU, **TEACHER, **row, policy_objective="cispo")
+
+
+def test_an_objective_sets_the_trl_settings_it_declares_and_loading_its_saved_config_keeps_them():
+    cispo = ZPPOConfig(**CPU, **TEACHER, policy_objective="cispo")
+    gspo = ZPPOConfig(**CPU, **TEACHER, policy_objective="gspo")
+    assert (cispo.loss_type, gspo.importance_sampling_level) == ("cispo", "sequence")
+    assert ZPPOConfig(**CPU, **TEACHER, policy_objective="cispo", loss_type="cispo").loss_type == "cispo"
+    with pytest.raises(ValueError, match="set policy_objective='cispo'"):  # the hint names the objective that sets it
+        ZPPOConfig(**CPU, **TEACHER, loss_type="cispo")
 
 
 def test_objective_table_covers_the_trl_settings_that_change_the_loss():

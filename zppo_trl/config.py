@@ -28,13 +28,14 @@ import torch
 from trl import GRPOConfig
 
 from .advantages import NORMALIZATIONS
-from .augmentations import candidate_content, check_kinds, parse_kinds
+from .augmentations import AUGMENTATIONS, candidate_content, check_kinds, parse_kinds
 from .composition import StepComposition, step_composition
 from .context import PAPER_MAX_PROMPT_LENGTH, ContextLengths, context_lengths
 from .distill import DistillationSettings, check_distillation
+from .losses import PAPER_POLICY_OBJECTIVE
 from .needs import SCORES_TOP_K
-from .objective_settings import DISPO_FIELDS, ObjectiveSettings, check_objective_settings
-from .objectives import policy_objectives
+from .objective_settings import ObjectiveSettings, check_objective_settings
+from .objectives import loss_for, policy_objectives
 from .optim import ANYPRECISION_OPTIM, anyprecision_kwargs
 from .prompts import RL_CLOSER
 from .reformulate import KINDS
@@ -42,7 +43,6 @@ from .row import (
     MATCHED_REPLAY_FRACTION,
     PAPER_GROUP_SIZE,
     PAPER_REPLAY_FRACTION,
-    SUPERVISED_NAMES,
     Row,
     resolve_row,
     row_name,
@@ -52,7 +52,6 @@ from .terms import TERM_SELECTORS, TERMS, selected_by, settings_fields, terms_fo
 
 __all__ = [
     "MATCHED_REPLAY_FRACTION",
-    "OBJECTIVE_SETTINGS",
     "PAPER_GROUP_SIZE",
     "PAPER_OBJECTIVE",
     "PAPER_REPLAY_FRACTION",
@@ -84,15 +83,6 @@ PAPER_OBJECTIVE: dict[str, tuple[object, str]] = {
     "entropy_coef": (0.0, "the objective has no entropy bonus"),
     "use_adaptive_entropy": (False, "the objective has no entropy bonus"),
     "multi_objective_aggregation": ("sum_then_normalize", "the advantages read the weighted sum of the rewards"),
-}
-
-# What each Step-6 objective (policy_objective) sets among PAPER_OBJECTIVE's TRL settings; the rest
-# stay the paper's ("every other setting follows" its hyperparameter table). Every objective's loss is
-# registered in zppo_trl.losses (GSPO and CISPO with TRL's arithmetic for these settings, so TRL's
-# attributes state what trains); an objective not listed here changes no TRL setting.
-OBJECTIVE_SETTINGS: dict[str, dict[str, object]] = {
-    "gspo": {"importance_sampling_level": "sequence"},
-    "cispo": {"loss_type": "cispo"},
 }
 
 
@@ -212,7 +202,7 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
 
     # --- Step 6's policy objective (the paper's appendix and table of alternative policy objectives)
     policy_objective: str = field(
-        default="grpo",
+        default=PAPER_POLICY_OBJECTIVE,
         metadata={
             "help": "Step 6's objective: 'grpo' (the paper's: DAPO token-level clipped surrogate with the dual "
             "clip), 'gspo' (one sequence-level ratio per rollout, see gspo_settings), 'cispo' (clipped stop-gradient "
@@ -433,7 +423,8 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
         super().__post_init__()
         self._validate_objective()
         # after the check: the user may not set them
-        for name, value in OBJECTIVE_SETTINGS.get(self.policy_objective, {}).items():
+        # what the objective sets itself among PAPER_OBJECTIVE's TRL settings (zppo_trl.losses.Loss.trl_settings)
+        for name, value in policy_objectives()[self.policy_objective].trl_settings.items():
             setattr(self, name, value)
         expected = self.num_partitions * self.gradient_accumulation_steps
         if self.steps_per_generation != expected:
@@ -548,10 +539,12 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
             raise ValueError(
                 f"policy_objective must be one of {list(policy_objectives())}, got {self.policy_objective!r}"
             )
-        if self.policy_objective != "grpo" and set(self.augmentations) & set(SUPERVISED_NAMES):
+        supervised = bool(self.augmentations) and AUGMENTATIONS[self.augmentations[0]].supervised
+        trains = loss_for(self, supervised=supervised)  # the SFT controls' cross-entropy, the distillation's JSD
+        if self.policy_objective != PAPER_POLICY_OBJECTIVE and trains.objective is None:
             raise ValueError(
-                f"policy_objective={self.policy_objective!r} has no effect on the supervised "
-                f"{self.augmentations[0]!r} row (it trains cross-entropy); leave it 'grpo'"
+                f"policy_objective={self.policy_objective!r} has no effect on this row: it trains the {trains.name!r} "
+                f"loss, not a policy objective; leave it {PAPER_POLICY_OBJECTIVE!r}"
             )
         if policy_objectives()[self.policy_objective].needs_teacher_logps and not (
             (self.teacher_base_url and self.teacher_model) or self.distill_teacher
@@ -629,8 +622,6 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
         row, objective = self.row, self.policy_objective
         terms = row.terms
         readers = {
-            "prefix_fraction": ("prefix" in self.augmentations, "augmentations: [prefix]"),
-            "bcq_candidate_content": ("bcq" in self.augmentations, "augmentations with bcq"),
             "distill_teacher": (bool(row.needs.teacher_scores), "a row the teacher scores (its needs)"),
             "distill_beta": (
                 self.distillation is not None or any("distill_beta" in t.reads for t in terms),
@@ -643,16 +634,18 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
                 or any("distill_chunk_size" in t.reads for t in terms),
                 "distillation: off|on, a teacher loaded next to the student, or a term that scores with a model",
             ),
-            **dict.fromkeys(DISPO_FIELDS, (objective == "dispo", "policy_objective: dispo")),
-            "gspo_settings": (objective == "gspo", "policy_objective: gspo"),
-            "cispo_weight_bound": (objective == "cispo", "policy_objective: cispo"),
-            "dispo_out_of_bounds": (objective == "dispo", "policy_objective: dispo"),
-            **dict.fromkeys(
-                ("kdrl_beta", "kdrl_beta_decay", "kdrl_beta_min"), (objective == "kdrl", "policy_objective: kdrl")
-            ),
-            **dict.fromkeys(
-                ("rlad_alpha", "rlad_teacher_log_ratio_bound"), (objective == "rlad", "policy_objective: rlad")
-            ),
+            # each objective's own settings (zppo_trl.losses.Loss.reads)
+            **{
+                name: (objective == loss.objective, f"policy_objective: {loss.objective}")
+                for loss in policy_objectives().values()
+                for name in loss.reads
+            },
+            # each augmentation's (zppo_trl.augmentations.Augmentation.reads: setting -> the kinds that read it)
+            **{
+                name: (bool(set(kinds) & set(self.augmentations)), f"augmentations with {' or '.join(kinds)}")
+                for augmentation in dict.fromkeys(AUGMENTATIONS.values())
+                for name, kinds in augmentation.reads.items()
+            },
         }
         for term in TERMS.values():  # every term's settings: read where a term that declares them is selected
             for name in settings_fields(term):
@@ -674,18 +667,16 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
         """Refuse TRL settings that would train a different objective than the paper's (after TRL's
         own normalisation of them, e.g. ``scale_rewards: false`` -> ``"none"``). The one exception is
         the value ``policy_objective`` itself sets (so a saved config of, say, CISPO loads again)."""
-        own = OBJECTIVE_SETTINGS.get(self.policy_objective, {})
+        objectives = policy_objectives()
+        own = objectives[self.policy_objective].trl_settings
         for name, (required, why) in PAPER_OBJECTIVE.items():
             value = getattr(self, name)
             if value == required or (name in own and value == own[name]):
                 continue
             hint = ""
-            for objective, settings in OBJECTIVE_SETTINGS.items():
-                if name in settings and settings[name] == value:  # e.g. loss_type="cispo": that objective sets it
-                    hint = (
-                        f" (to train with {policy_objectives()[objective].printed} as Step 6's objective, "
-                        f"set policy_objective={objective!r})"
-                    )
+            for objective, loss in objectives.items():
+                if name in loss.trl_settings and loss.trl_settings[name] == value:  # loss_type="cispo": CISPO's
+                    hint = f" (to train with {loss.printed} as Step 6's objective, set policy_objective={objective!r})"
             raise ValueError(f"{name}={value!r} changes ZPPO's objective: {why}. Set {name}={required!r}{hint}")
 
     @property

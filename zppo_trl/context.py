@@ -18,32 +18,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .augmentations import AUGMENTATIONS
+from .prompt_sizes import ANSWER_TOKENS, CHAT_TOKENS, PromptSizes, text_bytes
 from .prompts import (
-    BCQ_INSTRUCTION,
     COMPRESSION_TEMPLATE,
-    CORRECTION_TEMPLATE,
     HINT_TEMPLATE,
-    INCORRECT_TAG,
     JUDGE_TEMPLATE,
-    NCQ_INSTRUCTION,
-    REFLECTION_TEMPLATE,
     candidate_blocks,
     fill,
-    hint_block,
 )
 
 __all__ = ["JUDGE_REPLY_TOKENS", "PAPER_MAX_PROMPT_LENGTH", "ContextLengths", "context_lengths"]
 
 PAPER_MAX_PROMPT_LENGTH = 4096  # the paper's hyperparameter table, "Max prompt length"
 JUDGE_REPLY_TOKENS = 512  # the shared judge's output cap (the paper's benchmark appendix)
-CHAT_TOKENS = 64  # role markers and generation prompt of one chat turn
-ANSWER_TOKENS = 64  # one listed NCQ wrong answer, or a ground-truth answer
 OPTIONS_TOKENS = 512  # a judge item's answer options
 ROUND_TO = 1024
-
-
-def _bytes(text: str) -> int:
-    return len(text.encode("utf-8"))
 
 
 def _round_up(tokens: int) -> int:
@@ -105,21 +95,20 @@ def context_lengths(
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     longest_rollout = max(max_completion_length, teacher_max_tokens)
     candidate_text = compression_max_tokens if compress_candidates else longest_rollout
-    candidate = candidate_text + _bytes(candidate_blocks([""])) + 1  # tags, joining newline
-    blocks = [0]
-    if "bcq" in augmentations:
-        blocks.append(_bytes(BCQ_INSTRUCTION) + 1 + 2 * candidate)
-    if "ncq" in augmentations:  # every rollout of the group wrong, each a distinct answer
-        listed = num_generations * (ANSWER_TOKENS + _bytes(", \\boxed{}"))
-        blocks.append(_bytes(fill(NCQ_INSTRUCTION, answers="")) + listed + 1 + num_generations * candidate)
-    if "hint" in augmentations:
-        blocks.append(_bytes(hint_block("h")) - 1 + compression_max_tokens)
-    if "correction" in augmentations:  # the polarity tag
-        blocks.append(_bytes(INCORRECT_TAG))
-    # A Prefix group adds nothing: its prefix and continuation share max_completion_length.
-    separators = 2 * _bytes("\n\n")  # question | block | closer
+    sizes = PromptSizes(
+        max_prompt_length=max_prompt_length,
+        max_completion_length=max_completion_length,
+        num_generations=num_generations,
+        compression_max_tokens=compression_max_tokens,
+        teacher_max_tokens=teacher_max_tokens,
+        candidate=candidate_text + text_bytes(candidate_blocks([""])) + 1,  # tags, joining newline
+    )
+    # each augmentation bounds the blocks its kinds add to a prompt, and the request its build sends the teacher
+    parts = dict.fromkeys(AUGMENTATIONS[kind] for kind in augmentations)
+    blocks = [0, *(size for part in parts for size in part.prompt_blocks(tuple(augmentations), sizes))]
+    separators = 2 * text_bytes("\n\n")  # question | block | closer
     block = max(blocks) + (separators if max(blocks) else 0)
-    judge_template = _bytes(fill(JUDGE_TEMPLATE, question="", options="", model_response="", ground_truth=""))
+    judge_template = text_bytes(fill(JUDGE_TEMPLATE, question="", options="", model_response="", ground_truth=""))
     return ContextLengths(
         plain_prompt=max_prompt_length,
         block=block,
@@ -127,12 +116,11 @@ def context_lengths(
         teacher_sampling=max_prompt_length + teacher_max_tokens,
         compression=max(
             CHAT_TOKENS
-            + max(_bytes(fill(t, response="")) for t in (COMPRESSION_TEMPLATE, HINT_TEMPLATE))
+            + max(text_bytes(fill(t, response="")) for t in (COMPRESSION_TEMPLATE, HINT_TEMPLATE))
             + longest_rollout
             + compression_max_tokens,
-            _rewrite_request(
-                augmentations, max_prompt_length, max_completion_length, num_generations, teacher_max_tokens
-            ),
+            *(part.teacher_request(sizes) for part in parts),
+            0,
         ),
         judge=CHAT_TOKENS
         + judge_template
@@ -142,22 +130,3 @@ def context_lengths(
         + OPTIONS_TOKENS
         + JUDGE_REPLY_TOKENS,
     )
-
-
-def _rewrite_request(
-    augmentations, prompt: int, completion: int, num_generations: int, teacher_max_tokens: int
-) -> int:
-    """The supervised controls' teacher request and reply: Correction-SFT reads one wrong rollout;
-    Error-reflection-SFT reads a teacher draft and every wrong rollout of the group, in full."""
-    if "correction" in augmentations:
-        return (
-            CHAT_TOKENS
-            + _bytes(fill(CORRECTION_TEMPLATE, question="", incorrect_attempt=""))
-            + prompt
-            + completion
-            + teacher_max_tokens
-        )
-    if "reflection" in augmentations:
-        template = _bytes(fill(REFLECTION_TEMPLATE, question="", draft="", student_attempts=""))
-        return CHAT_TOKENS + template + prompt + 2 * teacher_max_tokens + num_generations * (completion + 1)
-    return 0

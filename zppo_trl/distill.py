@@ -38,6 +38,7 @@ from .needs import SCORES_TOP_K, Needs
 from .rollout import Round
 
 __all__ = [
+    "DISTILLATION_IMITATES",
     "DISTILLATION_MODES",
     "DISTILLATION_NAMES",
     "DISTILLATION_NEEDS",
@@ -58,6 +59,8 @@ __all__ = [
 DISTILLATION_MODES = ("off", "on")
 # How the paper's tables print the rows (a dagger is added with the replay buffer).
 DISTILLATION_NAMES = {"off": "Off-Distill", "on": "On-Distill"}
+# What each mode's student imitates the teacher on (the model card's and the dry run's words).
+DISTILLATION_IMITATES = {"off": "graded-correct teacher rollouts", "on": "the student's own rollouts"}
 # What each mode asks of the run: the teacher's top-k on every trained sequence (from its server, or from
 # distill_teacher loaded next to the student), and for Off-Distill the teacher's G_T rollouts to imitate.
 DISTILLATION_NEEDS = {
@@ -121,11 +124,6 @@ def check_distillation(args: Any) -> None:
     if args.augmentations:
         raise ValueError(
             f"distillation={args.distillation!r} is a row of its own: set augmentations: [] (got {args.augmentations})"
-        )
-    if args.policy_objective != "grpo":
-        raise ValueError(
-            f"policy_objective={args.policy_objective!r} has no effect on a distillation row (it trains the JSD); "
-            "leave it 'grpo'"
         )
     if not (args.teacher_base_url and args.teacher_model):
         if not args.distill_teacher:

@@ -66,6 +66,7 @@ def _teacher_logps(inputs: LossInputs, name: str) -> torch.Tensor:
     printed="KDRL",
     dual_clip=True,
     needs=Needs(teacher_scores=frozenset({SCORES_TOKEN_LOGPS}), trains_zero_advantage=True),
+    reads=("kdrl_beta", "kdrl_beta_decay", "kdrl_beta_min"),
 )
 def kdrl_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """GRPO's objective plus ``beta_t`` times the k2 reverse-KL to the teacher, both a token mean over the update;
@@ -97,6 +98,7 @@ def rlad_log_ratio(
     printed="RLAD",
     dual_clip=True,
     needs=Needs(teacher_scores=frozenset({SCORES_TOKEN_LOGPS})),
+    reads=("rlad_alpha", "rlad_teacher_log_ratio_bound"),
 )
 def rlad_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """GRPO's clipped surrogate (clip-higher, dual clip) on RLAD's mixture ratio; logs the mean teacher log-ratio

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +69,8 @@ __all__ = [
     "LossInputs",
     "LossOutput",
     "CISPO_WEIGHT_BOUND",
+    "DISPO_FIELDS",
+    "PAPER_POLICY_OBJECTIVE",
     "dispo_outside",
     "dispo_per_token_loss",
     "log_loss",
@@ -81,6 +83,12 @@ __all__ = [
 # mean of token ratios moves by about 1e-3 per update, so the ZPPO table's 0.2 / 0.28 would essentially never bind.
 GSPO_EPSILONS: tuple[float, float] = (3e-4, 4e-4)
 
+
+# The paper's Step-6 objective (the table's GRPO with DAPO's clip-higher, token-level loss and the dual clip): the
+# policy_objective value that selects the `dapo` loss, and the one every other objective is compared with.
+PAPER_POLICY_OBJECTIVE = "grpo"
+# DISPO's four clip ranges, one field each (zppo_trl.objective_settings checks them).
+DISPO_FIELDS = ("dispo_epsilon_low_pos", "dispo_epsilon_high_pos", "dispo_epsilon_low_neg", "dispo_epsilon_high_neg")
 
 # CISPO's upper bound on the importance weight. MiniMax-M1 (the CISPO paper) imposes no lower bound and tunes
 # only the upper one, whose value it does not state; ScaleRL (Khatri et al. 2025), which trains CISPO at scale,
@@ -223,6 +231,8 @@ class Loss:
     dual_clip: bool = False
     needs: Needs = Needs()
     sequence_level: bool = False
+    trl_settings: Mapping[str, object] = field(default_factory=dict)
+    reads: tuple[str, ...] = ()
 
     @property
     def reads_old_logps(self) -> bool:
@@ -251,6 +261,8 @@ def register_loss(
     dual_clip: bool = False,
     needs: Needs = NO_NEEDS,
     sequence_level: bool = False,
+    trl_settings: Mapping[str, object] | None = None,
+    reads: tuple[str, ...] = (),
 ) -> Callable:
     """Register ``fn(inputs: LossInputs, args) -> LossOutput`` under ``name`` (``args`` is the ZPPOConfig).
 
@@ -263,7 +275,10 @@ def register_loss(
     which the trainer then asks the teacher for; ``trains_zero_advantage`` when the loss has a gradient on rollouts
     whose advantage is 0 (KDRL's reverse KL), so a partition without a group of mixed rewards still trains rather
     than being skipped. ``sequence_level`` says the loss takes one ratio per response (GSPO), so a part that gives
-    each token its own advantage (``Needs.token_level_objective``) refuses it.
+    each token its own advantage (``Needs.token_level_objective``) refuses it. ``trl_settings`` are the TRL fields the
+    objective sets itself among the paper's pinned ones (GSPO's sequence-level ratio, CISPO's loss type: TRL's
+    attributes then state what trains; the configuration refuses them set by hand for another objective).
+    ``reads`` names the settings it reads (the unused-setting warning names a setting no part of the row reads).
     """
     if computes not in ("logps", "distributions"):
         raise ValueError(f"computes must be 'logps' or 'distributions', got {computes!r}")
@@ -285,6 +300,8 @@ def register_loss(
             dual_clip,
             needs,
             sequence_level,
+            dict(trl_settings or {}),
+            tuple(reads),
         )
         return fn
 
@@ -373,13 +390,21 @@ def _clipped_surrogate(
     )
 
 
-@register_loss("dapo", objective="grpo", printed="GRPO", dual_clip=True)
+@register_loss("dapo", objective=PAPER_POLICY_OBJECTIVE, printed="GRPO", dual_clip=True)
 def dapo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """The paper's objective: the clipped surrogate on each token's ratio ``pi / pi_old``."""
     return _clipped_surrogate(inputs, args, inputs.logps - _old_logps(inputs), _epsilons(args))
 
 
-@register_loss("gspo", objective="gspo", printed="GSPO", dual_clip=True, sequence_level=True)
+@register_loss(
+    "gspo",
+    objective="gspo",
+    printed="GSPO",
+    dual_clip=True,
+    sequence_level=True,
+    trl_settings={"importance_sampling_level": "sequence"},
+    reads=("gspo_settings",),
+)
 def gspo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """GSPO: the clipped surrogate on one ratio per response, ``exp(mean over its tokens of log r)``.
 
@@ -395,7 +420,9 @@ def gspo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     return _clipped_surrogate(inputs, args, log_weights.unsqueeze(-1), _epsilons(args))
 
 
-@register_loss("cispo", objective="cispo", printed="CISPO")
+@register_loss(
+    "cispo", objective="cispo", printed="CISPO", trl_settings={"loss_type": "cispo"}, reads=("cispo_weight_bound",)
+)
 def cispo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """CISPO: ``-sg(min(r, cispo_weight_bound)) A log pi`` per token (no lower bound, as MiniMax-M1 trains it)."""
     mask, advantages = inputs.mask, _advantages(inputs)
@@ -409,7 +436,7 @@ def cispo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     )
 
 
-@register_loss("dispo", objective="dispo", printed="DISPO")
+@register_loss("dispo", objective="dispo", printed="DISPO", reads=(*DISPO_FIELDS, "dispo_out_of_bounds"))
 def dispo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """DISPO: zero gradient outside each side's interval; logs the share of tokens each regime stopped
     (``clip_ratio/{pos,neg}_{low,high}_mean``: A > 0 or A < 0, weight below or above its interval)."""

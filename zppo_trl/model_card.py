@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
 from .data import is_hub_id
+from .distill import DISTILLATION_IMITATES
 from .evaluation.condition import CONDITION_KEY
+from .losses import PAPER_POLICY_OBJECTIVE
 from .needs import SCORES_TOKEN_LOGPS, SCORES_TOP_K
 
 __all__ = [
@@ -238,21 +240,6 @@ def _quick_start(facts: CardFacts, closer: str, max_new_tokens: int) -> list[str
     return [*lines, 'print(output["generated_text"])', "```"]
 
 
-# What the teacher does with its G_T answers, per augmentation (the card's Teacher line).
-_TEACHER_ROLE = {
-    "correction": "corrects one wrong student answer per hard question",
-    "reflection": "revises one of its correct answers with the student's wrong ones",
-    "hint": (
-        "writes an answer-free hint from one of its graded-correct answers, "
-        "shown in a `<hint>` block before the closer"
-    ),
-    "prefix": (
-        "opens the student's response with the first {alpha:.0%} of the tokens of one of its graded-correct answers, "
-        "which the student continues"
-    ),
-}
-
-
 def _approach(args) -> str:
     """What the row trains on and with which loss, in a sentence or two."""
     replay = (
@@ -261,22 +248,17 @@ def _approach(args) -> str:
     row = args.row
     terms = "".join(f" {description.card}" for description in row.describe(args))
     if args.distillation:
-        on = "graded-correct teacher rollouts" if args.distillation == "off" else "its own rollouts"
+        on = DISTILLATION_IMITATES[args.distillation]
         return (
             f"The student imitates the teacher's per-token distributions on {on} "
             f"(GKD's generalized JSD, beta = {args.distill_beta:g}).{replay}"
         )
-    kind = args.augmentations[0] if args.augmentations else None
-    if kind in ("correction", "reflection"):
-        target = (
-            "teacher corrections of its wrong answers (and those answers, tagged)"
-            if kind == "correction"
-            else "teacher revisions written from its wrong answers"
-        )
-        return f"The student is fine-tuned with cross-entropy on {target}, each graded correct before use.{replay}"
+    part = row.augmentation
+    if part is not None and part.supervised:
+        return f"The student is fine-tuned with cross-entropy on {part.fits}, each graded correct before use.{replay}"
     kinds = " and ".join(k.upper() if len(k) == 3 else k.capitalize() for k in args.augmentations)
-    where = "open the student's *response* as a prefix it continues" if kind == "prefix" else "enter the *prompt*"
     if kinds:
+        where = part.enters
         teacher = (
             f"On questions the student mostly fails, the teacher's answers {where} ({kinds}), never the gradient."
         )
@@ -284,7 +266,7 @@ def _approach(args) -> str:
         teacher = "The teacher never enters the student's prompt; what it does is on the Teacher line below."
     else:
         teacher = "No teacher takes part."
-    objective = {"grpo": "GRPO with DAPO's clip-higher, token-level loss and no KL, a dual clip,"}.get(
+    objective = {PAPER_POLICY_OBJECTIVE: "GRPO with DAPO's clip-higher, token-level loss and no KL, a dual clip,"}.get(
         args.policy_objective,
         f"{row.objective.printed or args.policy_objective.upper()} (in place of GRPO's clipped surrogate), "
         "with DAPO's token-level loss and no KL,",
@@ -322,7 +304,7 @@ def _teacher_line(args) -> str:
         sampled = (
             f"; rollouts sampled from `{args.teacher_model}` behind an OpenAI-compatible endpoint "
             f"(G_T = {args.teacher_num_generations})"
-            if args.distillation == "off"
+            if row.needs.teacher_samples  # Off-Distill imitates sampled teacher rollouts
             else ""
         )
         return f"{where}{sampled}."
@@ -338,21 +320,12 @@ def _teacher_line(args) -> str:
         return (
             f"`{args.teacher_model}`, a frozen teacher served behind an OpenAI-compatible endpoint: {'; '.join(uses)}."
         )
-    kind = args.augmentations[0]
-    samples = (
-        "" if kind == "correction" else f"it samples G_T = {args.teacher_num_generations} answers per question and "
-    )
-    candidates = (
-        "compresses each candidate to at most {cap} tokens"
-        if args.compress_candidates
-        else "its answers and the student's enter BCQ/NCQ prompts uncompressed "
-        "(`compress_candidates: false`, not the paper's setting)"
-    )
-    role = _TEACHER_ROLE.get(kind, candidates).format(alpha=args.prefix_fraction, cap=args.compression_max_tokens)
+    part = row.augmentation
+    samples = f"it samples G_T = {args.teacher_num_generations} answers per question and "
+    samples = samples if part.needs.teacher_samples else ""
+    role = part.teacher_role(args)
     use = (
-        "."
-        if kind in ("correction", "reflection")
-        else "; its text is only ever context (prompt or response prefix), never a loss token."
+        "." if part.supervised else "; its text is only ever context (prompt or response prefix), never a loss token."
     )
     return (
         f"`{args.teacher_model}`, a frozen teacher served behind an OpenAI-compatible endpoint: {samples}{role}{use}"

@@ -7,14 +7,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .checks import check_number
-from .losses import CISPO_WEIGHT_BOUND, DispoBounds
+from .losses import CISPO_WEIGHT_BOUND, DISPO_FIELDS, DispoBounds
 
 __all__ = ["DISPO_FIELDS", "DISPO_OUT_OF_BOUNDS", "GSPO_SETTINGS", "ObjectiveSettings", "check_objective_settings"]
 
 # GSPO as its paper trains it, or with the ZPPO table's clip range and aggregation (see gspo_settings).
 GSPO_SETTINGS = ("gspo_paper", "zppo_table")
 DISPO_OUT_OF_BOUNDS = ("zero", "clamp")
-DISPO_FIELDS = ("dispo_epsilon_low_pos", "dispo_epsilon_high_pos", "dispo_epsilon_low_neg", "dispo_epsilon_high_neg")
 
 
 @dataclass(kw_only=True)  # after GRPOConfig's positional output_dir in ZPPOConfig

@@ -28,11 +28,11 @@ import transformers
 from huggingface_hub.utils import get_session
 from trl import ModelConfig
 
-from .augmentations import candidate_content
 from .backbones import known_model_type, unsupported_reason
 from .checkpoint_state import last_complete_checkpoint
 from .config import ZPPOConfig
 from .data import is_hub_id, load_questions
+from .distill import DISTILLATION_IMITATES
 from .memory_plan import (
     GPU_BYTES,
     GPU_RESERVED,
@@ -112,24 +112,6 @@ def probe_hub(timeout: float = 3.0) -> HubStatus:
 # ---------------------------------------------------------------------- the plan and the checks
 
 
-def _augmentation_use(args: ZPPOConfig) -> str:
-    """What the teacher does for the row's augmentation, in words."""
-    cap = args.compression_max_tokens
-    if args.compress_candidates:
-        candidates = f"compression <= {cap} tokens"
-    else:
-        candidates = "candidates uncompressed (compress_candidates: false)"
-    printed = candidate_content(args.bcq_candidate_content).printed
-    if printed and "bcq" in args.augmentations:
-        candidates += f"; BCQ candidates {printed}"
-    return {
-        "hint": f"hints <= {cap} tokens",
-        "prefix": f"response prefix alpha={args.prefix_fraction:g}",
-        "correction": "corrects one wrong rollout per hard question; graded SFT targets",
-        "reflection": "revises a correct draft with the wrong rollouts; graded SFT targets",
-    }.get(args.augmentations[0], candidates)
-
-
 def teacher_lines(args: ZPPOConfig) -> list[str]:
     """The dry run's teacher lines, from the row's needs (:attr:`ZPPOConfig.row`): the server and what the row asks
     of it, the teacher loaded next to the student and what it scores, or none."""
@@ -143,7 +125,7 @@ def teacher_lines(args: ZPPOConfig) -> list[str]:
     if needs.teacher_samples:
         uses.append(f"G_T={args.teacher_num_generations}")
     if args.augmentations:
-        uses.append(_augmentation_use(args))
+        uses.append(args.row.augmentation.teacher_use(args))
     uses += [use for description in row.describe(args) for use in description.teacher_use]
     lines = []
     if row.uses_teacher_server:
@@ -178,7 +160,7 @@ def print_plan(script_args: ScriptArguments, args: ZPPOConfig, out: Callable[[st
     for line in teacher_lines(args):
         out(line)
     if args.distillation:
-        on = "graded-correct teacher rollouts" if args.distillation == "off" else "the student's rollouts"
+        on = DISTILLATION_IMITATES[args.distillation]
         out(f"  distillation: on {on} (GKD JSD, beta={args.distill_beta:g})")
     for description in row.describe(args):
         for line in description.plan:

@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .augmentations import AUGMENTATIONS, Augmentation, candidate_content
+from .augmentations import AUGMENTATIONS, Augmentation
 from .distill import DISTILLATION_NAMES, DISTILLATION_NEEDS
-from .losses import Loss
+from .losses import PAPER_POLICY_OBJECTIVE, Loss
 from .needs import Needs
 from .objectives import loss_for, policy_objectives
 from .reformulate import KINDS
@@ -25,7 +25,6 @@ __all__ = [
     "MATCHED_REPLAY_FRACTION",
     "PAPER_GROUP_SIZE",
     "PAPER_REPLAY_FRACTION",
-    "SUPERVISED_NAMES",
     "Row",
     "resolve_row",
     "row_name",
@@ -103,8 +102,6 @@ def resolve_row(args: Any) -> Row:
 
 # ---------------------------------------------------------------------- the row's name
 
-# How the paper's mistakes table prints the supervised controls (the dagger marks the replay buffer).
-SUPERVISED_NAMES = {"correction": "Correction-SFT", "reflection": "Error-reflection-SFT"}
 # The paper's defaults that the appendix's controls vary, and that a row's name states when it differs from them:
 # G_S and the corpus passes (the group-size and corpus-pass controls), rho_replay (the replay control).
 PAPER_GROUP_SIZE = 8
@@ -128,9 +125,14 @@ def row_name(args: Any) -> str:
     return f"{name} ({', '.join(qualifiers)})"
 
 
+def _grpo() -> str:
+    """The base method's name, "GRPO": how the paper prints its objective (the rows are GRPO plus their parts)."""
+    return policy_objectives()[PAPER_POLICY_OBJECTIVE].printed
+
+
 def _renamed(name: str, printed: str) -> str | None:
     """GRPO† (or GRPO) with a part named after its method: ``"GRPO-CARE†"``; None for any other row."""
-    return {f"GRPO{_DAGGER}": f"{printed}{_DAGGER}", "GRPO": printed}.get(name)
+    return {f"{_grpo()}{_DAGGER}": f"{printed}{_DAGGER}", _grpo(): printed}.get(name)
 
 
 def _base_name(args: Any) -> tuple[str, list[str]]:
@@ -141,17 +143,18 @@ def _base_name(args: Any) -> tuple[str, list[str]]:
     if args.distillation is not None:
         name = DISTILLATION_NAMES[args.distillation] + dagger
     elif kinds == set(KINDS):
-        name = "ZPPO" if dagger else "GRPO+Both"
+        name = "ZPPO" if dagger else f"{_grpo()}+Both"
     elif not kinds:
-        name = f"GRPO{dagger}"
+        name = f"{_grpo()}{dagger}"
     else:
         kind = next(iter(kinds))
-        if kind in SUPERVISED_NAMES:  # a supervised row of its own, not GRPO plus a branch
-            name = SUPERVISED_NAMES[kind] + dagger
+        printed = AUGMENTATIONS[kind].printed  # a row of its own (the supervised controls), not GRPO plus a branch
+        if printed:
+            name = printed + dagger
         else:
             kind = kind.upper() if kind in KINDS else kind.capitalize()
-            name = f"GRPO{dagger}+{kind}"
-    if args.policy_objective != "grpo":
+            name = f"{_grpo()}{dagger}+{kind}"
+    if args.policy_objective != PAPER_POLICY_OBJECTIVE:
         objective = policy_objectives()[args.policy_objective].printed
         name = _renamed(name, objective) or f"{name} ({objective})"
     qualifiers = []
@@ -186,9 +189,8 @@ def _control_qualifiers(args: Any) -> list[str]:
     replay_row = args.replay_fraction > 0 and args.distillation is None and kinds in (set(), set(KINDS))
     if replay_row and not _replay_matched(args) and not math.isclose(args.replay_fraction, PAPER_REPLAY_FRACTION):
         qualifiers.append(f"\u03c1_replay={args.replay_fraction:.2f}")
-    printed = candidate_content(args.bcq_candidate_content).printed
-    if printed and "bcq" in kinds:
-        qualifiers.append(printed)
+    if args.augmentations:  # what the augmentation's own settings vary (the BCQ candidate content)
+        qualifiers += AUGMENTATIONS[args.augmentations[0]].qualifiers(args)
     if args.num_generations > PAPER_GROUP_SIZE or args.corpus_passes != 1:
         passes = args.corpus_passes
         qualifiers.append(f"G_S={args.num_generations}, {passes} pass{'' if passes == 1 else 'es'}")

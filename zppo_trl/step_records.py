@@ -126,7 +126,9 @@ class StepRecorder:
         local = [
             (inst.key, self.questions.question(self.questions.row(inst.key)), shown[inst.teacher_position])
             for inst, shown in zip(built.instances, built.shown)
-            if inst.kind == "bcq" and admitted_at.get(inst.key, accuracy.get(inst.key)) == 0.0
+            # an instance that showed a teacher candidate (BCQ's), of a question in the 0% bin
+            if getattr(inst, "teacher_position", None) is not None
+            and admitted_at.get(inst.key, accuracy.get(inst.key)) == 0.0
         ]
         items = [item for rank_items in self.ranks.gather(local) for item in rank_items]
         if self.main_process:

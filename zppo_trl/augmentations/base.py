@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ..needs import Needs
+from ..prompt_sizes import PromptSizes
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +111,41 @@ class Augmentation(ABC):
     # text before the closer of every evaluation question for a checkpoint trained with it (None: the
     # paper's shared prompt); the trainer records it in the saved config for `zppo-eval run` to apply
     evaluation_condition: str | None = None
+    # the settings it reads besides its kinds, each with the kinds that read it (the configuration warns about a
+    # setting no part of the row reads)
+    reads: Mapping[str, tuple[str, ...]] = {}
+    # the model card's words: where the teacher's text goes (an augmentation the student samples on), or what the
+    # cross-entropy fits (a supervised control); and the name of a row the family is on its own (the supervised
+    # controls: "Correction-SFT"; None: the row is GRPO plus its kinds)
+    enters: str = "enter the *prompt*"
+    fits: str | None = None
+    printed: str | None = None
+
+    @classmethod
+    def teacher_role(cls, args: Any) -> str:
+        """The model card's words for what the teacher does with its answers (``args``: the configuration)."""
+        return ""
+
+    @classmethod
+    def qualifiers(cls, args: Any) -> list[str]:
+        """What the row's name adds for its settings where they are not the paper's (``"ZPPO (boxed masked)"``)."""
+        return []
+
+    @classmethod
+    def teacher_use(cls, args: Any) -> str:
+        """The dry run's words for what the teacher does for it."""
+        return ""
+
+    @classmethod
+    def prompt_blocks(cls, kinds: tuple[str, ...], sizes: PromptSizes) -> list[int]:
+        """A bound on the tokens of each block its ``kinds`` add to a student prompt (:mod:`zppo_trl.context`)."""
+        return []
+
+    @classmethod
+    def teacher_request(cls, sizes: PromptSizes) -> int:
+        """A bound on the tokens of the request its build sends the teacher with the reply (0: only the compressions
+        every augmentation's bound covers)."""
+        return 0
 
     @classmethod
     def create(cls, kinds: tuple[str, ...], inputs: AugmentationInputs) -> Augmentation:

@@ -14,7 +14,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..prompts import bcq_block, ncq_block
+from ..prompt_sizes import ANSWER_TOKENS, PromptSizes, text_bytes
+from ..prompts import BCQ_INSTRUCTION, NCQ_INSTRUCTION, bcq_block, fill, ncq_block
 from ..reformulate import KINDS, Reformulation, attach_compressions, plan_reformulations
 from ..rewards import boxed_spans, extract_boxed, grade_batch
 from .base import Augmentation, AugmentationInputs, BuiltGroup, BuiltGroups, Evidence, teacher_results
@@ -25,6 +26,43 @@ __all__ = ["CandidateReformulation"]
 
 class CandidateReformulation(Augmentation):
     """ZPPO's BCQ and NCQ prompts (the paper's BCQ and NCQ prompt templates), candidates compressed first."""
+
+    reads = {"bcq_candidate_content": ("bcq",)}  # what a BCQ candidate block shows (its candidate-content controls)
+
+    @classmethod
+    def teacher_role(cls, args: Any) -> str:
+        if args.compress_candidates:
+            return f"compresses each candidate to at most {args.compression_max_tokens} tokens"
+        return (
+            "its answers and the student's enter BCQ/NCQ prompts uncompressed "
+            "(`compress_candidates: false`, not the paper's setting)"
+        )
+
+    @classmethod
+    def qualifiers(cls, args: Any) -> list[str]:
+        printed = candidate_content(args.bcq_candidate_content).printed
+        return [printed] if printed and "bcq" in args.augmentations else []
+
+    @classmethod
+    def teacher_use(cls, args: Any) -> str:
+        if args.compress_candidates:
+            use = f"compression <= {args.compression_max_tokens} tokens"
+        else:
+            use = "candidates uncompressed (compress_candidates: false)"
+        printed = candidate_content(args.bcq_candidate_content).printed
+        if printed and "bcq" in args.augmentations:
+            use += f"; BCQ candidates {printed}"
+        return use
+
+    @classmethod
+    def prompt_blocks(cls, kinds: tuple[str, ...], sizes: PromptSizes) -> list[int]:
+        blocks, G = [], sizes.num_generations
+        if "bcq" in kinds:  # the instruction and two candidates
+            blocks.append(text_bytes(BCQ_INSTRUCTION) + 1 + 2 * sizes.candidate)
+        if "ncq" in kinds:  # every rollout of the group wrong, each a distinct answer, each a candidate
+            listed = G * (ANSWER_TOKENS + text_bytes(", \\boxed{}"))
+            blocks.append(text_bytes(fill(NCQ_INSTRUCTION, answers="")) + listed + 1 + G * sizes.candidate)
+        return blocks
 
     def __init__(self, kinds: Sequence[str] = KINDS, content: str = "full"):
         unknown = set(kinds) - set(KINDS)

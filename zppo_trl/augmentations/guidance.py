@@ -20,6 +20,7 @@ from typing import Any
 from mathruler.math_normalize import normalize_answer
 
 from ..needs import Needs
+from ..prompt_sizes import PromptSizes, text_bytes
 from ..prompts import hint_block
 from ..rewards import strip_degree_percent
 from .base import Augmentation, AugmentationInputs, BuiltGroup, BuiltGroups, Evidence, teacher_results
@@ -130,6 +131,22 @@ class TeacherHint(_TeacherGuidance):
 
     kind = "hint"
     kinds = ("hint",)
+
+    @classmethod
+    def teacher_role(cls, args: Any) -> str:
+        return (
+            "writes an answer-free hint from one of its graded-correct answers, "
+            "shown in a `<hint>` block before the closer"
+        )
+
+    @classmethod
+    def teacher_use(cls, args: Any) -> str:
+        return f"hints <= {args.compression_max_tokens} tokens"
+
+    @classmethod
+    def prompt_blocks(cls, kinds: tuple[str, ...], sizes: PromptSizes) -> list[int]:
+        return [text_bytes(hint_block("h")) - 1 + sizes.compression_max_tokens]
+
     summed_metrics = ("hint_rejected",)
     needs = Augmentation.needs | Needs(gold_answers=True)  # the leak count reads each question's gold answer
 
@@ -192,6 +209,21 @@ class ResponsePrefix(_TeacherGuidance):
 
     kind = "prefix"
     kinds = ("prefix",)
+    reads = {"prefix_fraction": ("prefix",)}
+    enters = "open the student's *response* as a prefix it continues"
+    # A Prefix group adds no block (prompt_blocks: none): its prefix and continuation share max_completion_length.
+
+    @classmethod
+    def teacher_role(cls, args: Any) -> str:
+        return (
+            f"opens the student's response with the first {args.prefix_fraction:.0%} of the tokens of one of its "
+            "graded-correct answers, which the student continues"
+        )
+
+    @classmethod
+    def teacher_use(cls, args: Any) -> str:
+        return f"response prefix alpha={args.prefix_fraction:g}"
+
     summed_metrics = ("prefix_unusable",)
 
     def __init__(self, tokenizer: Any, fraction: float = 0.4):

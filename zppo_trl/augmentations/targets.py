@@ -30,7 +30,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..needs import Needs
-from ..prompts import CORRECT_TAG, INCORRECT_TAG, render_correction, render_reflection
+from ..prompt_sizes import CHAT_TOKENS, PromptSizes, text_bytes
+from ..prompts import (
+    CORRECT_TAG,
+    CORRECTION_TEMPLATE,
+    INCORRECT_TAG,
+    REFLECTION_TEMPLATE,
+    fill,
+    render_correction,
+    render_reflection,
+)
 from .base import Augmentation, AugmentationInputs, BuiltGroup, BuiltGroups, Evidence, teacher_results
 
 __all__ = ["CorrectionTargets", "ReflectionTargets", "SupervisedInstance"]
@@ -124,6 +133,28 @@ class CorrectionTargets(_SupervisedTargets):
     kind = "correction"
     needs = Needs(teacher_requests=True)  # one corrector call per question, no G_T rollouts
     evaluation_condition = CORRECT_TAG
+    printed = "Correction-SFT"  # as the paper's mistakes table prints it
+    fits = "teacher corrections of its wrong answers (and those answers, tagged)"
+
+    @classmethod
+    def teacher_role(cls, args: Any) -> str:
+        return "corrects one wrong student answer per hard question"
+
+    @classmethod
+    def teacher_use(cls, args: Any) -> str:
+        return "corrects one wrong rollout per hard question; graded SFT targets"
+
+    @classmethod
+    def prompt_blocks(cls, kinds: tuple[str, ...], sizes: PromptSizes) -> list[int]:
+        return [text_bytes(INCORRECT_TAG)]  # the polarity tag
+
+    @classmethod
+    def teacher_request(cls, sizes: PromptSizes) -> int:
+        """The corrector's request reads one wrong rollout."""
+        template = text_bytes(fill(CORRECTION_TEMPLATE, question="", incorrect_attempt=""))
+        return (
+            CHAT_TOKENS + template + sizes.max_prompt_length + sizes.max_completion_length + sizes.teacher_max_tokens
+        )
 
     def plan(self, evidence: Evidence, limit: int, rng: random.Random, metrics: dict) -> list[SupervisedInstance]:
         metrics["hard"] = len(evidence.hard)
@@ -150,6 +181,28 @@ class ReflectionTargets(_SupervisedTargets):
     question's wrong student rollouts; the target trains under the bare question."""
 
     kind = "reflection"
+    printed = "Error-reflection-SFT"
+    fits = "teacher revisions written from its wrong answers"
+
+    @classmethod
+    def teacher_role(cls, args: Any) -> str:
+        return "revises one of its correct answers with the student's wrong ones"
+
+    @classmethod
+    def teacher_use(cls, args: Any) -> str:
+        return "revises a correct draft with the wrong rollouts; graded SFT targets"
+
+    @classmethod
+    def teacher_request(cls, sizes: PromptSizes) -> int:
+        """The reviser's request reads a teacher draft and every wrong rollout of the group, in full."""
+        template = text_bytes(fill(REFLECTION_TEMPLATE, question="", draft="", student_attempts=""))
+        return (
+            CHAT_TOKENS
+            + template
+            + sizes.max_prompt_length
+            + 2 * sizes.teacher_max_tokens
+            + sizes.num_generations * (sizes.max_completion_length + 1)
+        )
 
     def plan(self, evidence: Evidence, limit: int, rng: random.Random, metrics: dict) -> list[SupervisedInstance]:
         metrics["hard"] = len(evidence.hard)

@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from ..augmentations import AUGMENTATIONS
 from ..augmentations.base import BuiltGroup, BuiltGroups
 from ..batches import MARKED_ROWS, TARGET_ROWS
 from ..distill import DistillInputs, chunked_jsd
@@ -327,7 +328,8 @@ class _ZeroVarianceTerm(Term):
 
     @classmethod
     def validate(cls, args: Any) -> None:
-        if args.distillation is not None or any(kind in ("correction", "reflection") for kind in args.augmentations):
+        supervised = any(AUGMENTATIONS[kind].supervised for kind in args.augmentations if kind in AUGMENTATIONS)
+        if args.distillation is not None or supervised:
             raise ValueError(
                 f"zero_variance_signal={cls.name!r} shapes RL advantages; this row trains "
                 f"{'the JSD' if args.distillation else 'cross-entropy'}: leave it 'none'"
