@@ -21,8 +21,15 @@ from zppo_trl.recipe import parse_recipe_args
 from zppo_trl.reformulate import Reformulation
 from zppo_trl.rewards import boxed_spans, extract_boxed
 
+try:  # tests/ on sys.path (pytest's default import mode) or imported as a package
+    from settings import CPU as CPU_ONLY
+    from settings import UNREACHABLE_TEACHER
+except ImportError:
+    from tests.settings import CPU as CPU_ONLY
+    from tests.settings import UNREACHABLE_TEACHER
+
 REPO = Path(__file__).resolve().parents[1]
-CPU = dict(output_dir="unused", use_cpu=True, bf16=False, teacher_base_url="http://127.0.0.1:1/v1", teacher_model="t")
+CPU = {**CPU_ONLY, **UNREACHABLE_TEACHER}
 # the four swept baselines: recipe stem -> the name the paper's tables print
 SWEPT = {
     "grpo_dagger": "GRPO\u2020",

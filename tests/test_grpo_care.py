@@ -22,12 +22,17 @@ from zppo_trl.terms.grpo_care import (
     consistency_bonus,
 )
 
+try:  # tests/ on sys.path (pytest's default import mode) or imported as a package
+    from settings import CPU as CPU_ONLY
+except ImportError:
+    from tests.settings import CPU as CPU_ONLY
+
 try:
     from tiny_models import tiny_tokenizer
 except ImportError:
     from tests.tiny_models import tiny_tokenizer
 
-CPU = dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[])
+CPU = CPU_ONLY
 
 
 def test_the_bonus_goes_to_correct_rollouts_at_least_as_consistent_as_their_correct_peers():

@@ -18,7 +18,12 @@ from zppo_trl.terms.perception_r1 import (
     row_annotations,
 )
 
-CPU = dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[])
+try:  # tests/ on sys.path (pytest's default import mode) or imported as a package
+    from settings import CPU as CPU_ONLY
+except ImportError:
+    from tests.settings import CPU as CPU_ONLY
+
+CPU = CPU_ONLY
 
 
 def test_verdicts_are_read_per_annotation_the_last_tag_of_each_index_counting():

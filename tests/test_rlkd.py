@@ -23,7 +23,12 @@ from zppo_trl.terms.rlkd import (
     structure_rewards,
 )
 
-CPU = dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[], augmentations=[])
+try:  # tests/ on sys.path (pytest's default import mode) or imported as a package
+    from settings import CPU as CPU_ONLY
+except ImportError:
+    from tests.settings import CPU as CPU_ONLY
+
+CPU = {**CPU_ONLY, "augmentations": []}
 TEACHER = dict(teacher_base_url="http://127.0.0.1:1/v1", teacher_model="teacher")
 
 

@@ -34,7 +34,12 @@ from zppo_trl.terms.self_teachers import (
     self_distillation_per_token,
 )
 
-CPU = dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[], augmentations=[])
+try:  # tests/ on sys.path (pytest's default import mode) or imported as a package
+    from settings import CPU as CPU_ONLY
+except ImportError:
+    from tests.settings import CPU as CPU_ONLY
+
+CPU = {**CPU_ONLY, "augmentations": []}
 
 
 def _args(**overrides):

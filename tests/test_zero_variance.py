@@ -27,7 +27,14 @@ from zppo_trl.terms.zero_variance import (
     token_advantages,
 )
 
-CPU = dict(output_dir="unused", use_cpu=True, bf16=False, teacher_base_url="http://127.0.0.1:1/v1", teacher_model="t")
+try:  # tests/ on sys.path (pytest's default import mode) or imported as a package
+    from settings import CPU as CPU_ONLY
+    from settings import UNREACHABLE_TEACHER
+except ImportError:
+    from tests.settings import CPU as CPU_ONLY
+    from tests.settings import UNREACHABLE_TEACHER
+
+CPU = {**CPU_ONLY, **UNREACHABLE_TEACHER}
 
 
 def _args(signal: str = "none", alpha: float | None = None, partitions: int = 1) -> SimpleNamespace:

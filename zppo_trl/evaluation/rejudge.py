@@ -36,7 +36,6 @@ an error, and running it again asks only for what is missing.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import logging
 import math
@@ -53,6 +52,7 @@ from tqdm.auto import tqdm
 from ..teacher import TeacherClient
 from .aggregation import setting_score
 from .arguments import json_object, label_slug, positive_int
+from .parallel import run_all
 from .runner import (
     RESULTS_FILE,
     RUN_FILE,
@@ -285,18 +285,11 @@ class _SettingSweep:
     def run(self, spec: TaskSpec, items: list[dict], label: str) -> None:
         todo = [item for item in items if self._pending(item)]
         bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=label, unit="q", dynamic_ncols=True)
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency)
         try:
-            futures = [pool.submit(self._ask, spec, item) for item in todo]
-            for future in concurrent.futures.as_completed(futures):
-                future.result()
-                bar.update(1)
-        except BaseException:  # Ctrl-C or a bug: stop the queued requests now
-            self.abort.set()
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
+            run_all(
+                lambda item: self._ask(spec, item), todo, concurrency=self.concurrency, abort=self.abort, progress=bar
+            )
         finally:
-            pool.shutdown(wait=True)
             bar.close()
 
     def _digest(self, item: Mapping[str, Any]) -> str:

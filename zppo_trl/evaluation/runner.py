@@ -25,7 +25,6 @@ the run stops with an error saying how many, and the next run requests them agai
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import datetime
 import hashlib
@@ -46,6 +45,7 @@ from .aggregation import official_figures, setting_score
 from .audit import audit_keys, audit_prompt, audit_summary, audited
 from .data import load_setting
 from .judges import request_judge_prompt
+from .parallel import run_all
 from .prompting import build_requests
 from .scorers import score_deterministic
 from .stats import family_macro_averages, mean_and_stderr
@@ -311,18 +311,15 @@ class _SettingRun:
     def run(self) -> None:
         units = [(p, row) for p in range(self.options.passes) for row in self.rows]
         bar = tqdm(total=len(units), desc=f"{self.spec.name:>9}", unit="q", dynamic_ncols=True, leave=True)
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.options.concurrency)
         try:
-            futures = [pool.submit(self._unit, p, row) for p, row in units]
-            for future in concurrent.futures.as_completed(futures):
-                future.result()
-                bar.update(1)
-        except BaseException:  # Ctrl-C or a bug: stop the queued work now, not after it all ran
-            self.abort.set()
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
+            run_all(
+                lambda unit: self._unit(*unit),
+                units,
+                concurrency=self.options.concurrency,
+                abort=self.abort,
+                progress=bar,
+            )
         finally:
-            pool.shutdown(wait=True)
             bar.close()
         failed = self.counters.failed_generations + self.counters.failed_judgments
         if failed:
@@ -456,11 +453,14 @@ class _SettingRun:
             digest = fingerprint(prompt, self.judge.model)
             if self.store.audits.get(key, {}).get("digest") != digest:
                 todo.append((key, request, prompt, digest))
-        with concurrent.futures.ThreadPoolExecutor(max_workers=self.options.concurrency) as pool:
-            futures = [pool.submit(self._audit_item, *item) for item in todo]
-            for future in tqdm(concurrent.futures.as_completed(futures), total=len(futures),
-                               desc=f"{self.spec.name:>9} audit", unit="q", dynamic_ncols=True):  # fmt: skip
-                future.result()
+        bar = tqdm(total=len(todo), desc=f"{self.spec.name:>9} audit", unit="q", dynamic_ncols=True)
+        try:
+            run_all(
+                lambda item: self._audit_item(*item), todo, concurrency=self.options.concurrency, abort=self.abort,
+                progress=bar,
+            )  # fmt: skip
+        finally:
+            bar.close()
         if self.counters.failed_judgments:
             raise EvaluationError(
                 f"{self.spec.name}: {self.counters.failed_judgments} audit judgment(s) failed after retries "

@@ -33,7 +33,6 @@ running it again asks only for what is missing.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import logging
 import sys
@@ -48,6 +47,7 @@ from ..prompts import render_memorization_judge
 from ..teacher import TeacherClient
 from ..trace_log import TRACE_LOG_NAME, AuditQuestion, read_trace_log
 from .arguments import json_object, label_slug, positive_int
+from .parallel import run_all
 from .runner import EvaluationError, RecordStore, ask_judge, fingerprint, write_json
 
 __all__ = [
@@ -134,17 +134,9 @@ class _JudgeRun:
     def run(self, items: list[tuple[str, str]], label: str) -> None:
         todo = [(key, prompt) for key, prompt in items if self._pending(key, prompt)]
         bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=label, unit="pair", dynamic_ncols=True)
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency)
         try:
-            for future in concurrent.futures.as_completed([pool.submit(self._ask, *item) for item in todo]):
-                future.result()
-                bar.update(1)
-        except BaseException:  # Ctrl-C or a bug: stop the queued requests now
-            self.abort.set()
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
+            run_all(lambda item: self._ask(*item), todo, concurrency=self.concurrency, abort=self.abort, progress=bar)
         finally:
-            pool.shutdown(wait=True)
             bar.close()
 
     def _pending(self, key: str, prompt: str) -> bool:
