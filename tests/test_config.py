@@ -52,6 +52,7 @@ def test_partitions_map_onto_trl_batching():
         (dict(advantage_normalization="batch"), "advantage_normalization"),
         (dict(num_partitions=0), "num_partitions"),
         (dict(replay_capacity=-1), "replay_capacity"),
+        (dict(num_partitions=True), "num_partitions must be an integer >= 1, got True"),  # a bool is no count
         (dict(teacher_num_generations=0), "teacher_num_generations"),
         (dict(compression_max_tokens=0), "compression_max_tokens"),
         (dict(padding_free="yes"), "padding_free"),
@@ -160,8 +161,9 @@ def test_augmentations_need_a_teacher():
     "settings, match",
     [
         (dict(teacher_temperature=0.0), "teacher_num_generations=4 rollouts per question would be one reply"),
-        (dict(teacher_temperature=-0.5), "teacher_temperature must be a number >= 0, got -0.5"),
-        (dict(teacher_temperature="hot"), "teacher_temperature must be a number >= 0"),
+        (dict(teacher_temperature=-0.5), "teacher_temperature must be a finite number >= 0.0, got -0.5"),
+        (dict(teacher_temperature="hot"), "teacher_temperature must be a finite number >= 0.0"),
+        (dict(teacher_temperature=float("inf")), "teacher_temperature must be a finite number >= 0.0, got inf"),
     ],
 )
 def test_a_teacher_temperature_that_cannot_sample_its_rollouts_is_refused(settings, match):

@@ -29,6 +29,7 @@ from trl import GRPOConfig
 
 from .advantages import NORMALIZATIONS
 from .augmentations import AUGMENTATIONS, candidate_content, check_kinds, parse_kinds
+from .checks import check_integer, check_number
 from .composition import StepComposition, step_composition
 from .context import PAPER_MAX_PROMPT_LENGTH, ContextLengths, context_lengths
 from .distill import DistillationSettings, check_distillation
@@ -483,8 +484,7 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
             )
         candidate_content(self.bcq_candidate_content)  # an unknown content fails here, naming the field
         passes = self.corpus_passes
-        if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
-            raise ValueError(f"corpus_passes must be an integer >= 1, got {passes!r}")
+        check_integer("corpus_passes", passes, 1)
         if passes > 1 and (not self.max_steps or self.max_steps <= 0 or self.max_steps % passes):
             raise ValueError(
                 f"corpus_passes={passes} needs a schedule in steps that splits into {passes} equal passes: set "
@@ -511,13 +511,9 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
             "teacher_max_concurrency",
             "max_prompt_length",
         ):
-            value = getattr(self, name)
-            minimum = 0 if name == "replay_capacity" else 1
-            if not isinstance(value, int) or value < minimum:
-                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+            check_integer(name, getattr(self, name), 0 if name == "replay_capacity" else 1)  # True is no integer here
         temperature = self.teacher_temperature
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
-            raise ValueError(f"teacher_temperature must be a number >= 0, got {temperature!r}")
+        check_number("teacher_temperature", temperature)
         if temperature == 0 and self.teacher_num_generations > 1:
             # greedy decoding gives one reply G_T times (and vLLM refuses n > 1 at temperature 0)
             raise ValueError(
