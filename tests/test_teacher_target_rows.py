@@ -19,6 +19,7 @@ from accelerate import Accelerator
 
 from zppo_trl import ZPPOConfig
 from zppo_trl.distill import DistillInputs
+from zppo_trl.logp_paths import completion_logps
 from zppo_trl.partitioning import is_skipped, policy_partitions
 from zppo_trl.plan import print_plan
 from zppo_trl.ranks import Ranks
@@ -228,8 +229,10 @@ def test_the_teacher_target_rows_need_the_teacher_server_and_an_rl_row():
     for signal in ("relift", "rstg"):
         with pytest.raises(ValueError, match="teacher_base_url"):
             ZPPOConfig(**no_teacher, augmentations=[], zero_variance_signal=signal)
-    with pytest.raises(ValueError, match="the JSD"):
+    with pytest.raises(ValueError, match="this row trains the 'jsd' loss"):
         ZPPOConfig(**CPU, augmentations=[], distillation="on", zero_variance_signal="rstg")
+    with pytest.raises(ValueError, match="this row trains the 'sft' loss"):  # a supervised control: no advantages
+        ZPPOConfig(**CPU, augmentations=["correction"], zero_variance_signal="rl_zvp")
 
 
 def test_rstg_reads_the_distillation_settings_and_relift_does_not():
@@ -308,7 +311,9 @@ def _rows(trainer, n: int, seed: int) -> dict:
         "advantages": torch.zeros(n),
     }
     with torch.no_grad():
-        batch["old_per_token_logps"], _, _ = trainer.token_logps.completions(trainer.model, batch)
+        batch["old_per_token_logps"], _, _ = completion_logps(
+            trainer._get_per_token_logps_and_entropies, trainer.model, batch
+        )
     return batch
 
 
@@ -340,7 +345,7 @@ def test_relift_trains_the_teacher_target_of_an_all_wrong_question_and_nothing_e
     loss = _train_step(trainer, micro_batches)
     # by hand: the target row's NLL over the partition's 2 x 4 rollout tokens plus its own 4 tokens
     with torch.no_grad():
-        logps, _, _ = trainer.token_logps.completions(trainer.model, target)
+        logps, _, _ = completion_logps(trainer._get_per_token_logps_and_entropies, trainer.model, target)
     assert loss == pytest.approx(float(-logps[0].sum() / 12.0), rel=1e-5)
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in trainer.model.parameters())
 

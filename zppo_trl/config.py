@@ -36,7 +36,7 @@ from .distill import DistillationSettings, check_distillation
 from .losses import PAPER_POLICY_OBJECTIVE
 from .needs import SCORES_TOP_K
 from .objective_settings import ObjectiveSettings, check_objective_settings
-from .objectives import loss_for, policy_objectives
+from .objectives import policy_objectives
 from .optim import ANYPRECISION_OPTIM, anyprecision_kwargs
 from .prompts import RL_CLOSER
 from .reformulate import KINDS
@@ -535,8 +535,7 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
             raise ValueError(
                 f"policy_objective must be one of {list(policy_objectives())}, got {self.policy_objective!r}"
             )
-        supervised = bool(self.augmentations) and AUGMENTATIONS[self.augmentations[0]].supervised
-        trains = loss_for(self, supervised=supervised)  # the SFT controls' cross-entropy, the distillation's JSD
+        trains = self.row.objective  # the SFT controls' cross-entropy, the distillation's JSD, or a policy objective
         if self.policy_objective != PAPER_POLICY_OBJECTIVE and trains.objective is None:
             raise ValueError(
                 f"policy_objective={self.policy_objective!r} has no effect on this row: it trains the {trains.name!r} "

@@ -47,7 +47,6 @@ from typing import Any
 
 import torch
 
-from ..augmentations import AUGMENTATIONS
 from ..augmentations.base import BuiltGroup, BuiltGroups
 from ..batches import MARKED_ROWS, TARGET_ROWS
 from ..distill import DistillInputs, chunked_jsd
@@ -328,11 +327,11 @@ class _ZeroVarianceTerm(Term):
 
     @classmethod
     def validate(cls, args: Any) -> None:
-        supervised = any(AUGMENTATIONS[kind].supervised for kind in args.augmentations if kind in AUGMENTATIONS)
-        if args.distillation is not None or supervised:
+        trains = args.row.objective  # the loss the row trains (zppo_trl.row): a policy objective or a target loss
+        if trains.objective is None:
             raise ValueError(
-                f"zero_variance_signal={cls.name!r} shapes RL advantages; this row trains "
-                f"{'the JSD' if args.distillation else 'cross-entropy'}: leave it 'none'"
+                f"zero_variance_signal={cls.name!r} shapes RL advantages; this row trains the {trains.name!r} loss "
+                "(cross-entropy or the JSD): leave it 'none'"
             )
         server = cls.needs.teacher_samples or (cls.needs.teacher_scores and not args.distill_teacher)
         if server and not (args.teacher_base_url and args.teacher_model):
