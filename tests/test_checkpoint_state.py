@@ -3,6 +3,7 @@ holds (restored exactly and in place, since the collaborators hold the same coun
 
 import json
 import logging
+import random
 
 import pytest
 
@@ -25,7 +26,7 @@ class _Term:
 
 
 def test_refresh_admits_graduates_and_counts_the_admission_bins():
-    state = ZPPOState(capacity=10, threshold=0.5, seed=0, group_size=4)
+    state = ZPPOState(capacity=10, threshold=0.5, rng=random.Random(0), group_size=4)
     metrics = state.refresh({"a": 0.0, "b": 0.25, "c": 1.0})
     assert (metrics["admitted"], metrics["graduated"], metrics["buffer_size"]) == (2, 0, 2)
     assert metrics["admitted_bin_0of4"] == 1 and metrics["admitted_bin_1of4"] == 1
@@ -37,7 +38,7 @@ def test_refresh_admits_graduates_and_counts_the_admission_bins():
 
 def test_state_round_trips_exactly_and_in_place(tmp_path):
     term = _Term()
-    state = ZPPOState(capacity=10, threshold=0.5, seed=3, group_size=4, terms=[term])
+    state = ZPPOState(capacity=10, threshold=0.5, rng=random.Random(3), group_size=4, terms=[term])
     state.refresh({"a": 0.0, "b": 0.25})
     state.counters["rollout_steps"] = 7
     term.seen = {"a": "trace"}
@@ -46,7 +47,7 @@ def test_state_round_trips_exactly_and_in_place(tmp_path):
     expected_draws = [state.rng.random() for _ in range(3)]
 
     fresh_term = _Term()
-    other = ZPPOState(capacity=10, threshold=0.5, seed=99, group_size=4, terms=[fresh_term])
+    other = ZPPOState(capacity=10, threshold=0.5, rng=random.Random(99), group_size=4, terms=[fresh_term])
     counters, rng, admitted = other.counters, other.rng, other.admitted_at
     other.load_state_dict(saved)
     assert other.counters is counters and other.rng is rng and other.admitted_at is admitted  # in place
@@ -59,7 +60,7 @@ def test_state_round_trips_exactly_and_in_place(tmp_path):
 
 
 def test_a_checkpoint_without_zppo_state_starts_empty_and_says_so(tmp_path, caplog):
-    state = ZPPOState(capacity=10, threshold=0.5, seed=0, group_size=4)
+    state = ZPPOState(capacity=10, threshold=0.5, rng=random.Random(0), group_size=4)
     state.counters["rollout_steps"] = 2
     with caplog.at_level(logging.WARNING):
         state.load(str(tmp_path), "cpu", dict)
@@ -68,5 +69,5 @@ def test_a_checkpoint_without_zppo_state_starts_empty_and_says_so(tmp_path, capl
 
 @pytest.mark.parametrize("threshold", [0.5, 0.75])
 def test_refresh_reads_the_buffer_threshold(threshold):
-    state = ZPPOState(capacity=10, threshold=threshold, seed=0, group_size=4)
+    state = ZPPOState(capacity=10, threshold=threshold, rng=random.Random(0), group_size=4)
     assert state.refresh({"q": 0.5})["admitted"] == (1 if threshold > 0.5 else 0)

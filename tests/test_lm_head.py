@@ -13,6 +13,7 @@ import torch
 from datasets import Dataset
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
+from zppo_trl.logp_paths import completion_logps
 from zppo_trl.losses import LOSSES
 
 try:  # tests/ is on sys.path under pytest's default (rootdir-less, prepend) import mode
@@ -79,7 +80,7 @@ def _batch(trainer):
         "num_items_in_batch": completion_mask.sum() * trainer.args.steps_per_generation,
     }
     with torch.no_grad():
-        logps, _, _ = trainer.token_logps.completions(trainer.model, inputs)
+        logps, _, _ = completion_logps(trainer._get_per_token_logps_and_entropies, trainer.model, inputs)
     inputs["old_per_token_logps"] = logps + (torch.rand(logps.shape, generator=g) - 0.5)
     return inputs
 
@@ -109,8 +110,8 @@ def pair(tmp_path_factory):
 def test_the_log_probs_and_entropies_are_the_full_logits_ones(pair):
     fused, full = pair
     inputs = _batch(fused)
-    logps_f, entropy_f, _ = fused.token_logps.completions(fused.model, inputs)
-    logps_u, entropy_u, _ = full.token_logps.completions(full.model, inputs)
+    logps_f, entropy_f, _ = completion_logps(fused._get_per_token_logps_and_entropies, fused.model, inputs)
+    logps_u, entropy_u, _ = completion_logps(full._get_per_token_logps_and_entropies, full.model, inputs)
     torch.testing.assert_close(logps_f, logps_u, rtol=RTOL, atol=ATOL)
     torch.testing.assert_close(entropy_f, entropy_u, rtol=RTOL, atol=ATOL)
     # the reference itself: the model's own logits at temperature 0.7, log-softmaxed, at the completion tokens

@@ -3,8 +3,6 @@ function the round is given (here one that fills the request as TRL's scoring ho
 what is checked: unscored groups left out and counted, prompt lengths against the context, targets padded to whole
 groups and cut at the completion limit; and the Prefix and target handling of each hook."""
 
-from types import SimpleNamespace
-
 import torch
 from accelerate import Accelerator
 
@@ -20,6 +18,7 @@ from zppo_trl.rounds import (
     responses_with_prefixes,
     token_types,
 )
+from zppo_trl.step_records import StepRecorder
 
 G = 2
 ROWS = {"q1": {"id": "q1", "question": "one"}, "q2": {"id": "q2", "question": "two"}}
@@ -56,13 +55,16 @@ def _rounds(rewards, prompt_len=3, context=None, on_server=False):
             "advantages": torch.zeros(n),
         }
 
-    recorder = SimpleNamespace(metrics={})
-    recorder.add = lambda name, value: recorder.metrics.__setitem__(name, recorder.metrics.get(name, 0) + value)
-    counters = {"unscorable_total": 0}
+    ranks, counters = Ranks(Accelerator(cpu=True)), {"unscorable_total": 0}
+    recorder = StepRecorder(
+        ranks=ranks, group_size=G, num_partitions=1, main_process=True, state=None, trl_metrics={}, trl_logs={},
+        clients={}, kinds=(), questions=None, reward_signal=None,
+    )  # fmt: skip
+    recorder.begin(global_step=0)
     rounds = Rounds(
         generate_and_score,
         questions=Questions({0: ROWS["q1"], 1: ROWS["q2"]}, {"q1": 0, "q2": 1}, _Format(), "CLOSE"),
-        ranks=Ranks(Accelerator(cpu=True)),
+        ranks=ranks,
         group_size=G,
         recorder=recorder,
         counters=counters,

@@ -3,6 +3,7 @@ clients' counts and the running totals; the trained advantages replace TRL's own
 gets every real group of the step."""
 
 import collections
+import random
 from collections import defaultdict
 
 import torch
@@ -25,7 +26,7 @@ class _Client:
 def _recorder(**overrides):
     from zppo_trl.step_records import StepRecorder
 
-    state = ZPPOState(capacity=10, threshold=0.5, seed=0, group_size=2)
+    state = ZPPOState(capacity=10, threshold=0.5, rng=random.Random(0), group_size=2)
     settings = dict(
         ranks=Ranks(Accelerator(cpu=True)),
         group_size=2,

@@ -13,6 +13,7 @@ import torch
 from accelerate import Accelerator
 
 from zppo_trl import ZPPOConfig
+from zppo_trl.logp_paths import completion_logps
 from zppo_trl.partitioning import is_skipped, policy_partitions
 from zppo_trl.plan import print_plan
 from zppo_trl.ranks import Ranks
@@ -295,7 +296,7 @@ def _all_wrong_round(trainer):
         "advantages": torch.zeros(2),
     }
     with torch.no_grad():
-        logps, _, _ = trainer.token_logps.completions(trainer.model, batch)
+        logps, _, _ = completion_logps(trainer._get_per_token_logps_and_entropies, trainer.model, batch)
     # inside the clip band (ratios e^-0.05, e^0.05), so the surrogate's gradient is not clipped away
     batch["old_per_token_logps"] = logps + torch.tensor([[0.05], [-0.05]])
     return Round(batch, torch.zeros(2), ["", ""], [[("plain", "q0")]])

@@ -75,15 +75,17 @@ class ZPPOState:
     Args:
         capacity: the buffer's capacity (``replay_capacity``).
         threshold: its graduation threshold (``hard_threshold``).
-        seed: the shared RNG's seed (``seed``; the same on every rank).
+        rng: the RNG every rank draws its decisions from (seeded with ``seed``, the same on every rank; the terms are
+            built with it, so it exists before them).
         group_size: G_S, for the admission bins.
-        terms: the row's terms (their ``state_dict``/``load_state_dict`` and ``copies``); may be set after
-            construction, since a term is built with the RNG.
+        terms: the row's terms (their ``state_dict``/``load_state_dict`` and ``copies``).
     """
 
-    def __init__(self, capacity: int, threshold: float, seed: int, group_size: int, terms: Sequence = ()):
+    def __init__(
+        self, capacity: int, threshold: float, rng: random.Random, group_size: int, terms: Sequence = ()
+    ):  # fmt: skip
         self.replay_buffer = PromptReplayBuffer(capacity=capacity, threshold=threshold)
-        self.rng = random.Random(seed)
+        self.rng = rng
         self.admitted_at: dict[Any, float] = {}  # resident -> plain accuracy at admission (for the bin metrics)
         self.counters: defaultdict[str, float] = defaultdict(float)
         self.group_size = group_size

@@ -25,6 +25,7 @@ __all__ = [
     "OldLogProbs",
     "TeacherSignal",
     "TokenLogProbs",
+    "completion_logps",
     "overlaps_old_logps",
     "rollouts_off_device",
     "scoring_inputs",
@@ -126,12 +127,6 @@ class TokenLogProbs:
             **multimodal,
         )
 
-    def completions(self, model, inputs, for_loss: bool = True, aux_loss: bool = False):
-        """Per-token log-probs of a micro-batch's completions; ``for_loss`` adds what only the loss reads: the
-        entropies and, with ``aux_loss``, the router's aux loss (else None)."""
-        input_ids, attention_mask, keep, multimodal = scoring_inputs(inputs)
-        return self(model, input_ids, attention_mask, keep, None, for_loss, for_loss and aux_loss, multimodal)
-
     def _packed(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, aux, multimodal):
         """Each chunk of ``batch_size`` rows run as one packed row (:func:`zppo_trl.packing.pack`); a chunk that
         cannot be packed runs padded. ``multimodal``: a Qwen3.5 VLM's images and token types
@@ -178,6 +173,13 @@ class TokenLogProbs:
             self._warned.add(reason)
             model_type = self.unwrap_model(model).config.get_text_config().model_type
             logger.warning("padding_free: %s micro-batches run padded: %s", model_type, reason)
+
+
+def completion_logps(score: Callable, model, inputs, aux_loss: bool = False) -> tuple:
+    """A micro-batch's per-token log-probs, entropies and (with ``aux_loss``) the router's aux loss, from ``score``:
+    TRL's log-prob hook (``trainer._get_per_token_logps_and_entropies``), called as TRL's loss calls it."""
+    input_ids, attention_mask, keep, multimodal = scoring_inputs(inputs)
+    return score(model, input_ids, attention_mask, keep, compute_entropy=True, compute_aux_loss=aux_loss, **multimodal)
 
 
 def rollouts_off_device(args: Any) -> bool:

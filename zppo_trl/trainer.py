@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -63,7 +64,7 @@ from .distill import distillation_targets
 from .evaluation.condition import record_condition
 from .group_log import GROUP_LOG_NAME, GroupLog
 from .lm_head import score_loss_positions, use_full_logits
-from .logp_paths import OldLogProbs, TeacherSignal, TokenLogProbs, overlaps_old_logps, scoring_inputs
+from .logp_paths import OldLogProbs, TeacherSignal, TokenLogProbs, completion_logps, overlaps_old_logps
 from .losses import LossInputs, log_loss, sequence_level_warning_expected
 from .model_card import PAPER_CITATION, PAPER_TITLE, write_run_card
 from .optim import optimizer_cls_and_kwargs
@@ -183,8 +184,7 @@ class ZPPOTrainer(GRPOTrainer):
             segment_packed_sequences(self.accelerator.unwrap_model(self.model))
         self.ranks = ranks = Ranks(self.accelerator)
         G = self.num_generations
-        # The replay buffer, admission accuracies, counters and the RNG every rank draws its decisions from
-        self.zppo_state = ZPPOState(args.replay_capacity, args.hard_threshold, args.seed, G)
+        rng = random.Random(args.seed)  # identical on every rank: every decision is replicated
         # prefetch_teacher_samples: the training loop's batches, readable ahead (zppo_trl.prefetch)
         self._lookahead = BatchLookahead()
         # audit_traces / log_groups: the trace-overlap audit's and every scored group's files (main process)
@@ -202,8 +202,9 @@ class ZPPOTrainer(GRPOTrainer):
             accelerator=self.accelerator, deepspeed=self.is_deepspeed_enabled, fsdp=self.is_fsdp_enabled,
         )  # fmt: skip
         # The row's named terms (zppo_trl.terms), each with what the trainer offers it.
-        self.terms: list[Term] = [term(args, self._term_context(sharded)) for term in row.terms]
-        self.zppo_state.terms = self.terms
+        self.terms: list[Term] = [term(args, self._term_context(sharded, rng)) for term in row.terms]
+        # The replay buffer, admission accuracies, counters, the shared RNG and the terms' state: what checkpoints hold
+        self.zppo_state = ZPPOState(args.replay_capacity, args.hard_threshold, rng, G, self.terms)
         # Step 5's augmentation: ZPPO's BCQ/NCQ prompts, or a comparison row's; None for GRPO†.
         questions = self.questions
         self.augmentation: Augmentation | None = make_augmentation(
@@ -290,7 +291,7 @@ class ZPPOTrainer(GRPOTrainer):
         deepspeed = getattr(self.accelerator.state, "deepspeed_plugin", None)
         return self.is_fsdp_enabled or (self.is_deepspeed_enabled and deepspeed.zero_stage == 3)
 
-    def _term_context(self, sharded: bool) -> TermContext:
+    def _term_context(self, sharded: bool, rng: random.Random) -> TermContext:
         """What the trainer offers a term (zppo_trl.terms.TermContext)."""
         return TermContext(
             args=self.args,
@@ -298,7 +299,7 @@ class ZPPOTrainer(GRPOTrainer):
             tokenizer=self._tokenizer,
             group_size=self.num_generations,
             temperature=self.temperature,
-            rng=self.zppo_state.rng,
+            rng=rng,
             dataset=self.train_dataset,
             row=self.questions.row,
             question=self.questions.question,
@@ -513,9 +514,8 @@ class ZPPOTrainer(GRPOTrainer):
         if self.objective_loss.computes == "distributions":
             loss_inputs.distill = self.teacher_signal.distributions(model, inputs)
         else:
-            ids, mask, keep, multimodal = scoring_inputs(inputs)  # through TRL's hook, as TRL's loss scores them
-            loss_inputs.logps, loss_inputs.entropies, aux_loss = self._get_per_token_logps_and_entropies(
-                model, ids, mask, keep, compute_entropy=True, compute_aux_loss=self.aux_loss_enabled, **multimodal
+            loss_inputs.logps, loss_inputs.entropies, aux_loss = completion_logps(  # through TRL's hook, as TRL's loss
+                self._get_per_token_logps_and_entropies, model, inputs, self.aux_loss_enabled
             )
             loss_inputs.old_logps, loss_inputs.advantages = inputs.get("old_per_token_logps"), inputs.get("advantages")
             for term in self.terms:  # a term's own advantages (token-level on the all-wrong groups)
