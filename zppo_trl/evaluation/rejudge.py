@@ -53,18 +53,10 @@ from ..teacher import TeacherClient
 from .aggregation import setting_score
 from .arguments import json_object, label_slug, positive_int
 from .parallel import run_all
-from .runner import (
-    RESULTS_FILE,
-    RUN_FILE,
-    EvaluationError,
-    RecordStore,
-    ask_judge,
-    fingerprint,
-    judge_score,
-    scored_by_pass,
-    write_json,
-)
+from .runner import ask_judge, judge_score
 from .stats import family_macro_averages, mean_and_stderr
+from .store import RUN_FILE, EvaluationError, RecordStore, fingerprint, write_json
+from .summaries import RESULTS_FILE, scored_by_pass
 from .tasks import FAMILIES, FAMILY_NAMES, SUITE, TaskSpec
 
 __all__ = [

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .runner import RESULTS_FILE
 from .stats import BootstrapResult, macro_average, paired_bootstrap, paired_bootstrap_table
+from .summaries import RESULTS_FILE
 from .tasks import FAMILIES, FAMILY_NAMES, SUITE, select
 
 __all__ = [

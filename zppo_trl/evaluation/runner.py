@@ -1,4 +1,4 @@
-"""Running the suite against an OpenAI-compatible endpoint: generate, score, judge, aggregate.
+"""Running the suite against an OpenAI-compatible endpoint: the options, and generate, score, judge per setting.
 
 One run directory holds one checkpoint's evaluation::
 
@@ -7,6 +7,11 @@ One run directory holds one checkpoint's evaluation::
                              as they complete: the run's memory, and why a run resumes
     details/<setting>.parquet  per-sample details (one file per setting, like lighteval's --save-details)
     results.json             per setting: mean over passes, its stderr, n; per family: macro average
+
+This module holds `EvalOptions` and `run_suite` (what ``zppo-eval run`` calls), and the per-item work: build,
+generate, score, judge, on `zppo_trl.evaluation.parallel.run_all`'s threads. run.json's resume guard and
+the records are `zppo_trl.evaluation.store`'s; the scores, results.json and the details files are
+`zppo_trl.evaluation.summaries`'. Their names are re-exported here, where the other modules first found them.
 
 A crashed or interrupted run is resumed by running the same command again: every generation and
 judgment already in ``records/`` is reused, only the missing ones are requested. ``run.json``
@@ -26,10 +31,7 @@ the run stops with an error saying how many, and the next run requests them agai
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import hashlib
 import importlib.util
-import json
 import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -41,25 +43,50 @@ from tqdm.auto import tqdm
 
 from ..prompts import render_judge
 from ..teacher import TeacherClient, parse_verdict
-from .aggregation import official_figures, setting_score
-from .audit import audit_keys, audit_prompt, audit_summary, audited
+from .audit import audit_keys, audit_prompt, audited
 from .data import load_setting
 from .judges import request_judge_prompt
 from .parallel import run_all
 from .prompting import build_requests
 from .scorers import score_deterministic
-from .stats import family_macro_averages, mean_and_stderr
-from .tasks import FAMILIES, JUDGE_DECODING, PAPER_DECODING, SUITE, DecodingConfig, TaskSpec
+from .store import (
+    RUN_FILE,
+    EvaluationError,
+    RecordStore,
+    RunDirectoryMismatch,
+    check_resume,
+    fingerprint,
+    item_key,
+    parse_key,
+    write_json,
+)
+from .summaries import (
+    RESULTS_FILE,
+    family_summary,
+    read_results,
+    scored_by_pass,
+    summarize_setting,
+    warn_skips,
+    write_details,
+    write_results,
+)
+from .tasks import JUDGE_DECODING, PAPER_DECODING, SUITE, DecodingConfig, TaskSpec
 
 logger = logging.getLogger(__name__)
 
+# The run's API; the names from `store` and `summaries` are re-exported, where the other modules first found them.
 __all__ = [
+    "RESULTS_FILE",
+    "RUN_FILE",
+    "SAMPLING_FIELDS",
     "EvalOptions",
     "EvaluationError",
     "RecordStore",
     "RunDirectoryMismatch",
     "ask_judge",
+    "family_summary",
     "fingerprint",
+    "item_key",
     "judge_score",
     "run_suite",
     "sampling_extra_body",
@@ -68,27 +95,7 @@ __all__ = [
     "write_json",
 ]
 
-RESULTS_FILE = "results.json"
 SAMPLING_FIELDS = ("all", "openai")
-RUN_FILE = "run.json"
-
-# run.json fields that must match for a directory to be resumed (the rest may change: concurrency,
-# endpoints' URLs, the settings to run).
-_RESUME_KEYS = (
-    "model",
-    "passes",
-    "decoding",
-    "sampling_fields",
-    "max_samples",
-    "seed",
-    "max_frames",
-    "condition",
-    "judge_model",
-)
-
-
-class EvaluationError(RuntimeError):
-    """The run could not finish (endpoint down, failed requests, a directory of another run)."""
 
 
 @dataclass(frozen=True)
@@ -158,64 +165,6 @@ def sampling_extra_body(decoding: DecodingConfig, fields: str = "all") -> dict[s
         ("presence_penalty",) if fields == "openai" else ("top_k", "min_p", "presence_penalty", "repetition_penalty")
     )
     return {name: getattr(decoding, name) for name in names if getattr(decoding, name) is not None}
-
-
-# ------------------------------------------------------------------ the run's memory
-
-
-class RecordStore:
-    """Append-only JSONL of one setting's finished generations and judgments (thread-safe).
-
-    A line is ``{"kind": "generation" | "judgment" | "audit" | "skip", "key": ..., ...}``; a later line for
-    a key replaces an earlier one. A torn last line (the process killed mid-write) is cut off on
-    load, so that item is simply requested again. Skips are kept in the file as history but not
-    loaded: each run decides them afresh (data may have been fixed, videos added), which costs
-    no request.
-    """
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.generations: dict[str, dict] = {}
-        self.judgments: dict[str, dict] = {}
-        self.audits: dict[str, dict] = {}
-        self.skips: dict[str, dict] = {}
-        self._tables = {"generation": self.generations, "judgment": self.judgments, "audit": self.audits,
-                        "skip": self.skips}  # fmt: skip
-        self._lock = threading.Lock()
-        if path.exists():
-            self._load()
-
-    def _load(self) -> None:
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):  # killed mid-write: drop the partial line
-            data = data[: data.rfind(b"\n") + 1]
-            self.path.write_bytes(data)
-            logger.warning("%s: cut off a partial last line (a run killed mid-write); that item is redone", self.path)
-        for number, line in enumerate(data.decode("utf-8").splitlines(), 1):
-            try:
-                record = json.loads(line)
-                if record["kind"] in self._tables and record["kind"] != "skip":  # skips are decided afresh
-                    self._tables[record["kind"]][record["key"]] = record
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise EvaluationError(f"{self.path}:{number} is not a record this harness wrote ({err})") from None
-
-    def add(self, record: dict) -> None:
-        """Append one record and flush it to disk before returning."""
-        line = json.dumps(record, ensure_ascii=False) + "\n"
-        with self._lock:
-            self._tables[record["kind"]][record["key"]] = record
-            with self.path.open("a", encoding="utf-8") as handle:
-                handle.write(line)
-
-
-def fingerprint(*parts: Any) -> str:
-    """A short fingerprint tying a judgment to the exact response and judge prompt it scored."""
-    return hashlib.sha256(json.dumps(parts, ensure_ascii=False).encode()).hexdigest()[:16]
-
-
-def item_key(pass_index: int, row_id: str, part: str | None) -> str:
-    """The stable key of one generation: pass, row and (CharXiv) question part."""
-    return f"p{pass_index}/{row_id}" + (f"#{part}" if part else "")
 
 
 # ------------------------------------------------------------------ scoring one item
@@ -441,7 +390,7 @@ class _SettingRun:
         rows = {row["_id"]: row for row in self.rows}
         todo = []
         for key in audit_keys(self.store.judgments, n, self.options.seed, self.store.skips):
-            pass_index, row_id, part = _parse_key(key)
+            pass_index, row_id, part = parse_key(key)
             if row_id not in rows or key not in self.store.generations:
                 continue
             requests = build_requests(
@@ -484,171 +433,7 @@ class _SettingRun:
             self.abort.set()
 
 
-# ------------------------------------------------------------------ aggregation
-
-
-_DETAIL_COLUMNS = (
-    "key", "pass", "row_id", "part", "prompt", "response", "extracted", "gold", "rule", "det_score",
-    "judge_prompt", "judge_reply", "judge_score", "judge_parsed", "score", "group", "answered", "skipped",
-)  # fmt: skip
-
-
-def _parse_key(key: str) -> tuple[int, str, str]:
-    """(pass, row id, part) of an `item_key`."""
-    head, rest = key.split("/", 1)
-    row_id, _, part = rest.partition("#")
-    return int(head[1:]), row_id, part
-
-
-def _details(store: RecordStore) -> list[dict]:
-    """One detail row per generated or skipped item, from the records."""
-    rows = []
-    for key in {**store.generations, **store.skips}:
-        generation = store.generations.get(key, {})
-        judgment = store.judgments.get(key, {})
-        pass_index, row_id, part = _parse_key(key)
-        row = {column: judgment.get(column) for column in _DETAIL_COLUMNS}
-        row.update(
-            {
-                "key": key,
-                "pass": pass_index,
-                "row_id": row_id,
-                "part": part,
-                "prompt": generation.get("prompt"),
-                "response": generation.get("response"),
-                "skipped": store.skips.get(key, {}).get("reason"),
-            }
-        )
-        if row["skipped"]:
-            row["group"] = store.skips[key].get("group")
-        if row["skipped"]:
-            row["score"] = None
-        rows.append(row)
-    return rows
-
-
-def scored_by_pass(
-    spec: TaskSpec, judgments: Mapping[str, Mapping[str, Any]], skips: Mapping[str, Mapping[str, Any]], passes: int
-) -> tuple[dict[int, list[dict]], dict[int, int], int]:
-    """(pass -> its scored items, pass -> its skipped items, groups left out of worst-case scoring).
-
-    `judgments` and `skips` map item keys (`item_key`) to their records (a `RecordStore`'s tables;
-    a judgment needs ``score`` and, under a grouped aggregation, ``group``). Skipped items are
-    never scored. Under ``worst_case_variants`` (DynaMath) a seed with a skipped variant is left
-    out of that pass entirely: its worst case is unknown.
-    """
-    skipped = dict.fromkeys(range(passes), 0)
-    broken: dict[int, set] = {p: set() for p in range(passes)}
-    for key, skip in skips.items():
-        pass_index = _parse_key(key)[0]
-        if pass_index < passes:
-            skipped[pass_index] += 1
-            broken[pass_index].add(skip.get("group"))
-    by_pass: dict[int, list[dict]] = {p: [] for p in range(passes)}
-    left_out = 0
-    for key, judgment in judgments.items():
-        pass_index, _, part = _parse_key(key)
-        if key in skips or pass_index >= passes:
-            continue
-        if spec.aggregation == "worst_case_variants" and judgment.get("group") in broken[pass_index]:
-            left_out += 1
-            continue
-        by_pass[pass_index].append(
-            {"score": judgment["score"], "group": judgment.get("group"), "part": part,
-             "facets": judgment.get("facets") or {}, "answered": judgment.get("answered")}
-        )  # fmt: skip
-    return by_pass, skipped, left_out
-
-
-def summarize_setting(spec: TaskSpec, store: RecordStore, passes: int, complete_rows: bool) -> tuple[dict, list[dict]]:
-    """The setting's results entry (scores in percent) and its per-sample detail rows.
-
-    ``score`` is the mean over passes of each pass's official aggregate, ``stderr`` its standard
-    error (None with one pass), ``n`` the scored items of one pass, ``skipped`` the most items
-    any pass skipped; ``complete`` is False on a subset (max_samples), with skipped items, or with
-    a pass missing.
-    """
-    by_pass, skipped, left_out = scored_by_pass(spec, store.judgments, store.skips, passes)
-    scored = [p for p in range(passes) if by_pass[p]]
-    entry: dict[str, Any] = {
-        "family": spec.family,
-        "skipped": max(skipped.values()),
-        "judge_unparsed": sum(
-            1
-            for key, judgment in store.judgments.items()
-            if judgment.get("judge_parsed") is False and key not in store.skips
-        ),  # fmt: skip
-    }
-    if left_out:
-        entry["left_out_with_skipped_variants"] = left_out
-    if not scored:
-        entry.update(score=None, stderr=None, n=0, passes=[], complete=False)
-        return entry, _details(store)
-    pass_scores = [100.0 * setting_score(spec, by_pass[p]) for p in scored]
-    mean, stderr = mean_and_stderr(pass_scores)
-    entry.update(
-        score=round(mean, 4), stderr=None if len(pass_scores) == 1 else round(stderr, 4), n=len(by_pass[scored[0]]),
-        passes=[round(score, 4) for score in pass_scores],
-        complete=complete_rows and not store.skips and len(scored) == passes,
-    )  # fmt: skip
-    official = _official_by_pass(spec, [by_pass[p] for p in scored])
-    if official:
-        entry["official_aggregates"] = official
-    audits = [audit for key, audit in store.audits.items() if store.judgments.get(key, {}).get("det_score") == 1.0]
-    if audits:
-        entry["rule_audit"] = audit_summary(audits)
-    return entry, _details(store)
-
-
-def _official_by_pass(spec: TaskSpec, passes: list[list[dict]]) -> dict[str, float]:
-    """The benchmark's own figures (`official_figures`), each the mean over the passes that have it, in percent."""
-    per_pass = [official_figures(spec, items) for items in passes]
-    labels = list(dict.fromkeys(label for figures in per_pass for label in figures))
-    return {
-        label: round(100.0 * sum(values) / len(values), 4)
-        for label in labels
-        if (values := [figures[label] for figures in per_pass if label in figures])
-    }
-
-
-def family_summary(settings: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
-    """Per family: the macro average of its scored settings, how many, and whether it is the full family."""
-    scores = {name: entry["score"] for name, entry in settings.items() if entry.get("score") is not None}
-    averages = family_macro_averages(scores)
-    return {
-        family: {
-            "average": round(average, 4),
-            "settings": sum(1 for name in FAMILIES[family] if name in scores),
-            "complete": all(name in settings and settings[name].get("complete") for name in FAMILIES[family]),
-        }
-        for family, average in averages.items()
-    }
-
-
 # ------------------------------------------------------------------ the run
-
-
-class RunDirectoryMismatch(ValueError):
-    """The output directory holds records of a run with another configuration."""
-
-
-def _check_resume(run_dir: Path, manifest: dict) -> None:
-    """Refuse a directory whose recorded items came from another configuration.
-
-    A directory without records yet (say a first attempt that stopped at a mistyped model name)
-    takes the new configuration.
-    """
-    path = run_dir / RUN_FILE
-    records = run_dir / "records"
-    if not path.exists() or not any(f.stat().st_size for f in records.glob("*.jsonl")):
-        return
-    previous = json.loads(path.read_text())
-    for name in _RESUME_KEYS:
-        if previous.get(name) != manifest.get(name):
-            raise RunDirectoryMismatch(
-                f"{run_dir} holds a run with {name}={previous.get(name)!r}, not {manifest.get(name)!r}; "
-                "use a new output directory (a run directory never mixes configurations)"
-            )
 
 
 def _check_packages(names: Sequence[str]) -> None:
@@ -707,7 +492,7 @@ def run_suite(
         "settings": names,
         "sources": {name: options.sources.get(name) or SUITE[name].dataset for name in names},
     }
-    _check_resume(run_dir, manifest)
+    check_resume(run_dir, manifest)
     if options.sampling_fields != "all":
         logger.warning("sending only OpenAI's sampling fields: top-k, min-p and the repetition penalty are the "
                        "server's defaults, so this is not the paper's decoding")  # fmt: skip
@@ -723,7 +508,7 @@ def run_suite(
     (run_dir / "details").mkdir(exist_ok=True)
     write_json(run_dir / RUN_FILE, manifest)
 
-    previous = _read_results(run_dir)
+    previous = read_results(run_dir)
     results_settings: dict[str, Any] = dict(previous.get("settings", {}))
     for name in names:
         spec = SUITE[name]
@@ -744,56 +529,8 @@ def run_suite(
         if options.audit_rule and audited(spec):
             setting_run.audit(options.audit_rule)
         entry, details = summarize_setting(spec, store, options.passes, complete_rows=options.max_samples is None)
-        if store.skips:
-            first = next(iter(store.skips.values()))["reason"]
-            logger.warning("%s: %d item(s) skipped, not scored (e.g. %s); their reasons are in details/%s.parquet",
-                           name, len(store.skips), first[:200], name)  # fmt: skip
-        _write_details(run_dir / "details" / f"{name}.parquet", details)
+        warn_skips(name, store)
+        write_details(run_dir / "details" / f"{name}.parquet", details)
         results_settings[name] = entry
-        _write_results(run_dir, manifest, results_settings, judge is not None)
-    return _write_results(run_dir, manifest, results_settings, judge is not None)
-
-
-def _read_results(run_dir: Path) -> dict:
-    path = run_dir / RESULTS_FILE
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _write_results(run_dir: Path, manifest: dict, settings: Mapping[str, Any], judged: bool) -> dict:
-    ordered = {name: settings[name] for name in SUITE if name in settings}
-    results = {
-        "run_name": manifest["run_name"],
-        "model": manifest["model"],
-        "base_url": manifest["base_url"],
-        "judge_model": manifest["judge_model"],
-        "judged": judged,
-        "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "passes": manifest["passes"],
-        "max_samples": manifest["max_samples"],
-        "paper_decoding": manifest["decoding"] == dataclasses.asdict(PAPER_DECODING)
-        and manifest["sampling_fields"] == "all",
-        "settings": ordered,
-        "families": family_summary(ordered),
-    }
-    write_json(run_dir / RESULTS_FILE, results)
-    return results
-
-
-def write_json(path: Path, payload: Any) -> None:
-    """Write through a temporary file and a rename: a killed run never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
-    tmp.replace(path)
-
-
-def _write_details(path: Path, details: list[dict]) -> None:
-    import pandas as pd
-
-    frame = pd.DataFrame(details, columns=list(_DETAIL_COLUMNS))
-    frame = frame.sort_values(["pass", "key"], kind="stable")
-    for column in ("det_score", "judge_score", "score"):
-        frame[column] = frame[column].astype("float64")
-    tmp = path.with_name(path.name + ".tmp")
-    frame.to_parquet(tmp, index=False)
-    tmp.replace(path)
+        write_results(run_dir, manifest, results_settings, judge is not None)
+    return write_results(run_dir, manifest, results_settings, judge is not None)

@@ -48,7 +48,8 @@ from ..teacher import TeacherClient
 from ..trace_log import TRACE_LOG_NAME, AuditQuestion, read_trace_log
 from .arguments import json_object, label_slug, positive_int
 from .parallel import run_all
-from .runner import EvaluationError, RecordStore, ask_judge, fingerprint, write_json
+from .runner import ask_judge
+from .store import EvaluationError, RecordStore, fingerprint, write_json
 
 __all__ = [
     "MEMORIZATION",
