@@ -285,18 +285,19 @@ def _families() -> dict[str, tuple[set[str], tuple[str, ...]]]:
     package that are its parts (paths relative to zppo_trl/). The named terms have their own guard
     (tests/test_terms.py)."""
     from zppo_trl.augmentations import AUGMENTATIONS
-    from zppo_trl.distill import DISTILLATION_MODES, DISTILLATION_NAMES
+    from zppo_trl.distill import DISTILLATIONS
     from zppo_trl.losses import LOSSES
 
     augmentations = set(AUGMENTATIONS) | {part.printed for part in AUGMENTATIONS.values() if part.printed}
     objectives = set(LOSSES) | {loss.objective for loss in LOSSES.values() if loss.objective}
     objectives |= {loss.printed for loss in LOSSES.values() if loss.printed}
-    own_objectives = ("losses.py", "objectives.py", "hybrid_objectives.py", "objective_settings.py")
+    # distill.py registers the distillation rows' loss
+    own_objectives = ("losses.py", "objectives.py", "hybrid_objectives.py", "objective_settings.py", "distill.py")
     return {
         # reformulate.py is the BCQ/NCQ augmentation's planning (augmentations/candidates.py builds on it)
         "augmentation": (augmentations, ("augmentations/", "reformulate.py")),
         "objective": (objectives, (*own_objectives, "terms/self_teachers.py")),
-        "distillation": (set(DISTILLATION_MODES) | set(DISTILLATION_NAMES.values()), ("distill.py",)),
+        "distillation": (set(DISTILLATIONS) | {part.printed for part in DISTILLATIONS.values()}, ("distill.py",)),
     }
 
 

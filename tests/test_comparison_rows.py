@@ -147,8 +147,8 @@ def _record_steps(trainer) -> list[dict]:
     steps: list[dict] = []
     teacher = trainer.teacher if isinstance(trainer.teacher, RecordingTeacher) else None
     sampling_from: list[int | None] = [None]  # where this step's teacher sampling began (None: no sampling yet)
-    start, augmented = trainer.teacher_sampler.start, trainer._augmented_batches
-    gather, plan, build = trainer.teacher_sampler.evidence, trainer.augmentation.plan, trainer.augmentation.build
+    start, augmented = trainer.teacher_sampler.start, trainer._steps_4_to_6
+    gather, plan, build = trainer.teacher_sampler.evidence, trainer.source.plan, trainer.source.build
 
     def start_teacher_sampling(plain):
         if sampling_from[0] is None:  # the first step
@@ -178,9 +178,9 @@ def _record_steps(trainer) -> list[dict]:
             steps[-1].update(sampled=sampled, requests=teacher.exchanges[before:])
         return out
 
-    trainer.teacher_sampler.start, trainer._augmented_batches = start_teacher_sampling, augmented_batches
+    trainer.teacher_sampler.start, trainer._steps_4_to_6 = start_teacher_sampling, augmented_batches
     trainer.teacher_sampler.evidence = gather_evidence
-    trainer.augmentation.plan, trainer.augmentation.build = planned, built
+    trainer.source.plan, trainer.source.build = planned, built
     return steps
 
 

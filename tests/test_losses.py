@@ -14,6 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from zppo_trl.augmentations import CorrectionTargets
+from zppo_trl.distill import OffDistill, OnDistill
 from zppo_trl.losses import LOSSES, DispoBounds, LossInputs, register_loss
 from zppo_trl.objectives import loss_for
 
@@ -61,8 +63,9 @@ def test_registry_names_and_selection():
     assert loss_for(ARGS).name == "dapo"
     assert loss_for(SimpleNamespace(**{**vars(ARGS), "policy_objective": "gspo"})).name == "gspo"
     assert loss_for(SimpleNamespace(**{**vars(ARGS), "policy_objective": "dispo"})).name == "dispo"
-    assert loss_for(ARGS, supervised=True).name == "sft"
-    assert loss_for(SimpleNamespace(**{**vars(ARGS), "distillation": "on"})).name == "jsd"
+    # a row that fits targets trains the loss its step-5 part names (zppo_trl.augmentations.Source.loss)
+    assert loss_for(ARGS, CorrectionTargets.loss).name == "sft" and loss_for(ARGS, OnDistill.loss).name == "jsd"
+    assert loss_for(ARGS, OffDistill.loss).name == "jsd"
     assert LOSSES["jsd"].computes == "distributions" and LOSSES["dapo"].computes == "logps"
 
 

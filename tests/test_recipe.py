@@ -294,7 +294,7 @@ def test_bad_config_and_bad_rows_are_named(tmp_path, tiny_text_model_dir):
 
     # a bad value: one line naming the field, no traceback, a usage-error exit code
     for flags, message in (
-        (["--hard_threshold", "1.5"], "error: hard_threshold must be a number in [0, 1], got 1.5"),
+        (["--hard_threshold", "1.5"], "error: hard_threshold must be a finite number in [0.0, 1.0], got 1.5"),
         (["--epsilon", "0.3", "--epsilon_high", "0.1"], "error: epsilon (0.3) is above epsilon_high (0.1)"),
         (["--loss_type", "grpo"], "error: loss_type='grpo' changes ZPPO's objective"),
     ):

@@ -19,7 +19,6 @@ feeds ``num_partitions`` optimizer updates.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -28,16 +27,16 @@ import torch
 from trl import GRPOConfig
 
 from .advantages import NORMALIZATIONS
-from .augmentations import AUGMENTATIONS, candidate_content, check_kinds, parse_kinds
+from .augmentations import parse_kinds
 from .checks import check_integer, check_number
 from .composition import StepComposition, step_composition
 from .context import PAPER_MAX_PROMPT_LENGTH, ContextLengths, context_lengths
-from .distill import DistillationSettings, check_distillation
+from .distill import DistillationSettings
 from .losses import PAPER_POLICY_OBJECTIVE
-from .needs import SCORES_TOP_K
-from .objective_settings import ObjectiveSettings, check_objective_settings
+from .objective_settings import ObjectiveSettings
 from .objectives import policy_objectives
 from .optim import ANYPRECISION_OPTIM, anyprecision_kwargs
+from .parts import check_parts, unused_settings
 from .prompts import RL_CLOSER
 from .reformulate import KINDS
 from .row import (
@@ -49,7 +48,6 @@ from .row import (
     row_name,
 )
 from .terms import SETTINGS as TERM_SETTINGS
-from .terms import TERM_SELECTORS, TERMS, selected_by, settings_fields, terms_for
 
 __all__ = [
     "MATCHED_REPLAY_FRACTION",
@@ -85,6 +83,27 @@ PAPER_OBJECTIVE: dict[str, tuple[object, str]] = {
     "use_adaptive_entropy": (False, "the objective has no entropy bonus"),
     "multi_objective_aggregation": ("sum_then_normalize", "the advantages read the weighted sum of the rewards"),
 }
+
+
+# ZPPO's own switches and counts, checked on construction (a bool is no count here).
+_FLAGS = (
+    "compress_candidates",
+    "padding_free",
+    "audit_traces",
+    "log_groups",
+    "defer_old_logps",
+    "overlap_old_logps",
+    "prefetch_teacher_samples",
+)
+_COUNTS = (
+    "replay_capacity",
+    "num_partitions",
+    "teacher_num_generations",
+    "teacher_max_tokens",
+    "compression_max_tokens",
+    "teacher_max_concurrency",
+    "max_prompt_length",
+)
 
 
 @dataclass
@@ -470,19 +489,15 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
             self.vllm_weight_transfer = "nccl" if torch.cuda.is_available() else "shm"
 
     def _validate_zppo(self) -> None:
+        """ZPPO's own fields, then every part's settings and the selected parts' combinations (:mod:`zppo_trl.parts`);
+        each error names the field."""
         for name in ("hard_threshold", "replay_fraction", "augment_fraction"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+            check_number(name, getattr(self, name), high=1.0)
         self._resolve_augmentations()
-        check_kinds(self.augmentations)
-        if not isinstance(self.prefix_fraction, (int, float)) or not 0.0 < self.prefix_fraction < 1.0:
-            raise ValueError(f"prefix_fraction must be a number in (0, 1), got {self.prefix_fraction!r}")
         if self.advantage_normalization not in NORMALIZATIONS:
             raise ValueError(
                 f"advantage_normalization must be one of {list(NORMALIZATIONS)}, got {self.advantage_normalization!r}"
             )
-        candidate_content(self.bcq_candidate_content)  # an unknown content fails here, naming the field
         passes = self.corpus_passes
         check_integer("corpus_passes", passes, 1)
         if passes > 1 and (not self.max_steps or self.max_steps <= 0 or self.max_steps % passes):
@@ -491,26 +506,10 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
                 f"max_steps to {passes} x one pass's optimizer updates (the paper's pass: 800), got "
                 f"max_steps={self.max_steps!r}"
             )
-        for name in (
-            "compress_candidates",
-            "padding_free",
-            "audit_traces",
-            "log_groups",
-            "defer_old_logps",
-            "overlap_old_logps",
-            "prefetch_teacher_samples",
-        ):
+        for name in _FLAGS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        for name in (
-            "replay_capacity",
-            "num_partitions",
-            "teacher_num_generations",
-            "teacher_max_tokens",
-            "compression_max_tokens",
-            "teacher_max_concurrency",
-            "max_prompt_length",
-        ):
+        for name in _COUNTS:
             check_integer(name, getattr(self, name), 0 if name == "replay_capacity" else 1)  # True is no integer here
         temperature = self.teacher_temperature
         check_number("teacher_temperature", temperature)
@@ -523,64 +522,7 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
             )
         if self.optim == ANYPRECISION_OPTIM:
             anyprecision_kwargs(self.optim_args)  # a bad optim_args fails here, before any training
-        check_distillation(self)
-        check_objective_settings(self)
-        self._validate_terms()
-        if self.augmentations and not (self.teacher_base_url and self.teacher_model):
-            raise ValueError(
-                f"augmentations {self.augmentations} need a teacher: set teacher_base_url and teacher_model "
-                "(or augmentations: [] for GRPO\u2020)"
-            )
-        if self.policy_objective not in policy_objectives():
-            raise ValueError(
-                f"policy_objective must be one of {list(policy_objectives())}, got {self.policy_objective!r}"
-            )
-        trains = self.row.objective  # the SFT controls' cross-entropy, the distillation's JSD, or a policy objective
-        if self.policy_objective != PAPER_POLICY_OBJECTIVE and trains.objective is None:
-            raise ValueError(
-                f"policy_objective={self.policy_objective!r} has no effect on this row: it trains the {trains.name!r} "
-                f"loss, not a policy objective; leave it {PAPER_POLICY_OBJECTIVE!r}"
-            )
-        if policy_objectives()[self.policy_objective].needs_teacher_logps and not (
-            (self.teacher_base_url and self.teacher_model) or self.distill_teacher
-        ):
-            raise ValueError(
-                f"policy_objective={self.policy_objective!r} reads the teacher's log-prob of every sampled token: set "
-                "teacher_base_url and teacher_model (its vLLM server's prompt_logprobs), or distill_teacher to load "
-                "it next to the student"
-            )
-        if self.epsilon_high is not None and self.epsilon > self.epsilon_high:  # clip-higher: upper >= lower
-            raise ValueError(f"epsilon ({self.epsilon}) is above epsilon_high ({self.epsilon_high}); paper: 0.2, 0.28")
-        if not policy_objectives()[self.policy_objective].dual_clip:
-            return  # CISPO and DISPO bound the importance weight themselves: delta plays no part in them
-        if self.delta is None:
-            raise ValueError("delta=None turns off the dual clip, which ZPPO's objective has; set delta (paper: 10.0)")
-        if self.delta <= 1 + (self.epsilon_high if self.epsilon_high is not None else self.epsilon):
-            raise ValueError(
-                f"delta (dual-clip ratio, {self.delta}) must exceed 1 + epsilon_high to act as the dual clip"
-            )
-
-    def _validate_terms(self) -> None:
-        """Every term's settings (whatever the row), the selectors' values, and the selected terms' combinations:
-        a term on GRPO\u2020's pipeline refuses augmentations and distillation (its ``Needs.plain_pipeline_only``)."""
-        for term in TERMS.values():
-            term.check_settings(self)
-        for selector in TERM_SELECTORS:
-            names = ["none", *selected_by(selector)]
-            if getattr(self, selector) not in names:
-                raise ValueError(f"{selector} must be one of {names}, got {getattr(self, selector)!r}")
-        for term in terms_for(self):
-            if term.needs.plain_pipeline_only and (self.augmentations or self.distillation is not None):
-                raise ValueError(
-                    f"{term.selector}={term.name!r} is a row on GRPO\u2020's pipeline: set augmentations: [] and no "
-                    f"distillation (got augmentations={self.augmentations}, distillation={self.distillation!r})"
-                )
-            if term.needs.token_level_objective and policy_objectives()[self.policy_objective].sequence_level:
-                raise ValueError(
-                    f"{term.selector}={term.name!r} gives each token its own advantage; policy_objective="
-                    f"{self.policy_objective!r} trains one ratio per response: use a token-level objective"
-                )
-            term.validate(self)
+        check_parts(self)
 
     def _resolve_augmentations(self) -> None:
         """Set ``augmentations`` from itself, its deprecated alias ``reformulations`` (with a FutureWarning) or
@@ -612,51 +554,13 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETT
 
     def _warn_unused_settings(self) -> None:
         """Warn about a row-specific field set on a row that never reads it (a likely mistake, e.g.
-        ``prefix_fraction`` without ``augmentations: [prefix]``), naming the field and what reads it. A term's
-        settings are read by the terms that declare them (:attr:`zppo_trl.terms.Term.reads`)."""
-        row, objective = self.row, self.policy_objective
-        terms = row.terms
-        readers = {
-            "distill_teacher": (bool(row.needs.teacher_scores), "a row the teacher scores (its needs)"),
-            "distill_beta": (
-                self.distillation is not None or any("distill_beta" in t.reads for t in terms),
-                "distillation: off|on or a term that distils",
-            ),
-            "distill_top_k": (SCORES_TOP_K in row.teacher_scores_from_server, "top-k scores from the teacher server"),
-            "distill_chunk_size": (
-                self.distillation is not None
-                or row.loads_teacher
-                or any("distill_chunk_size" in t.reads for t in terms),
-                "distillation: off|on, a teacher loaded next to the student, or a term that scores with a model",
-            ),
-            # each objective's own settings (zppo_trl.losses.Loss.reads)
-            **{
-                name: (objective == loss.objective, f"policy_objective: {loss.objective}")
-                for loss in policy_objectives().values()
-                for name in loss.reads
-            },
-            # each augmentation's (zppo_trl.augmentations.Augmentation.reads: setting -> the kinds that read it)
-            **{
-                name: (bool(set(kinds) & set(self.augmentations)), f"augmentations with {' or '.join(kinds)}")
-                for augmentation in dict.fromkeys(AUGMENTATIONS.values())
-                for name, kinds in augmentation.reads.items()
-            },
-        }
-        for term in TERMS.values():  # every term's settings: read where a term that declares them is selected
-            for name in settings_fields(term):
-                if name not in readers:
-                    by = [t for t in TERMS.values() if name in t.reads]
-                    selectors = {t.selector: [u.name for u in by if u.selector == t.selector] for t in by}
-                    said = " or ".join(f"{selector}: {'|'.join(names)}" for selector, names in selectors.items())
-                    readers[name] = (any(t in terms for t in by), said)
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        for name, (used, reader) in readers.items():
-            if not used and getattr(self, name) != defaults[name]:
-                warnings.warn(
-                    f"{name}={getattr(self, name)!r} has no effect on this row ({self.variant}): only {reader} reads "
-                    "it",
-                    stacklevel=3,
-                )
+        ``prefix_fraction`` without ``augmentations: [prefix]``), naming the field and what reads it
+        (:func:`zppo_trl.parts.unused_settings`)."""
+        for name, reader in unused_settings(self):
+            warnings.warn(
+                f"{name}={getattr(self, name)!r} has no effect on this row ({self.variant}): only {reader} reads it",
+                stacklevel=3,
+            )
 
     def _validate_objective(self) -> None:
         """Refuse TRL settings that would train a different objective than the paper's (after TRL's

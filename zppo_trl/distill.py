@@ -32,41 +32,30 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .augmentations.base import BuiltGroup, BuiltGroups
-from .batches import concat_batches
+from .augmentations.base import BuiltGroup, BuiltGroups, TargetSource
+from .checks import check_integer, check_number
+from .losses import LossInputs, LossOutput, register_loss
 from .needs import SCORES_TOP_K, Needs
-from .rollout import Round
 
 __all__ = [
-    "DISTILLATION_IMITATES",
-    "DISTILLATION_MODES",
-    "DISTILLATION_NAMES",
-    "DISTILLATION_NEEDS",
+    "DISTILLATIONS",
     "DistillInputs",
+    "Distillation",
     "DistillationSettings",
+    "JSD_LOSS",
+    "OffDistill",
+    "OnDistill",
     "TeacherTopK",
     "chosen_token_logps",
     "check_distillation",
     "chunked_jsd",
     "completion_states",
-    "distillation_targets",
     "frozen_distill_teacher",
     "generalized_jsd_per_token",
+    "jsd_loss",
     "load_distill_teacher",
     "top_k_support",
 ]
-
-DISTILLATION_MODES = ("off", "on")
-# How the paper's tables print the rows (a dagger is added with the replay buffer).
-DISTILLATION_NAMES = {"off": "Off-Distill", "on": "On-Distill"}
-# What each mode's student imitates the teacher on (the model card's and the dry run's words).
-DISTILLATION_IMITATES = {"off": "graded-correct teacher rollouts", "on": "the student's own rollouts"}
-# What each mode asks of the run: the teacher's top-k on every trained sequence (from its server, or from
-# distill_teacher loaded next to the student), and for Off-Distill the teacher's G_T rollouts to imitate.
-DISTILLATION_NEEDS = {
-    "off": Needs(teacher_samples=True, teacher_scores=frozenset({SCORES_TOP_K})),
-    "on": Needs(teacher_scores=frozenset({SCORES_TOP_K})),
-}
 
 
 @dataclass(kw_only=True)  # after GRPOConfig's positional output_dir in ZPPOConfig
@@ -112,40 +101,17 @@ class DistillationSettings:
 
 
 def check_distillation(args: Any) -> None:
-    """The distillation rows' fields and what the mode needs (its teacher), naming the field to fix."""
-    if args.distillation is None:
-        return
+    """The ``distillation`` mode and the teacher-scoring fields (read by the distillation rows and by the other rows
+    the teacher scores), whatever the row; raises ValueError naming the field."""
     if isinstance(args.distillation, bool):
         raise ValueError(
             'distillation must be "on" or "off" as a string: YAML reads a bare on/off as a boolean; quote it'
         )
-    if args.distillation not in DISTILLATION_MODES:
-        raise ValueError(f"distillation must be one of {list(DISTILLATION_MODES)} or null, got {args.distillation!r}")
-    if args.augmentations:
-        raise ValueError(
-            f"distillation={args.distillation!r} is a row of its own: set augmentations: [] (got {args.augmentations})"
-        )
-    if not (args.teacher_base_url and args.teacher_model):
-        if not args.distill_teacher:
-            raise ValueError(
-                "distillation needs the teacher: set teacher_base_url and teacher_model (its vLLM server gives "
-                "the per-token log-probs, and Off-Distill's rollouts), or distill_teacher to load it locally"
-            )
-        if args.distillation == "off":
-            raise ValueError(
-                "distillation='off' samples the teacher's rollouts from its server: set teacher_base_url and "
-                "teacher_model"
-            )
-    for name in ("distill_top_k", "distill_chunk_size"):
-        value = getattr(args, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    if (
-        isinstance(args.distill_beta, bool)
-        or not isinstance(args.distill_beta, (int, float))
-        or not 0.0 <= args.distill_beta <= 1.0
-    ):
-        raise ValueError(f"distill_beta must be a number in [0, 1], got {args.distill_beta!r}")
+    if args.distillation is not None and args.distillation not in DISTILLATIONS:
+        raise ValueError(f"distillation must be one of {list(DISTILLATIONS)} or null, got {args.distillation!r}")
+    check_integer("distill_top_k", args.distill_top_k, 1)
+    check_integer("distill_chunk_size", args.distill_chunk_size, 1)
+    check_number("distill_beta", args.distill_beta, high=1.0)
 
 
 # The multimodal inputs a TRL batch may carry that a forward pass takes as they are.
@@ -371,21 +337,105 @@ def frozen_distill_teacher(model: Any, name_or_path: str, student: Any, tokenize
     return teacher
 
 
-def distillation_targets(
-    mode: str, teacher_future: Any, draw: Any, plain_round: Any, *, sampler: Any, rounds: Any, ranks: Any,
-    group_size: int, pad_token_id: int, metrics: dict,
-) -> Any:  # fmt: skip
-    """Steps 4-5 of Off-/On-Distill: the round of sequences to imitate. On-Distill (``mode="on"``) imitates the teacher
-    on every student rollout of the plain round; Off-Distill on every graded-correct teacher rollout of every question
-    (step 4's evidence from the ``sampler``), teacher-forced through ``rounds.targets`` (a question without one
-    contributes no target; ``distill_questions_with_target`` counts those with one)."""
-    if mode == "on":
-        per_rank = [[group for group in groups for _ in range(group_size)] for groups in plain_round.groups_per_rank]
-        return Round(concat_batches([plain_round.batch], pad_token_id), None, [], per_rank)
-    keys = list(dict.fromkeys(draw.new_keys + draw.replay_keys))
-    evidence = sampler.evidence(teacher_future, draw, plain_round, keys)
-    built = BuiltGroups()
-    for key in ranks.share(keys):
-        built.groups += [BuiltGroup("off_distill", key, target=text) for text in evidence.teacher_correct.get(key, ())]
-    metrics["distill_questions_with_target"] = sum(1 for key in keys if evidence.teacher_correct.get(key))
-    return rounds.targets(built, draw.plain[0].row)
+# The distillation rows' loss (registered here; Distillation.loss names it).
+JSD_LOSS = "jsd"
+
+
+@register_loss(JSD_LOSS, computes="distributions")
+def jsd_loss(inputs: LossInputs, args: Any) -> LossOutput:
+    """GKD's generalized JSD to the teacher at every completion token, a chunk of tokens at a time
+    (:func:`chunked_jsd`), over ``normalizer``."""
+    total = chunked_jsd(inputs.distill, inputs.mask, args.distill_beta, args.distill_chunk_size)
+    count = inputs.mask.sum().to(total.dtype)
+    return LossOutput(total / inputs.normalizer, means={"distill/jsd": (total.detach(), count)})
+
+
+# ---------------------------------------------------------------------- the rows' step-5 part
+
+
+class Distillation(TargetSource):
+    """Off-/On-Distill as a row's step-5 part: the sequences the student imitates the teacher on, trained with the
+    generalized JSD (the ``jsd`` loss), each in its question's partition, scored by the teacher."""
+
+    mode = ""
+    loss = JSD_LOSS
+    reads = {"distill_beta": ("off", "on"), "distill_chunk_size": ("off", "on")}
+    imitates = ""  # what the student imitates the teacher on: the model card's and the dry run's words
+
+    @classmethod
+    def validate(cls, args: Any) -> None:
+        """A row of its own, with its teacher: behind its server, or (On-Distill) loaded next to the student."""
+        if args.augmentations:
+            raise ValueError(
+                f"distillation={args.distillation!r} is a row of its own: set augmentations: [] "
+                f"(got {args.augmentations})"
+            )
+        if args.teacher_base_url and args.teacher_model:
+            return
+        if not args.distill_teacher:
+            raise ValueError(
+                "distillation needs the teacher: set teacher_base_url and teacher_model (its vLLM server gives "
+                "the per-token log-probs, and Off-Distill's rollouts), or distill_teacher to load it locally"
+            )
+        if cls.needs.teacher_samples:
+            raise ValueError(
+                f"distillation={args.distillation!r} samples the teacher's rollouts from its server: set "
+                "teacher_base_url and teacher_model"
+            )
+
+    def evidence_keys(self, accuracy: Any, draw: Any, limit: int, threshold: float, rng: Any) -> list | None:
+        return None
+
+    def plan(self, evidence: Any, limit: int, rng: Any, metrics: dict) -> list:
+        return []
+
+    def build(self, instances: Any, teacher: Any, args: Any, metrics: dict) -> BuiltGroups:
+        return BuiltGroups()
+
+    def build_metrics(self, plan: Any, built: BuiltGroups, ranks: Any, metrics: Any) -> dict[str, float]:
+        return {}  # no teacher call of its own, nothing planned that a build could drop
+
+    def record(self, recorder: Any, plan: Any, built: BuiltGroups, plain: Any, second: Any) -> None:
+        """Nothing beyond what :meth:`plan` counted."""
+
+
+class OffDistill(Distillation):
+    """Off-Distill: every graded-correct one of the teacher's G_T rollouts on every question of the step (step 4's
+    evidence on all of them), teacher-forced; a question without one contributes no target
+    (``distill_questions_with_target`` counts those with one). Each rank builds the targets of its share of the
+    questions."""
+
+    mode = "off"
+    printed = "Off-Distill"
+    imitates = "graded-correct teacher rollouts"
+    # the teacher's top-k on every trained sequence (from its server, or from distill_teacher loaded next to the
+    # student), and the teacher's G_T rollouts to imitate
+    needs = Needs(teacher_samples=True, teacher_scores=frozenset({SCORES_TOP_K}))
+
+    def evidence_keys(self, accuracy: Any, draw: Any, limit: int, threshold: float, rng: Any) -> list | None:
+        return list(dict.fromkeys(draw.new_keys + draw.replay_keys))
+
+    def plan(self, evidence: Any, limit: int, rng: Any, metrics: dict) -> list:
+        """Every question with its graded-correct teacher rollouts (none for some), in step 1's order."""
+        metrics["distill_questions_with_target"] = sum(1 for key in evidence.hard if evidence.teacher_correct.get(key))
+        return [(key, tuple(evidence.teacher_correct.get(key, ()))) for key in evidence.hard]
+
+    def build(self, instances: Any, teacher: Any, args: Any, metrics: dict) -> BuiltGroups:
+        """One target per rollout of this rank's questions."""
+        return BuiltGroups([BuiltGroup("off_distill", key, target=text) for key, texts in instances for text in texts])
+
+
+class OnDistill(Distillation):
+    """On-Distill: the student's own rollouts of the plain round, re-scored by the teacher."""
+
+    mode = "on"
+    printed = "On-Distill"
+    imitates = "the student's own rollouts"
+    needs = Needs(teacher_scores=frozenset({SCORES_TOP_K}))
+
+    def second_round(self, rounds: Any, built: BuiltGroups, most_built: int, filler_row: Any, plain: Any) -> Any:
+        return rounds.rollouts_as_targets(plain)
+
+
+# The distillation rows, by their ``distillation`` value (the registry).
+DISTILLATIONS: dict[str, type[Distillation]] = {cls.mode: cls for cls in (OffDistill, OnDistill)}

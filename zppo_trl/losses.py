@@ -27,7 +27,7 @@ Every loss divides a sum over the micro-batch's loss tokens by ``normalizer``, t
 count as the trainer carries it (a token mean per optimizer update); GSPO as its paper trains it divides
 a sum over responses by ``sequences``, the partition's response count. The arithmetic of ``dapo`` is
 TRL's ``GRPOTrainer`` loss for the paper's settings, operation for operation, so the paper's objective
-trains bit for bit as TRL's would (tests/test_loss.py).
+trains bit for bit as TRL's would (tests/test_losses.py).
 
 A loss also returns what it wants logged: ``means`` (name -> a masked sum and its count, averaged over
 every rank's tokens) and ``extremes`` (name -> per-response values and ``"min"``/``"max"`` over ranks).
@@ -58,7 +58,6 @@ from typing import Any
 
 import torch
 
-from .distill import DistillInputs, chunked_jsd
 from .needs import SCORES_TOKEN_LOGPS, Needs
 
 __all__ = [
@@ -87,6 +86,8 @@ GSPO_EPSILONS: tuple[float, float] = (3e-4, 4e-4)
 # The paper's Step-6 objective (the table's GRPO with DAPO's clip-higher, token-level loss and the dual clip): the
 # policy_objective value that selects the `dapo` loss, and the one every other objective is compared with.
 PAPER_POLICY_OBJECTIVE = "grpo"
+# The loss the SFT controls fit their targets with (zppo_trl.augmentations.TargetSource.loss).
+SFT_LOSS = "sft"
 # DISPO's four clip ranges, one field each (zppo_trl.objective_settings checks them).
 DISPO_FIELDS = ("dispo_epsilon_low_pos", "dispo_epsilon_high_pos", "dispo_epsilon_low_neg", "dispo_epsilon_high_neg")
 
@@ -202,7 +203,7 @@ class LossInputs:
     old_logps: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     entropies: torch.Tensor | None = None
-    distill: DistillInputs | None = None
+    distill: Any = None  # a zppo_trl.distill.DistillInputs (that module registers the loss that reads it)
     teacher_logps: torch.Tensor | None = None
     teacher_mask: torch.Tensor | None = None
     step: int = 0
@@ -457,20 +458,11 @@ def dispo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     return LossOutput(loss, means={name: masked_sum(value.detach().double(), mask) for name, value in regimes.items()})
 
 
-@register_loss("sft")
+@register_loss(SFT_LOSS)
 def sft_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """Cross-entropy on the target's response tokens (prompt and tag tokens are prompt, never counted)."""
     nll = -(inputs.logps * inputs.mask).sum()
     return LossOutput(nll / inputs.normalizer, means={"sft/nll": (nll.detach(), inputs.mask.sum().to(nll.dtype))})
-
-
-@register_loss("jsd", computes="distributions")
-def jsd_loss(inputs: LossInputs, args: Any) -> LossOutput:
-    """GKD's generalized JSD to the teacher at every completion token, a chunk of tokens at a time
-    (:func:`zppo_trl.distill.chunked_jsd`), over ``normalizer``."""
-    total = chunked_jsd(inputs.distill, inputs.mask, args.distill_beta, args.distill_chunk_size)
-    count = inputs.mask.sum().to(total.dtype)
-    return LossOutput(total / inputs.normalizer, means={"distill/jsd": (total.detach(), count)})
 
 
 def log_loss(out: LossOutput, accelerator: Any, metrics: Any) -> None:

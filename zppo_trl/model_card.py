@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
 from .data import is_hub_id
-from .distill import DISTILLATION_IMITATES
 from .evaluation.condition import CONDITION_KEY
 from .losses import PAPER_POLICY_OBJECTIVE
 from .needs import SCORES_TOKEN_LOGPS, SCORES_TOP_K
@@ -248,13 +247,13 @@ def _approach(args) -> str:
     row = args.row
     terms = "".join(f" {description.card}" for description in row.describe(args))
     if args.distillation:
-        on = DISTILLATION_IMITATES[args.distillation]
+        on = args.row.source.imitates
         return (
             f"The student imitates the teacher's per-token distributions on {on} "
             f"(GKD's generalized JSD, beta = {args.distill_beta:g}).{replay}"
         )
-    part = row.augmentation
-    if part is not None and part.supervised:
+    part = row.source
+    if part.supervised:
         return f"The student is fine-tuned with cross-entropy on {part.fits}, each graded correct before use.{replay}"
     kinds = " and ".join(k.upper() if len(k) == 3 else k.capitalize() for k in args.augmentations)
     if kinds:
@@ -320,7 +319,7 @@ def _teacher_line(args) -> str:
         return (
             f"`{args.teacher_model}`, a frozen teacher served behind an OpenAI-compatible endpoint: {'; '.join(uses)}."
         )
-    part = row.augmentation
+    part = row.source
     samples = f"it samples G_T = {args.teacher_num_generations} answers per question and "
     samples = samples if part.needs.teacher_samples else ""
     role = part.teacher_role(args)

@@ -1,8 +1,8 @@
 """What a part of a row asks of the run, declared once: :class:`Needs`.
 
-Every part of a configuration's row declares its needs: the step-5 augmentation (its class's ``needs``), the
-step-6 objective (its registered loss's ``needs``), the distillation mode (:data:`zppo_trl.distill.DISTILLATION_NEEDS`)
-and each named term (:mod:`zppo_trl.terms`). A row's needs are their union, resolved once from the config
+Every part of a configuration's row declares its needs: the step-5 part (its class's ``needs``: an augmentation, a
+target source such as a distillation mode, or none), the step-6 objective (its registered loss's ``needs``) and each
+named term (:mod:`zppo_trl.terms`). A row's needs are their union, resolved once from the config
 (:func:`zppo_trl.row.resolve_row`); the trainer, the config's checks, the dry run and its memory plan, the model
 card and the launcher's server list read that union and never test a row's name.
 """

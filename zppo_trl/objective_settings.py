@@ -7,9 +7,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .checks import check_number
-from .losses import CISPO_WEIGHT_BOUND, DISPO_FIELDS, DispoBounds
+from .losses import CISPO_WEIGHT_BOUND, DISPO_FIELDS, PAPER_POLICY_OBJECTIVE, DispoBounds
+from .objectives import policy_objectives
 
-__all__ = ["DISPO_FIELDS", "DISPO_OUT_OF_BOUNDS", "GSPO_SETTINGS", "ObjectiveSettings", "check_objective_settings"]
+__all__ = [
+    "DISPO_FIELDS",
+    "DISPO_OUT_OF_BOUNDS",
+    "GSPO_SETTINGS",
+    "ObjectiveSettings",
+    "check_objective_settings",
+    "validate_objective",
+]
 
 # GSPO as its paper trains it, or with the ZPPO table's clip range and aggregation (see gspo_settings).
 GSPO_SETTINGS = ("gspo_paper", "zppo_table")
@@ -112,6 +120,10 @@ class ObjectiveSettings:
 
 def check_objective_settings(args: Any) -> None:
     """Refuse a bad value of an objective's field, naming it (whatever the row: a set field must be valid)."""
+    if args.policy_objective not in policy_objectives():
+        raise ValueError(f"policy_objective must be one of {list(policy_objectives())}, got {args.policy_objective!r}")
+    if args.epsilon_high is not None and args.epsilon > args.epsilon_high:  # clip-higher: upper >= lower
+        raise ValueError(f"epsilon ({args.epsilon}) is above epsilon_high ({args.epsilon_high}); paper: 0.2, 0.28")
     if args.gspo_settings not in GSPO_SETTINGS:
         raise ValueError(f"gspo_settings must be one of {list(GSPO_SETTINGS)}, got {args.gspo_settings!r}")
     if args.dispo_out_of_bounds not in DISPO_OUT_OF_BOUNDS:
@@ -131,3 +143,27 @@ def check_objective_settings(args: Any) -> None:
             f"kdrl_beta_min ({args.kdrl_beta_min}) must not exceed kdrl_beta ({args.kdrl_beta}): "
             "the weight anneals down to it"
         )
+
+
+def validate_objective(args: Any) -> None:
+    """Refuse a configuration its ``policy_objective`` cannot train: on a row that trains another loss (a target
+    source's) it has no effect; one that reads the teacher's token log-probs needs a teacher; one with the dual clip
+    (the paper's) needs ``delta`` above ``1 + epsilon_high``."""
+    objective, trains = policy_objectives()[args.policy_objective], args.row.objective
+    if args.policy_objective != PAPER_POLICY_OBJECTIVE and trains.objective is None:
+        raise ValueError(
+            f"policy_objective={args.policy_objective!r} has no effect on this row: it trains the {trains.name!r} "
+            f"loss, not a policy objective; leave it {PAPER_POLICY_OBJECTIVE!r}"
+        )
+    if objective.needs_teacher_logps and not ((args.teacher_base_url and args.teacher_model) or args.distill_teacher):
+        raise ValueError(
+            f"policy_objective={args.policy_objective!r} reads the teacher's log-prob of every sampled token: set "
+            "teacher_base_url and teacher_model (its vLLM server's prompt_logprobs), or distill_teacher to load "
+            "it next to the student"
+        )
+    if not objective.dual_clip:
+        return  # CISPO and DISPO bound the importance weight themselves: delta plays no part in them
+    if args.delta is None:
+        raise ValueError("delta=None turns off the dual clip, which ZPPO's objective has; set delta (paper: 10.0)")
+    if args.delta <= 1 + (args.epsilon_high if args.epsilon_high is not None else args.epsilon):
+        raise ValueError(f"delta (dual-clip ratio, {args.delta}) must exceed 1 + epsilon_high to act as the dual clip")

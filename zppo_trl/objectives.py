@@ -17,7 +17,7 @@ __all__ = ["OBJECTIVE_MODULES", "loss_for", "policy_objectives"]
 
 # Modules that register further objectives: a new objective is one module with a
 # ``@register_loss(..., objective=...)`` function, and one line here.
-OBJECTIVE_MODULES: tuple[str, ...] = ("zppo_trl.hybrid_objectives", "zppo_trl.terms.self_teachers")
+OBJECTIVE_MODULES: tuple[str, ...] = ("zppo_trl.hybrid_objectives", "zppo_trl.terms.self_teachers", "zppo_trl.distill")
 
 for _module in OBJECTIVE_MODULES:
     importlib.import_module(_module)
@@ -28,13 +28,12 @@ def policy_objectives() -> dict[str, Loss]:
     return {loss.objective: loss for loss in LOSSES.values() if loss.objective is not None}
 
 
-def loss_for(args: Any, supervised: bool = False) -> Loss:
-    """The loss a configuration trains with: ``sft`` for a supervised augmentation, ``jsd`` for the
-    distillation rows, else its ``policy_objective``'s."""
-    if supervised:
-        return LOSSES["sft"]
-    if getattr(args, "distillation", None):
-        return LOSSES["jsd"]
+def loss_for(args: Any, loss: str | None = None) -> Loss:
+    """The loss a configuration trains with: the registered ``loss`` its step-5 part names where it fits targets
+    (``sft`` for the SFT controls, ``jsd`` for the distillation rows: :attr:`zppo_trl.augmentations.Source.loss`),
+    else its ``policy_objective``'s."""
+    if loss is not None:
+        return LOSSES[loss]
     objectives = policy_objectives()
     if args.policy_objective not in objectives:
         raise ValueError(f"policy_objective must be one of {list(objectives)}, got {args.policy_objective!r}")

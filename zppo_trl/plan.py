@@ -32,7 +32,6 @@ from .backbones import known_model_type, unsupported_reason
 from .checkpoint_state import last_complete_checkpoint
 from .config import ZPPOConfig
 from .data import is_hub_id, load_questions
-from .distill import DISTILLATION_IMITATES
 from .memory_plan import (
     GPU_BYTES,
     GPU_RESERVED,
@@ -125,7 +124,7 @@ def teacher_lines(args: ZPPOConfig) -> list[str]:
     if needs.teacher_samples:
         uses.append(f"G_T={args.teacher_num_generations}")
     if args.augmentations:
-        uses.append(args.row.augmentation.teacher_use(args))
+        uses.append(row.source.teacher_use(args))
     uses += [use for description in row.describe(args) for use in description.teacher_use]
     lines = []
     if row.uses_teacher_server:
@@ -160,7 +159,7 @@ def print_plan(script_args: ScriptArguments, args: ZPPOConfig, out: Callable[[st
     for line in teacher_lines(args):
         out(line)
     if args.distillation:
-        on = DISTILLATION_IMITATES[args.distillation]
+        on = args.row.source.imitates
         out(f"  distillation: on {on} (GKD JSD, beta={args.distill_beta:g})")
     for description in row.describe(args):
         for line in description.plan:

@@ -142,6 +142,13 @@ class Rounds:
         self.recorder.metrics["time/target_scoring_s"] = time.perf_counter() - t0
         return Round(concat_batches([batch], self.tokenizer.pad_token_id), None, [], self.ranks.gather(row_keys))
 
+    def rollouts_as_targets(self, plain: Round) -> Round:
+        """The scored plain round's rollouts as targets (On-Distill imitates the teacher on them): its batch as it
+        is, every row keyed by its group's ``(kind, key)``, nothing scored again."""
+        G = self.group_size
+        per_rank = [[group for group in groups for _ in range(G)] for groups in plain.groups_per_rank]
+        return Round(concat_batches([plain.batch], self.tokenizer.pad_token_id), None, [], per_rank)
+
     def check_context(self, batch: Mapping, groups: Sequence[Group], round_name: str) -> None:
         """Log the round's longest prompt; warn about prompts that leave the student's context
         (``vllm_max_model_length``) less than ``max_completion_length`` to generate."""

@@ -1,7 +1,8 @@
 """A configuration's row, resolved once: its parts and the union of what they ask of the run.
 
-A row is a step-5 augmentation (or none), or steps 4-6 replaced by distillation; a step-6 objective from the loss
-registry; and zero or more named terms (:mod:`zppo_trl.terms`). Each part declares its
+A row is a step-5 part (:class:`zppo_trl.augmentations.Source`: an augmentation, none for GRPO\u2020, or a target
+source: an SFT control or a distillation mode); a step-6 objective from the loss registry (the target source's loss,
+or the policy objective); and zero or more named terms (:mod:`zppo_trl.terms`). Each part declares its
 :class:`~zppo_trl.needs.Needs`; :func:`resolve_row` unions them. The trainer, the config's checks, the dry run and
 its memory plan, the model card and the launcher's server list ask the :class:`Row` ("does this row use the
 teacher?", "which models sit next to the student?") and never test a row's name.
@@ -13,8 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .augmentations import AUGMENTATIONS, Augmentation
-from .distill import DISTILLATION_NAMES, DISTILLATION_NEEDS
+from .augmentations import AUGMENTATIONS, NoAugmentation, Source
+from .distill import DISTILLATIONS
 from .losses import PAPER_POLICY_OBJECTIVE, Loss
 from .needs import Needs
 from .objectives import loss_for, policy_objectives
@@ -27,6 +28,7 @@ __all__ = [
     "PAPER_REPLAY_FRACTION",
     "Row",
     "resolve_row",
+    "row_source",
     "row_name",
 ]
 
@@ -36,8 +38,7 @@ class Row:
     """A configuration's parts and their needs (see :func:`resolve_row`).
 
     Attributes:
-        augmentation: the step-5 augmentation's class (None: no augmentation).
-        distillation: ``"off"``/``"on"`` where steps 4-6 are distillation, else None.
+        source: its step-5 part's class (:class:`~zppo_trl.augmentations.NoAugmentation` for GRPO\u2020).
         objective: the registered loss step 6 trains with.
         terms: the named terms, in registry order.
         needs: the union of every part's needs.
@@ -45,8 +46,7 @@ class Row:
             not from its server.
     """
 
-    augmentation: type[Augmentation] | None
-    distillation: str | None
+    source: type[Source]
     objective: Loss
     terms: tuple[type[Term], ...]
     needs: Needs
@@ -84,20 +84,24 @@ class Row:
 def resolve_row(args: Any) -> Row:
     """The row of configuration ``args`` (a :class:`~zppo_trl.ZPPOConfig` or anything with its fields): its parts
     from the fields that select them, and the union of their needs."""
-    kinds = list(getattr(args, "augmentations", None) or [])
-    augmentation = AUGMENTATIONS[kinds[0]] if kinds else None
-    distillation = getattr(args, "distillation", None) or None
-    objective = loss_for(args, supervised=augmentation is not None and augmentation.supervised)
+    source = row_source(args)
+    objective = loss_for(args, source.loss)
     terms = terms_for(args)
-    needs = objective.needs
-    if augmentation is not None:
-        needs = needs | augmentation.needs
-    if distillation is not None:
-        needs = needs | DISTILLATION_NEEDS[distillation]
+    needs = objective.needs | source.needs
     for term in terms:
         needs = needs | term.needs
     loads_teacher = bool(getattr(args, "distill_teacher", None)) and bool(needs.teacher_scores)
-    return Row(augmentation, distillation, objective, terms, needs, loads_teacher)
+    return Row(source, objective, terms, needs, loads_teacher)
+
+
+def row_source(args: Any) -> type[Source]:
+    """The step-5 part configuration ``args`` selects: its ``distillation`` mode's, its ``augmentations``' family, or
+    :class:`~zppo_trl.augmentations.NoAugmentation` (GRPO\u2020)."""
+    distillation = getattr(args, "distillation", None)
+    if distillation:
+        return DISTILLATIONS[distillation]
+    kinds = list(getattr(args, "augmentations", None) or [])
+    return AUGMENTATIONS[kinds[0]] if kinds else NoAugmentation
 
 
 # ---------------------------------------------------------------------- the row's name
@@ -140,20 +144,17 @@ def _base_name(args: Any) -> tuple[str, list[str]]:
     terms add where they do not rename the row."""
     kinds = set(args.augmentations)
     dagger = _DAGGER if args.replay_fraction > 0 else ""
-    if args.distillation is not None:
-        name = DISTILLATION_NAMES[args.distillation] + dagger
+    source = row_source(args)
+    if source.printed:  # a row of its own (the SFT controls, the distillation modes), not GRPO plus a branch
+        name = source.printed + dagger
     elif kinds == set(KINDS):
         name = "ZPPO" if dagger else f"{_grpo()}+Both"
     elif not kinds:
         name = f"{_grpo()}{dagger}"
     else:
         kind = next(iter(kinds))
-        printed = AUGMENTATIONS[kind].printed  # a row of its own (the supervised controls), not GRPO plus a branch
-        if printed:
-            name = printed + dagger
-        else:
-            kind = kind.upper() if kind in KINDS else kind.capitalize()
-            name = f"{_grpo()}{dagger}+{kind}"
+        kind = kind.upper() if kind in KINDS else kind.capitalize()
+        name = f"{_grpo()}{dagger}+{kind}"
     if args.policy_objective != PAPER_POLICY_OBJECTIVE:
         objective = policy_objectives()[args.policy_objective].printed
         name = _renamed(name, objective) or f"{name} ({objective})"
@@ -173,11 +174,7 @@ def _base_name(args: Any) -> tuple[str, list[str]]:
 
 def _replay_matched(args: Any) -> bool:
     """GRPO† with its replay raised until its per-step cap is the headline ZPPO's (the replay control)."""
-    plain = (
-        not args.augmentations
-        and args.distillation is None
-        and all(term.selector == "policy_objective" for term in terms_for(args))
-    )
+    plain = row_source(args) is NoAugmentation and all(term.selector == "policy_objective" for term in terms_for(args))
     return plain and math.isclose(args.replay_fraction, MATCHED_REPLAY_FRACTION)
 
 
@@ -186,11 +183,10 @@ def _control_qualifiers(args: Any) -> list[str]:
     the BCQ candidate content, G_S with the corpus passes, and a backbone outside Qwen3.5."""
     kinds = set(args.augmentations)
     qualifiers = []
-    replay_row = args.replay_fraction > 0 and args.distillation is None and kinds in (set(), set(KINDS))
+    replay_row = args.replay_fraction > 0 and not row_source(args).supervised and kinds in (set(), set(KINDS))
     if replay_row and not _replay_matched(args) and not math.isclose(args.replay_fraction, PAPER_REPLAY_FRACTION):
         qualifiers.append(f"\u03c1_replay={args.replay_fraction:.2f}")
-    if args.augmentations:  # what the augmentation's own settings vary (the BCQ candidate content)
-        qualifiers += AUGMENTATIONS[args.augmentations[0]].qualifiers(args)
+    qualifiers += row_source(args).qualifiers(args)  # what its step-5 part's settings vary (BCQ's candidate content)
     if args.num_generations > PAPER_GROUP_SIZE or args.corpus_passes != 1:
         passes = args.corpus_passes
         qualifiers.append(f"G_S={args.num_generations}, {passes} pass{'' if passes == 1 else 'es'}")

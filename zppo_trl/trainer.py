@@ -9,20 +9,20 @@ each a method of explicit inputs and outputs (:meth:`ZPPOTrainer._rollout_step`)
 3. ... while the student's plain rollouts are generated and scored by TRL (a plain round).
 4. Pre-cap: the hardest questions (:func:`zppo_trl.reformulate.select_hard`); the teacher's replies to
    them are graded and put with the student's wrong rollouts as evidence.
-5. The augmentation plans, post-caps and builds its prompts (ZPPO: BCQ and NCQ, only the selected
-   candidates compressed; :mod:`zppo_trl.augmentations`), and the student samples a group on each
-   (an augmented round). Teacher text is only ever prompt.
+5. The row's step-5 part plans, post-caps and builds its instances (ZPPO: BCQ and NCQ prompts, only the
+   selected candidates compressed; :mod:`zppo_trl.augmentations`), and the student samples a group on each
+   (a second round). Teacher text is only ever prompt.
 6. Every group is dealt, intact, into ``num_partitions`` optimizer mini-batches with two-step advantages
    per partition (:mod:`zppo_trl.partitioning`); a partition without a learning signal makes no update.
    Each micro-batch's loss is the registered loss of the configuration (:mod:`zppo_trl.losses`).
 7. The buffer is refreshed from the plain groups only.
 
-The paper's comparison rows run the same step and change only what the paper changes: another
-augmentation in step 5 (Hint, Prefix; the supervised Correction-SFT and Error-reflection-SFT, whose
-verified targets are teacher-forced and fitted with cross-entropy), another loss in step 6
-(``policy_objective``), a named term (:mod:`zppo_trl.terms`: what it adds after the plain round, to the
-partitions and to the loss), or, for Off-/On-Distill, steps 4-6 replaced by GKD's JSD against the teacher
-(:mod:`zppo_trl.distill`). What a row asks of the run (teacher samples or scores, a judge, copies of the
+The paper's comparison rows run the same stages and change only what the paper changes: another step-5 part
+(:class:`~zppo_trl.augmentations.Source`: Hint, Prefix; none for GRPO\u2020; or a target source, whose targets are
+teacher-forced and fitted with its loss in their questions' partitions: the SFT controls' cross-entropy, or
+Off-/On-Distill's JSD against the teacher, :mod:`zppo_trl.distill`), another loss in step 6
+(``policy_objective``), or a named term (:mod:`zppo_trl.terms`: what it adds after the plain round, to the
+partitions and to the loss). What a row asks of the run (teacher samples or scores, a judge, copies of the
 student) is its parts' declared needs (:mod:`zppo_trl.row`), read here and never re-derived from names.
 
 The class is TRL's hooks and Algorithm 1's stages. Everything else is an object it builds in ``__init__`` from
@@ -54,13 +54,12 @@ from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
 from . import data, host_memory
-from .augmentations import Augmentation, BuiltGroups, make_augmentation
+from .augmentations import AugmentationInputs, BuiltGroups, Source
 from .backbones import backbone_family
 from .callbacks import console_callbacks
 from .checkpoint_state import ZPPO_STATE_NAME, ZPPOState, last_complete_checkpoint
 from .config import ZPPOConfig
 from .dataset_formats import IMAGE, PROMPT, prepare_datasets
-from .distill import distillation_targets
 from .evaluation.condition import record_condition
 from .group_log import GROUP_LOG_NAME, GroupLog
 from .lm_head import score_loss_positions, use_full_logits
@@ -73,7 +72,7 @@ from .partitioning import is_skipped
 from .prefetch import BatchLookahead
 from .questions import Grader, Questions
 from .ranks import Ranks
-from .reformulate import augment_limit, select_hard
+from .reformulate import augment_limit
 from .replay import PromptReplayBuffer, replay_count
 from .reward_signal import RewardSignalWatch
 from .rewards import boxed_accuracy_reward
@@ -205,18 +204,17 @@ class ZPPOTrainer(GRPOTrainer):
         self.terms: list[Term] = [term(args, self._term_context(sharded, rng)) for term in row.terms]
         # The replay buffer, admission accuracies, counters, the shared RNG and the terms' state: what checkpoints hold
         self.zppo_state = ZPPOState(args.replay_capacity, args.hard_threshold, rng, G, self.terms)
-        # Step 5's augmentation: ZPPO's BCQ/NCQ prompts, or a comparison row's; None for GRPO†.
+        # Steps 4-5's part: ZPPO's BCQ/NCQ prompts, a comparison row's augmentation or target source; GRPO†: none.
         questions = self.questions
-        self.augmentation: Augmentation | None = make_augmentation(
-            args.augmentations, prefix_fraction=args.prefix_fraction, tokenizer=self._tokenizer,
-            question_of=lambda key: questions.question(questions.row(key)),
+        self.source: Source = row.source.create(tuple(args.augmentations), AugmentationInputs(
+            args.prefix_fraction, self._tokenizer, question_of=lambda key: questions.question(questions.row(key)),
             teacher_chat=lambda key, text: questions.teacher_chat(questions.row(key), text),
             grade=self.grader.grade_keys, answer_of=lambda key: questions.row(key)[data.ANSWER],
             bcq_candidate_content=args.bcq_candidate_content,
-        )  # fmt: skip
+        ))  # fmt: skip
         # The condition the checkpoint is evaluated under (Correction-SFT: <correct>), in the config every
         # save and push writes, for `zppo-eval run` to apply; the other rows clear one a base model carried.
-        record_condition(self.model.config, getattr(self.augmentation, "evaluation_condition", None))
+        record_condition(self.model.config, self.source.evaluation_condition)
         self.objective_loss = row.objective  # step 6's loss (zppo_trl.losses)
         # The generation round in flight: what TRL's hooks read and where its scoring leaves the rewards.
         self._active_round: RoundRequest | None = None
@@ -226,7 +224,7 @@ class ZPPOTrainer(GRPOTrainer):
             ranks=ranks, group_size=G, num_partitions=args.num_partitions, main_process=self.is_world_process_zero(),
             state=self.zppo_state, trl_metrics=self._metrics, trl_logs=self._logs,
             clients={"teacher": self.teacher, "judge": judge_client(self.terms, self.reward_funcs)},
-            kinds=self.augmentation.kinds if self.augmentation is not None else (), questions=self.questions,
+            kinds=self.source.kinds, questions=self.questions,
             reward_signal=RewardSignalWatch(self.reward_func_names, reward_form),
             trace_log=self.trace_log, group_log=self.group_log,
         )  # fmt: skip
@@ -247,12 +245,12 @@ class ZPPOTrainer(GRPOTrainer):
             autocast=self.accelerator.autocast, args=args, counters=self.zppo_state.counters,
             token_types=self._token_types,
         )  # fmt: skip
-        second_round = self._augmenting and not self.augmentation.supervised
         self.old_logps = OldLogProbs(
             self.token_logps, model=lambda: self.model, ranks=ranks, recorder=self.recorder,
             accumulation=args.gradient_accumulation_steps, deferred=defers, read=self.objective_loss.reads_old_logps,
             overlap=overlaps_old_logps(args, defers=defers, reads=self.objective_loss.reads_old_logps,
-                                       second_round=second_round, terms=bool(self.terms), sharded=sharded),
+                                       second_round=self.source.second_round_sampled, terms=bool(self.terms),
+                                       sharded=sharded),
             sharded=sharded,
         )  # fmt: skip
         self.batches = StepBatches(
@@ -280,10 +278,6 @@ class ZPPOTrainer(GRPOTrainer):
         """Whether the student's rollouts come from a vLLM server (TRL's server mode), whose context and
         availability the rollout step must then respect (zppo_trl.student_server)."""
         return bool(self.use_vllm and self.vllm_mode == "server")
-
-    @property
-    def _augmenting(self) -> bool:
-        return self.augmentation is not None and bool(self.augmentation.kinds)
 
     @property
     def _parameters_sharded(self) -> bool:
@@ -578,11 +572,8 @@ class ZPPOTrainer(GRPOTrainer):
         self.recorder.reward_signal_check(plain_round)  # a reward function that cannot teach, said in that step
         # The plain rollouts' old log-probs, computed while steps 4-5 run off this device (overlap_old_logps).
         plain_logps = self.old_logps.start(plain_round.batch)
-        # 4-6. The row's optimizer micro-batches, with the old log-probs the updates read.
-        if args.distillation is not None:
-            micro_batches = self._distillation_batches(teacher_future, draw, plain_round)
-        else:
-            micro_batches = self._augmented_batches(teacher_future, draw, plain_round, accuracy)
+        # 4-6. The row's optimizer micro-batches (its step-5 part's stages), with the old log-probs the updates read.
+        micro_batches = self._steps_4_to_6(teacher_future, draw, plain_round, accuracy)
         self.old_logps.attach(micro_batches, plain_logps)
         if self.trace_log is not None:  # before step 7, while the graduates' admission bins are known
             self.recorder.graduations(draw, plain_round, accuracy)
@@ -596,49 +587,38 @@ class ZPPOTrainer(GRPOTrainer):
         self.recorder.finish()
         return micro_batches
 
-    def _augmented_batches(self, teacher_future: Any, draw: Draw, plain_round: Round, accuracy: Mapping) -> list[dict]:
-        """Steps 4-6 of ZPPO and of the rows built on its step 5 (GRPO†, Hint, Prefix, the SFT controls)."""
-        augmenting, metrics, rng = self._augmenting, self.recorder.metrics, self.zppo_state.rng
-        # 4. The pre-cap; the teacher's replies collected and graded, with the wrong plain rollouts of those questions.
+    def _steps_4_to_6(self, teacher_future: Any, draw: Draw, plain_round: Round, accuracy: Mapping) -> list[dict]:
+        """Steps 4-6, the same stages for every row; its step-5 part (:class:`~zppo_trl.augmentations.Source`) says
+        what each makes: ZPPO's BCQ/NCQ groups, a comparison row's, none (GRPO†), or targets to fit."""
+        source, metrics, rng = self.source, self.recorder.metrics, self.zppo_state.rng
+        # 4. The questions it takes evidence on (ZPPO: the pre-cap), with the teacher's graded replies to them and
+        # their wrong plain rollouts.
         limit = augment_limit(len(draw.new_keys), self.args.augment_fraction)
-        hard = select_hard(accuracy, limit, self.args.hard_threshold, rng=rng) if augmenting else []
-        evidence = self.teacher_sampler.evidence(teacher_future, draw, plain_round, hard) if augmenting else None
-        # 5. Augmented instances planned (post-cap) and built.
-        plan = self.augmentation.plan(evidence, limit, rng, metrics) if augmenting else []
-        built, most_built = self._build_augmented(plan)
+        keys = source.evidence_keys(accuracy, draw, limit, self.args.hard_threshold, rng)
+        evidence = None if keys is None else self.teacher_sampler.evidence(teacher_future, draw, plain_round, keys)
+        # 5. Its instances planned (post-cap, the same on every rank) and built; then the second round: the student's
+        # group on each built instance, or the targets teacher-forced.
+        plan = source.plan(evidence, limit, rng, metrics)
+        built, most_built = self._build(plan)
         if self.trace_log is not None:
             self.recorder.references(built, accuracy)
-        if augmenting and self.augmentation.supervised:
-            # 5-6, supervised controls: the verified targets, fitted in the partitions of their questions.
-            targets = self.rounds.targets(built, draw.plain[0].row)
-            self.recorder.targets(self.augmentation.kinds[0], plan, built)
-            return self.batches.targets(targets, draw)
-        # 5. The student's group on each built instance; 6. partitions, two-step advantages, padded micro-batches.
-        augmented_round = self.rounds.augmented(built, most_built, draw.plain[0].row)
-        plain_round, targets = self._with_terms(PlainStep(draw, plain_round, teacher_future, metrics))
-        micro_batches = self.batches.policy(plain_round, augmented_round, targets)
-        self.recorder.groups((plain_round, augmented_round))
+        second_round = source.second_round(self.rounds, built, most_built, draw.plain[0].row, plain_round)
+        # Before step 6: the named terms' contributions to the scored plain round, and their targets.
+        plain_round, term_targets = self._with_terms(PlainStep(draw, plain_round, teacher_future, metrics))
+        # 6. Sampled groups partitioned with the plain ones (two-step advantages), or targets in their questions'
+        # partitions; the teacher server's scores where the row's loss reads them.
+        if source.supervised:
+            micro_batches = self.batches.targets(second_round, draw)
+        else:
+            micro_batches = self.batches.policy(plain_round, second_round, term_targets)
+        source.record(self.recorder, plan, built, plain_round, second_round)
         self._score_on_teacher_server(micro_batches)
-        if augmenting:
-            self.recorder.augmentation(self.augmentation, plan, built, augmented_round)
         return micro_batches
 
     def _with_terms(self, step: PlainStep) -> tuple[Round, Round | None]:
         """The plain round with the terms' contributions, and their target round
         (:func:`~zppo_trl.row_parts.apply_terms`)."""
         return apply_terms(self.terms, step, self.rounds.targets)
-
-    def _distillation_batches(self, teacher_future: Any, draw: Draw, plain_round: Round) -> list[dict]:
-        """Steps 4-6 of Off-/On-Distill: the sequences to imitate (:func:`zppo_trl.distill.distillation_targets`),
-        each in its question's partition, with the teacher server's scores."""
-        targets = distillation_targets(
-            self.args.distillation, teacher_future, draw, plain_round, sampler=self.teacher_sampler,
-            rounds=self.rounds, ranks=self.ranks, group_size=self.num_generations,
-            pad_token_id=self._tokenizer.pad_token_id, metrics=self.recorder.metrics,
-        )  # fmt: skip
-        micro_batches = self.batches.targets(targets, draw)
-        self._score_on_teacher_server(micro_batches)
-        return micro_batches
 
     def _score_on_teacher_server(self, micro_batches: list[dict]) -> None:
         """The teacher server's scores of the trained rows, where the row's needs ask for them and no teacher is
@@ -678,17 +658,14 @@ class ZPPOTrainer(GRPOTrainer):
 
     # 5.
 
-    def _build_augmented(self, plan: Sequence) -> tuple[BuiltGroups, int]:
+    def _build(self, plan: Sequence) -> tuple[BuiltGroups, int]:
         """Step 5, first half: this rank's share of the instances (dealt round-robin), built; and the
         most groups any rank built (the plan is the same on every rank, so all take the same path)."""
         metrics = self.recorder.metrics
-        local = self.ranks.share(self.augmentation.order(plan)) if plan else []
-        built = self.augmentation.build(local, self.teacher, self.args, metrics) if local else BuiltGroups()
+        local = self.ranks.share(self.source.order(plan)) if plan else []
+        built = self.source.build(local, self.teacher, self.args, metrics) if local else BuiltGroups()
         most_built = self.ranks.largest(len(built.groups))
-        metrics["compression_failures"] = self.ranks.total(built.failures)
-        metrics["dropped"] = len(plan) - self.ranks.total(len(built.instances))
-        for name in self.augmentation.summed_metrics if self.augmentation is not None else ():  # per-rank counts
-            metrics[name] = self.ranks.total(metrics.get(name, 0))
+        metrics.update(self.source.build_metrics(plan, built, self.ranks, metrics))
         return built, most_built
 
 

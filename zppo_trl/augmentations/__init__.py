@@ -1,7 +1,8 @@
-"""Step 5 of Algorithm 1: the augmentations that turn the teacher's evidence on hard questions into
+"""Step 5 of Algorithm 1: the parts that turn the teacher's evidence on hard questions into
 extra groups (or, for the supervised controls, into targets), behind one seam.
 
-- `base`: the seam (`Augmentation`, `Evidence`, `BuiltGroup`, `BuiltGroups`, `teacher_results`).
+- `base`: the seam (`Source`, with its two families `Augmentation` and `TargetSource`; `NoAugmentation`, GRPO\u2020's;
+  `Evidence`, `BuiltGroup`, `BuiltGroups`, `teacher_results`).
 - `candidates`: ZPPO's BCQ and NCQ prompts (`CandidateReformulation`); `candidate_content`: what a BCQ
   candidate block shows (the paper's candidate-content controls, `CANDIDATE_CONTENTS`).
 - `guidance`: the paper's Hint and Prefix controls (`TeacherHint`, `ResponsePrefix`).
@@ -19,7 +20,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .base import Augmentation, AugmentationInputs, BuiltGroup, BuiltGroups, Evidence, teacher_results
+from .base import (
+    Augmentation,
+    AugmentationInputs,
+    BuiltGroup,
+    BuiltGroups,
+    Evidence,
+    NoAugmentation,
+    Source,
+    TargetSource,
+    teacher_results,
+)
 from .candidate_content import CANDIDATE_CONTENTS, CandidateContent, candidate_content
 from .candidates import CandidateReformulation
 from .guidance import Guidance, HintedGuidance, ResponsePrefix, TeacherHint, answer_free, leaks_answer
@@ -39,12 +50,16 @@ __all__ = [
     "Evidence",
     "Guidance",
     "HintedGuidance",
+    "NoAugmentation",
     "ReflectionTargets",
     "ResponsePrefix",
+    "Source",
     "SupervisedInstance",
+    "TargetSource",
     "TeacherHint",
     "answer_free",
     "candidate_content",
+    "check_augmentations",
     "check_kinds",
     "leaks_answer",
     "make_augmentation",
@@ -94,6 +109,14 @@ def check_kinds(kinds: Sequence[str]) -> tuple[str, ...]:
             "(each of those is a comparison row of its own)"
         )
     return kinds
+
+
+def check_augmentations(args: Any) -> None:
+    """The configuration's ``augmentations`` (registered kinds of one family) and every augmentation's settings,
+    whatever the row (a set field must be valid); raises ValueError naming the field."""
+    check_kinds(args.augmentations)
+    for cls in dict.fromkeys(AUGMENTATIONS.values()):
+        cls.check_settings(args)
 
 
 def make_augmentation(

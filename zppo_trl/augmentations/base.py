@@ -1,15 +1,23 @@
-"""The step-5 seam (Algorithm 1, step 5): how the teacher's evidence on hard questions becomes extra groups.
+"""The step-5 seam (Algorithm 1, steps 4-5): what a row makes of the scored plain round.
 
-An `Augmentation` plans instances on the pre-capped hard questions (identically on every rank,
-from gathered evidence and the step's shared RNG) and builds, on each rank, the prompt block of
-the instances dealt to it. The trainer samples one student group per built instance, scores it
-like any group, and partitions it with the plain groups. An augmentation whose instances are
-supervised targets (the SFT controls) builds responses to fit instead of groups to sample.
+Every row has one step-5 part, a :class:`Source`, and the trainer runs the same stages for every row:
 
-This module is the seam alone: what every augmentation receives (`Evidence`, `AugmentationInputs`)
-and returns (`BuiltGroup`, `BuiltGroups`), the `Augmentation` base class, and `teacher_results`,
-the shared guard around a teacher batch. The families live next to it (`candidates`, `guidance`,
-`targets`) and the package's ``__init__`` registers them by kind name.
+- step 4, :meth:`Source.evidence_keys`: the questions it takes evidence on (ZPPO: the pre-capped hard ones), for
+  which the trainer gathers the teacher's graded replies and the wrong plain rollouts (`Evidence`);
+- step 5, :meth:`Source.plan` (identically on every rank, from gathered evidence and the step's shared RNG) and
+  :meth:`Source.build` (the instances dealt to this rank), then :meth:`Source.second_round`;
+- step 6 reads :attr:`Source.supervised`: groups the student sampled are partitioned with the plain ones under the
+  two-step advantages, targets it fits go to their questions' partitions.
+
+Two families implement it. An `Augmentation` builds prompt blocks the student samples a second round on (ZPPO's
+BCQ/NCQ, the Hint and Prefix controls; `NoAugmentation` is GRPO\u2020's, which builds nothing). A `TargetSource`
+builds responses the student fits, teacher-forced (the SFT controls here, Off-/On-Distill in
+:mod:`zppo_trl.distill`).
+
+This module is the seam alone: what every source receives (`Evidence`, `AugmentationInputs`) and returns
+(`BuiltGroup`, `BuiltGroups`), the base classes, and `teacher_results`, the shared guard around a teacher batch.
+The augmentations live next to it (`candidates`, `guidance`, `targets`) and the package's ``__init__`` registers
+them by kind name.
 """
 
 from __future__ import annotations
@@ -21,12 +29,24 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ..losses import SFT_LOSS
 from ..needs import Needs
 from ..prompt_sizes import PromptSizes
+from ..reformulate import select_hard
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Augmentation", "AugmentationInputs", "BuiltGroup", "BuiltGroups", "Evidence", "teacher_results"]
+__all__ = [
+    "Augmentation",
+    "AugmentationInputs",
+    "BuiltGroup",
+    "BuiltGroups",
+    "Evidence",
+    "NoAugmentation",
+    "Source",
+    "TargetSource",
+    "teacher_results",
+]
 
 
 @dataclass(frozen=True)
@@ -94,25 +114,28 @@ class BuiltGroups:
     shown: list[tuple[str, ...]] = field(default_factory=list)
 
 
-class Augmentation(ABC):
-    """One family of extra student groups built from the teacher's evidence (Algorithm 1, step 5).
+class Source(ABC):
+    """A row's step-5 part (Algorithm 1, steps 4-5), of either family (see the module's docstring).
 
     ``kinds`` names the group kinds it produces (they name its metrics and the groups' kind).
     """
 
+    family = ""
     kinds: tuple[str, ...] = ()
     # what it asks of the run: by default step 2's G_T teacher rollouts per question (its evidence) and teacher
     # requests of its own while building (compression, hints)
     needs: Needs = Needs(teacher_samples=True, teacher_requests=True)
-    # whether its instances are supervised targets (BuiltGroup.target) rather than groups to sample
+    # whether its instances are targets the student fits (BuiltGroup.target) rather than groups to sample
     supervised = False
+    # the registered loss (zppo_trl.losses) step 6 trains on its targets; None: the row's policy objective
+    loss: str | None = None
     # metrics its build sets per rank that the trainer sums over ranks
     summed_metrics: tuple[str, ...] = ()
     # text before the closer of every evaluation question for a checkpoint trained with it (None: the
     # paper's shared prompt); the trainer records it in the saved config for `zppo-eval run` to apply
     evaluation_condition: str | None = None
     # the settings it reads besides its kinds, each with the kinds that read it (the configuration warns about a
-    # setting no part of the row reads)
+    # setting no part of the row reads; zppo_trl.parts)
     reads: Mapping[str, tuple[str, ...]] = {}
     # the model card's words: where the teacher's text goes (an augmentation the student samples on), or what the
     # cross-entropy fits (a supervised control); and the name of a row the family is on its own (the supervised
@@ -148,11 +171,42 @@ class Augmentation(ABC):
         return 0
 
     @classmethod
-    def create(cls, kinds: tuple[str, ...], inputs: AugmentationInputs) -> Augmentation:
-        """The augmentation for the configuration's validated ``kinds`` (all of this family), made from
+    def check_settings(cls, args: Any) -> None:
+        """Its own settings' values (``args``: the configuration), whatever the row; raises ValueError naming the
+        field. By default it has none to check."""
+        return None
+
+    @classmethod
+    def validate(cls, args: Any) -> None:
+        """Refuse a configuration that selects it but that it cannot train (by default: one without a teacher server,
+        which its evidence and requests come from)."""
+        if cls.needs.teacher_samples or cls.needs.teacher_requests:
+            if not (args.teacher_base_url and args.teacher_model):
+                raise ValueError(
+                    f"augmentations {args.augmentations} need a teacher: set teacher_base_url and teacher_model "
+                    "(or augmentations: [] for GRPO\u2020)"
+                )
+
+    @classmethod
+    def create(cls, kinds: tuple[str, ...], inputs: AugmentationInputs) -> Source:
+        """The part for the configuration's validated ``kinds`` (all of this family), made from
         what the trainer offers; a family that needs an input it was not given raises ValueError.
         By default the family takes nothing."""
         return cls()
+
+    @property
+    def second_round_sampled(self) -> bool:
+        """Whether step 5 has the student sample a second round (an augmentation with kinds)."""
+        return not self.supervised and bool(self.kinds)
+
+    # ------------------------------------------------------------------ the stages, in the order the trainer calls
+
+    def evidence_keys(
+        self, accuracy: Mapping[Hashable, float], draw: Any, limit: int, threshold: float, rng: random.Random
+    ) -> list | None:
+        """Step 4: the questions it takes evidence on, or None for no step 4. By default the pre-cap: the
+        questions below ``threshold``, hardest first, at most ``limit`` (:func:`zppo_trl.reformulate.select_hard`)."""
+        return select_hard(accuracy, limit, threshold, rng=rng)
 
     @abstractmethod
     def plan(self, evidence: Evidence, limit: int, rng: random.Random, metrics: dict) -> list:
@@ -166,6 +220,27 @@ class Augmentation(ABC):
         """The order instances are dealt round-robin over ranks in (default: as planned)."""
         return list(instances)
 
+    def build_metrics(self, plan: Sequence, built: BuiltGroups, ranks: Any, metrics: Mapping) -> dict[str, float]:
+        """What the build reports over all ``ranks`` (:class:`zppo_trl.ranks.Ranks`): the teacher calls that failed,
+        the planned instances no rank built, and its own per-rank counts in ``metrics``, summed."""
+        out = {
+            "compression_failures": ranks.total(built.failures),
+            "dropped": len(plan) - ranks.total(len(built.instances)),
+        }
+        for name in self.summed_metrics:
+            out[name] = ranks.total(metrics.get(name, 0))
+        return out
+
+    @abstractmethod
+    def second_round(self, rounds: Any, built: BuiltGroups, most_built: int, filler_row: Mapping, plain: Any) -> Any:
+        """Step 5's second round (a :class:`zppo_trl.rollout.Round`), played by ``rounds``
+        (:class:`zppo_trl.rounds.Rounds`): the student's groups on what was built (``most_built``: the most groups any
+        rank built), or the targets teacher-forced; ``filler_row`` pads a rank, ``plain`` is the scored plain round."""
+
+    @abstractmethod
+    def record(self, recorder: Any, plan: Sequence, built: BuiltGroups, plain: Any, second: Any) -> None:
+        """The step's numbers on it, into ``recorder`` (:class:`zppo_trl.step_records.StepRecorder`)."""
+
     def audit_counts(self, instances: Sequence, texts: Sequence[str], group_size: int) -> dict[str, float]:
         """Summable counts over this rank's sampled groups (``texts``: their rollouts, group-major),
         reduced over ranks by the trainer and turned into metrics by :meth:`audit_metrics`."""
@@ -174,6 +249,62 @@ class Augmentation(ABC):
     def audit_metrics(self, totals: Mapping[str, float]) -> dict[str, float]:
         """Metrics from the summed :meth:`audit_counts`."""
         return {}
+
+
+class Augmentation(Source):
+    """One family of extra student groups built from the teacher's evidence (Algorithm 1, step 5): the student
+    samples a group on every built instance, scored and partitioned like a plain group."""
+
+    family = "augmentation"
+
+    def second_round(self, rounds: Any, built: BuiltGroups, most_built: int, filler_row: Mapping, plain: Any) -> Any:
+        """The student's group on each built instance, ranks padded with fillers to ``most_built``."""
+        return rounds.augmented(built, most_built, filler_row)
+
+    def record(self, recorder: Any, plan: Sequence, built: BuiltGroups, plain: Any, second: Any) -> None:
+        """Both rounds' groups (their logs), and per kind the instances planned and trained, the in-prompt accuracy
+        and its own audit."""
+        recorder.groups((plain, second))
+        recorder.augmentation(self, plan, built, second)
+
+
+class NoAugmentation(Augmentation):
+    """GRPO\u2020's step 5 (and GRPO's): no augmentation. No step 4, nothing planned or built; the second round is
+    empty, and the step trains its plain groups alone."""
+
+    needs = Needs()
+
+    def evidence_keys(
+        self, accuracy: Mapping[Hashable, float], draw: Any, limit: int, threshold: float, rng: random.Random
+    ) -> list | None:
+        return None  # no evidence: no pre-cap drawn from the step's RNG either
+
+    def plan(self, evidence: Evidence | None, limit: int, rng: random.Random, metrics: dict) -> list:
+        return []
+
+    def build(self, instances: Sequence, teacher: Any, args: Any, metrics: dict) -> BuiltGroups:
+        return BuiltGroups()
+
+    def record(self, recorder: Any, plan: Sequence, built: BuiltGroups, plain: Any, second: Any) -> None:
+        recorder.groups((plain, second))
+
+
+class TargetSource(Source):
+    """A row that fits targets instead of sampling a second round (the SFT controls, Off-/On-Distill): step 5's
+    targets are teacher-forced through the student's scoring, and step 6 trains :attr:`Source.loss` on them, each in
+    its question's partition."""
+
+    family = "targets"
+    supervised = True
+    loss = SFT_LOSS
+
+    def second_round(self, rounds: Any, built: BuiltGroups, most_built: int, filler_row: Mapping, plain: Any) -> Any:
+        """Every rank's targets teacher-forced (nothing is sampled)."""
+        return rounds.targets(built, filler_row)
+
+    def record(self, recorder: Any, plan: Sequence, built: BuiltGroups, plain: Any, second: Any) -> None:
+        """Instances planned, instances with a verified target, and targets (all ranks)."""
+        recorder.targets(self.kinds[0], plan, built)
 
 
 def teacher_results(future: Any, fallback: list) -> list:

@@ -30,6 +30,10 @@ class CandidateReformulation(Augmentation):
     reads = {"bcq_candidate_content": ("bcq",)}  # what a BCQ candidate block shows (its candidate-content controls)
 
     @classmethod
+    def check_settings(cls, args: Any) -> None:
+        candidate_content(args.bcq_candidate_content)  # an unknown content fails here, naming the field
+
+    @classmethod
     def teacher_role(cls, args: Any) -> str:
         if args.compress_candidates:
             return f"compresses each candidate to at most {args.compression_max_tokens} tokens"

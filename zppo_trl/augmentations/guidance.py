@@ -226,6 +226,12 @@ class ResponsePrefix(_TeacherGuidance):
 
     summed_metrics = ("prefix_unusable",)
 
+    @classmethod
+    def check_settings(cls, args: Any) -> None:
+        fraction = args.prefix_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 < fraction < 1.0:
+            raise ValueError(f"prefix_fraction must be a number in (0, 1), got {fraction!r}")
+
     def __init__(self, tokenizer: Any, fraction: float = 0.4):
         if not 0.0 < fraction < 1.0:
             raise ValueError(f"prefix_fraction (alpha) must be in (0, 1), got {fraction}")

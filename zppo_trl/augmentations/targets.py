@@ -1,6 +1,6 @@
 """The supervised controls of the paper's mistakes table: Correction-SFT and Error-reflection-SFT.
 
-Both are step-5 augmentations (:class:`zppo_trl.augmentations.Augmentation`) whose instances are
+Both are step-5 target sources (:class:`zppo_trl.augmentations.TargetSource`) whose instances are
 supervised targets, not groups to sample: the trainer fits them with cross-entropy on their
 response tokens (prompt and tag tokens masked), in the same optimizer partitions as the RL rows
 (a partition without a verified target is skipped), and the student's plain rollouts only rank
@@ -40,7 +40,7 @@ from ..prompts import (
     render_correction,
     render_reflection,
 )
-from .base import Augmentation, AugmentationInputs, BuiltGroup, BuiltGroups, Evidence, teacher_results
+from .base import AugmentationInputs, BuiltGroup, BuiltGroups, Evidence, TargetSource, teacher_results
 
 __all__ = ["CorrectionTargets", "ReflectionTargets", "SupervisedInstance"]
 
@@ -66,11 +66,10 @@ class SupervisedInstance:
     attempts: tuple[str, ...] = ()
 
 
-class _SupervisedTargets(Augmentation):
+class _SupervisedTargets(TargetSource):
     """Planning and building shared by the two supervised controls."""
 
     kind = ""
-    supervised = True
 
     def __init__(self, question_of: QuestionOf, teacher_chat: TeacherChat, grade: Grader):
         self.kinds = (self.kind,)
