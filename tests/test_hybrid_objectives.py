@@ -13,54 +13,32 @@ r = pi / pi_old, d = log pi - log pi_T the gap to the teacher at the sampled tok
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from zppo_trl import ZPPOConfig
 from zppo_trl.hybrid_objectives import kdrl_coefficient, kdrl_loss, rlad_log_ratio, rlad_loss
-from zppo_trl.losses import LossInputs
 from zppo_trl.objectives import loss_for, policy_objectives
 
 try:  # tests/ on sys.path (pytest's default import mode) or imported as a package
-    from settings import CPU as CPU_ONLY
+    from loss_fixtures import CPU, loss_args, response_inputs
+    from settings import UNREACHABLE_TEACHER as TEACHER
 except ImportError:
-    from tests.settings import CPU as CPU_ONLY
-
-CPU = {**CPU_ONLY, "augmentations": []}
-TEACHER = dict(teacher_base_url="http://127.0.0.1:1/v1", teacher_model="teacher")
+    from tests.loss_fixtures import CPU, loss_args, response_inputs
+    from tests.settings import UNREACHABLE_TEACHER as TEACHER
 
 
 def _args(**overrides):
     """The paper's clip settings and the rows' defaults, written out."""
-    values = dict(
-        epsilon=0.2,
-        epsilon_high=0.28,
-        delta=10.0,
+    defaults = dict(
         kdrl_beta=5e-3,
         kdrl_beta_decay=5e-5,
         kdrl_beta_min=1e-3,
         rlad_alpha=0.5,
         rlad_teacher_log_ratio_bound=1.0,
     )
-    values.update(overrides)
-    return SimpleNamespace(**values)
-
-
-def _inputs(logps, old, teacher, advantages, mask, step=0):
-    logps = torch.tensor([logps], dtype=torch.float64, requires_grad=True)
-    mask_t = torch.tensor([mask], dtype=torch.float64)
-    return LossInputs(
-        mask=mask_t,
-        normalizer=float(sum(mask)),
-        logps=logps,
-        old_logps=torch.tensor([old], dtype=torch.float64),
-        teacher_logps=torch.tensor([teacher], dtype=torch.float64),
-        advantages=torch.tensor([advantages], dtype=torch.float64),
-        entropies=torch.zeros_like(mask_t),
-        step=step,
-    )
+    return loss_args(**{**defaults, **overrides})
 
 
 def test_kdrl_coefficient_anneals_linearly_to_its_floor():
@@ -79,7 +57,7 @@ def test_kdrl_is_grpo_plus_the_annealed_k2_reverse_kl_per_token():
     pt = [0.25, 0.25, 0.25, 0.01]
     logp, logt = [math.log(x) for x in p], [math.log(x) for x in pt]
     A, step = 0.7, 40
-    inputs = _inputs(logp, logp, logt, [A], [1, 1, 1, 0], step=step)
+    inputs = response_inputs(logp, logp, logt, [A], [1, 1, 1, 0], step=step)
     out = kdrl_loss(inputs, _args())
     beta = 3e-3
     d = [math.log(2), 0.0, -math.log(2)]
@@ -97,7 +75,7 @@ def test_kdrl_is_grpo_plus_the_annealed_k2_reverse_kl_per_token():
 def test_kdrl_keeps_grpos_clip_on_its_rl_part():
     # token 0 at r = 1.5 with A > 0 is clipped (no gradient from the RL part); only the KL part pushes it
     logp, old, teacher = [math.log(0.6)], [math.log(0.4)], [math.log(0.3)]
-    inputs = _inputs(logp, old, teacher, [1.0], [1])
+    inputs = response_inputs(logp, old, teacher, [1.0], [1])
     out = kdrl_loss(inputs, _args(kdrl_beta_decay=0.0))
     assert out.loss.item() == pytest.approx(-1.28 + 5e-3 * 0.5 * math.log(2) ** 2, rel=1e-12)
     out.loss.backward()
@@ -121,14 +99,14 @@ def test_rlad_loss_and_gradients_follow_the_mixture_ratio_inside_and_outside_the
     #        binds, and only the old-policy half of the ratio carries a gradient
     A_pos, A_neg = 0.5, -0.4
     logp = [-1.0, -1.0]
-    inputs_pos = _inputs(logp, [-1.1, -1.1], [-1.2, -4.0], [A_pos], [1, 1])
+    inputs_pos = response_inputs(logp, [-1.1, -1.1], [-1.2, -4.0], [A_pos], [1, 1])
     out = rlad_loss(inputs_pos, _args())
     r0 = math.exp(0.15)
     N = 2
     assert out.loss.item() == pytest.approx(-(r0 * A_pos + 1.28 * A_pos) / N, rel=1e-12)
     out.loss.backward()
     assert inputs_pos.logps.grad[0].tolist() == pytest.approx([-r0 * A_pos * 1.0 / N, 0.0], rel=1e-12)
-    inputs_neg = _inputs([-1.0], [-0.9], [-2.5], [A_neg], [1])
+    inputs_neg = response_inputs([-1.0], [-0.9], [-2.5], [A_neg], [1])
     out = rlad_loss(inputs_neg, _args())
     r2 = math.exp(0.45)
     assert out.loss.item() == pytest.approx(-(r2 * A_neg), rel=1e-12)
@@ -139,7 +117,7 @@ def test_rlad_loss_and_gradients_follow_the_mixture_ratio_inside_and_outside_the
 
 
 def test_without_the_teachers_log_probs_the_rows_refuse_to_train():
-    inputs = _inputs([-1.0], [-1.0], [-1.0], [1.0], [1])
+    inputs = response_inputs([-1.0], [-1.0], [-1.0], [1.0], [1])
     inputs.teacher_logps = None
     for loss in (kdrl_loss, rlad_loss):
         with pytest.raises(ValueError, match="teacher's log-prob of every sampled token"):

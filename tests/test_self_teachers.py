@@ -11,7 +11,6 @@ clip.
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -35,32 +34,16 @@ from zppo_trl.terms.self_teachers import (
 )
 
 try:  # tests/ on sys.path (pytest's default import mode) or imported as a package
-    from settings import CPU as CPU_ONLY
+    from loss_fixtures import CPU, loss_args, response_inputs
+    from settings import UNREACHABLE_TEACHER
 except ImportError:
-    from tests.settings import CPU as CPU_ONLY
-
-CPU = {**CPU_ONLY, "augmentations": []}
+    from tests.loss_fixtures import CPU, loss_args, response_inputs
+    from tests.settings import UNREACHABLE_TEACHER
 
 
 def _args(**overrides):
-    values = dict(epsilon=0.2, epsilon_high=0.28, delta=10.0, self_distill_weight=1.0, sdpo_is_clip=2.0)
-    values.update(overrides)
-    return SimpleNamespace(**values)
-
-
-def _inputs(logps, old, teacher, teacher_mask, advantages, mask):
-    logps = torch.tensor([logps], dtype=torch.float64, requires_grad=True)
-    mask_t = torch.tensor([mask], dtype=torch.float64)
-    return LossInputs(
-        mask=mask_t,
-        normalizer=float(sum(mask)),
-        logps=logps,
-        old_logps=torch.tensor([old], dtype=torch.float64),
-        teacher_logps=torch.tensor([teacher], dtype=torch.float64),
-        teacher_mask=torch.tensor([teacher_mask], dtype=torch.float64),
-        advantages=torch.tensor([advantages], dtype=torch.float64),
-        entropies=torch.zeros_like(mask_t),
-    )
+    """The paper's clip settings and the term's defaults, written out."""
+    return loss_args(**{"self_distill_weight": 1.0, "sdpo_is_clip": 2.0, **overrides})
 
 
 def test_each_rollout_learns_from_the_first_other_correct_rollout_of_its_group():
@@ -102,7 +85,7 @@ def test_sdpo_is_grpo_plus_the_term_on_the_rollouts_with_a_self_teacher():
     pt = [0.25, 0.25, 0.25, 0.01, 0.01]
     logp, logt = [math.log(x) for x in p], [math.log(x) for x in pt]
     A, N = 0.7, 4
-    inputs = _inputs(logp, logp, logt, [1, 1, 1, 0, 1], [A], [1, 1, 1, 1, 0])
+    inputs = response_inputs(logp, logp, logt, [A], [1, 1, 1, 1, 0], teacher_mask=[1, 1, 1, 0, 1])
     out = sdpo_loss(inputs, _args(self_distill_weight=0.5))
     d = [math.log(2), 0.0, -math.log(2)]
     assert out.loss.item() == pytest.approx(-A + 0.5 * sum(x * lp for x, lp in zip(d, logp)) / N, rel=1e-12)
@@ -118,7 +101,7 @@ def test_sdpo_is_grpo_plus_the_term_on_the_rollouts_with_a_self_teacher():
 def test_sdpo_keeps_grpos_clip_and_the_term_its_own_cap():
     # token 0 at r = 1.5 with A > 0: GRPO's part is clipped (no gradient); the term pushes it with min(1.5, 2) d
     logp, old, teacher = [math.log(0.6)], [math.log(0.4)], [math.log(0.3)]
-    inputs = _inputs(logp, old, teacher, [1], [1.0], [1])
+    inputs = response_inputs(logp, old, teacher, [1.0], [1], teacher_mask=[1])
     out = sdpo_loss(inputs, _args())
     assert out.loss.item() == pytest.approx(-1.28 + 1.5 * math.log(2) * math.log(0.6), rel=1e-12)
     out.loss.backward()
@@ -126,7 +109,7 @@ def test_sdpo_keeps_grpos_clip_and_the_term_its_own_cap():
 
 
 def test_a_batch_without_the_self_teachers_signal_trains_grpo_alone():
-    inputs = _inputs([-1.0], [-1.0], [-2.0], [1], [1.0], [1])
+    inputs = response_inputs([-1.0], [-1.0], [-2.0], [1.0], [1], teacher_mask=[1])
     inputs.teacher_logps = inputs.teacher_mask = None  # TRL's evaluation batches
     assert sdpo_loss(inputs, _args()).loss.item() == pytest.approx(-1.0)
 
@@ -169,7 +152,7 @@ def test_sdpo_is_a_registered_objective_named_as_the_papers_table():
         (dict(self_distill_weight=-1.0), "self_distill_weight must be a finite number"),
         (dict(sdpo_is_clip=0.0), "sdpo_is_clip must be a finite number > 0"),
         (
-            dict(augmentations=["bcq"], teacher_base_url="http://127.0.0.1:1/v1", teacher_model="t"),
+            dict(augmentations=["bcq"], **UNREACHABLE_TEACHER),
             "policy_objective='sdpo' is a row on GRPO\u2020's pipeline",
         ),
     ],
@@ -345,7 +328,7 @@ def test_rounds_without_opsds_top_k_merge_as_rows_without_a_teacher():
 
 
 def test_opsd_is_a_registered_objective_that_needs_the_teacher_server():
-    teacher = dict(teacher_base_url="http://127.0.0.1:1/v1", teacher_model="t")
+    teacher = UNREACHABLE_TEACHER
     config = ZPPOConfig(policy_objective="opsd", **teacher, **CPU)
     assert config.variant == "OPSD\u2020" and config.row.terms == (OPSD,)
     assert (config.opsd_beta, config.opsd_top_k, config.self_distill_weight) == (0.5, 20, 1.0)
