@@ -146,18 +146,9 @@ class ZPPOTrainer(GRPOTrainer):
         model_license: str | None = None,
         **kwargs: Any,
     ):
-        if args is None:  # as GRPOTrainer: a default config named after the model
-            args = ZPPOConfig(f"{_model_name(model)}-ZPPO")
-        if not isinstance(args, ZPPOConfig):
-            raise TypeError(f"args must be a ZPPOConfig, got {type(args).__name__}")
-        if args.fp16:
-            raise ValueError("fp16 is not supported: its GradScaler cannot skip an empty-signal partition; use bf16")
+        args, reward_funcs = _checked_arguments(model, reward_funcs, args)
         # Large CPU tensors in pages of their own: freed activations leave the process (zppo_trl.host_memory)
         host_memory.keep_heap_small()
-        reward_funcs = boxed_accuracy_reward if reward_funcs is None else reward_funcs
-        for func in reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]:
-            if not callable(func) or isinstance(func, (str, torch.nn.Module)):
-                raise ValueError(f"ZPPO needs verifiable rewards: reward_funcs must be plain callables, got {func!r}")
         # TRL's dataset formats or ZPPO's schema, checked against what the reward functions and the row read
         train_dataset, self.dataset_format, row_of = prepare_datasets(train_dataset, eval_dataset, reward_funcs, args)
         # TRL's student vLLM generation, or its server mode with weights synced through shared memory
@@ -170,7 +161,26 @@ class ZPPOTrainer(GRPOTrainer):
                 eval_dataset=eval_dataset,
                 **kwargs,
             )
+        self._prepare_student(args)
+        self.ranks = Ranks(self.accelerator)
+        self.dataset_name, self.model_license = dataset_name, model_license
+        # prefetch_teacher_samples: the training loop's batches, readable ahead (zppo_trl.prefetch)
+        self._lookahead = BatchLookahead()
+        # audit_traces / log_groups: the trace-overlap audit's and every scored group's files (main process)
+        self.trace_log = TraceLog(os.path.join(args.output_dir, TRACE_LOG_NAME)) if args.audit_traces else None
+        self.group_log = GroupLog(os.path.join(args.output_dir, GROUP_LOG_NAME)) if args.log_groups else None
+        self.questions = Questions(self.train_dataset, row_of, self.dataset_format, args.closer)
+        weights, state, loop = self.reward_weights.tolist(), lambda: self.state, lambda: self.async_loop
+        self.grader = Grader(self.questions, self.reward_funcs, weights, state, loop)
+        # The row's parts and the union of what they ask of the run (zppo_trl.row): read here, never re-derived.
+        self.row = args.row
+        self._build_row_parts(args, teacher, distill_teacher_model, random.Random(args.seed))
+        self._build_step_collaborators(args)
+        console_callbacks(self.callback_handler, args.full_console_logs)  # one line per rollout step
 
+    def _prepare_student(self, args: ZPPOConfig) -> None:
+        """The loaded student made ready for ZPPO's passes: whole groups on every rank, its row's backbone name, the
+        LM head's scored positions, and packed sequences kept apart."""
         args.composition(self.accelerator.num_processes)  # raises unless every rank holds whole groups
         if args.student_family is None:  # a non-Qwen student names its row: "ZPPO (InternVL3.5-2B)"
             args.student_family = backbone_family(self.model.config.name_or_path, self.model.config.model_type)
@@ -181,31 +191,20 @@ class ZPPOTrainer(GRPOTrainer):
             score_loss_positions(student)
         if args.padding_free:  # the layers that would see across packed sequences, run per sequence (zppo_trl.packing)
             segment_packed_sequences(self.accelerator.unwrap_model(self.model))
-        self.ranks = ranks = Ranks(self.accelerator)
-        G = self.num_generations
-        rng = random.Random(args.seed)  # identical on every rank: every decision is replicated
-        # prefetch_teacher_samples: the training loop's batches, readable ahead (zppo_trl.prefetch)
-        self._lookahead = BatchLookahead()
-        # audit_traces / log_groups: the trace-overlap audit's and every scored group's files (main process)
-        self.trace_log = TraceLog(os.path.join(args.output_dir, TRACE_LOG_NAME)) if args.audit_traces else None
-        self.group_log = GroupLog(os.path.join(args.output_dir, GROUP_LOG_NAME)) if args.log_groups else None
-        self.dataset_name, self.model_license = dataset_name, model_license
-        self.questions = Questions(self.train_dataset, row_of, self.dataset_format, args.closer)
-        weights, state, loop = self.reward_weights.tolist(), lambda: self.state, lambda: self.async_loop
-        self.grader = Grader(self.questions, self.reward_funcs, weights, state, loop)
-        # The row's parts and the union of what they ask of the run (zppo_trl.row): read here, never re-derived.
-        self.row = row = args.row
-        sharded = self._parameters_sharded
+
+    def _build_row_parts(self, args: ZPPOConfig, teacher: Any, distill_teacher_model: Any, rng: random.Random) -> None:
+        """The row's parts at run time: its teachers, its named terms, the state checkpoints hold, its step-5 part."""
+        row, questions = self.row, self.questions
         self.teacher, self.distill_teacher = prepare_teachers(
             row, args, teacher, distill_teacher_model, student=self.model, tokenizer=self._tokenizer,
             accelerator=self.accelerator, deepspeed=self.is_deepspeed_enabled, fsdp=self.is_fsdp_enabled,
         )  # fmt: skip
         # The row's named terms (zppo_trl.terms), each with what the trainer offers it.
-        self.terms: list[Term] = [term(args, self._term_context(sharded, rng)) for term in row.terms]
-        # The replay buffer, admission accuracies, counters, the shared RNG and the terms' state: what checkpoints hold
-        self.zppo_state = ZPPOState(args.replay_capacity, args.hard_threshold, rng, G, self.terms)
+        self.terms: list[Term] = [term(args, self._term_context(self._parameters_sharded, rng)) for term in row.terms]
+        # The replay buffer, admission accuracies, counters, the shared RNG (identical on every rank: every decision
+        # is replicated) and the terms' state: what checkpoints hold
+        self.zppo_state = ZPPOState(args.replay_capacity, args.hard_threshold, rng, self.num_generations, self.terms)
         # Steps 4-5's part: ZPPO's BCQ/NCQ prompts, a comparison row's augmentation or target source; GRPO†: none.
-        questions = self.questions
         self.source: Source = row.source.create(tuple(args.augmentations), AugmentationInputs(
             args.prefix_fraction, self._tokenizer, question_of=lambda key: questions.question(questions.row(key)),
             teacher_chat=lambda key, text: questions.teacher_chat(questions.row(key), text),
@@ -216,13 +215,19 @@ class ZPPOTrainer(GRPOTrainer):
         # save and push writes, for `zppo-eval run` to apply; the other rows clear one a base model carried.
         record_condition(self.model.config, self.source.evaluation_condition)
         self.objective_loss = row.objective  # step 6's loss (zppo_trl.losses)
+
+    def _build_step_collaborators(self, args: ZPPOConfig) -> None:
+        """The objects one rollout step calls: the recorder, the teacher sampler, the rounds, the log-prob paths and
+        step 6's batches, each from explicit arguments."""
+        ranks, G, row, state = self.ranks, self.num_generations, self.row, self.zppo_state
+        sharded = self._parameters_sharded
         # The generation round in flight: what TRL's hooks read and where its scoring leaves the rewards.
         self._active_round: RoundRequest | None = None
         # reward functions whose rewards carry no signal, warned once each (zppo_trl.reward_signal)
         reward_form = "lists of chat messages" if self.dataset_format.messages_for_rewards else "strings"
         self.recorder = StepRecorder(
             ranks=ranks, group_size=G, num_partitions=args.num_partitions, main_process=self.is_world_process_zero(),
-            state=self.zppo_state, trl_metrics=self._metrics, trl_logs=self._logs,
+            state=state, trl_metrics=self._metrics, trl_logs=self._logs,
             clients={"teacher": self.teacher, "judge": judge_client(self.terms, self.reward_funcs)},
             kinds=self.source.kinds, questions=self.questions,
             reward_signal=RewardSignalWatch(self.reward_func_names, reward_form),
@@ -236,32 +241,30 @@ class ZPPOTrainer(GRPOTrainer):
         defers = args.defer_old_logps and not row.needs.sampling_logps_at_scoring
         self.rounds = Rounds(
             self.generate_and_score, questions=self.questions, ranks=ranks, group_size=G, recorder=self.recorder,
-            counters=self.zppo_state.counters, tokenizer=self._tokenizer, eos_token_id=self.eos_token_ids[0],
+            counters=state.counters, tokenizer=self._tokenizer, eos_token_id=self.eos_token_ids[0],
             max_completion_length=self.max_completion_length, context=args.vllm_max_model_length,
             on_server=self.rollouts_on_server, defers_old_logps=defers, token_types=self._token_types,
         )  # fmt: skip
         self.token_logps = TokenLogProbs(
             super()._get_per_token_logps_and_entropies, unwrap_model=self.accelerator.unwrap_model,
-            autocast=self.accelerator.autocast, args=args, counters=self.zppo_state.counters,
-            token_types=self._token_types,
+            autocast=self.accelerator.autocast, args=args, counters=state.counters, token_types=self._token_types,
         )  # fmt: skip
+        reads = self.objective_loss.reads_old_logps
         self.old_logps = OldLogProbs(
             self.token_logps, model=lambda: self.model, ranks=ranks, recorder=self.recorder,
-            accumulation=args.gradient_accumulation_steps, deferred=defers, read=self.objective_loss.reads_old_logps,
-            overlap=overlaps_old_logps(args, defers=defers, reads=self.objective_loss.reads_old_logps,
-                                       second_round=self.source.second_round_sampled, terms=bool(self.terms),
-                                       sharded=sharded),
+            accumulation=args.gradient_accumulation_steps, deferred=defers, read=reads,
+            overlap=overlaps_old_logps(args, defers=defers, reads=reads, second_round=self.source.second_round_sampled,
+                                       terms=bool(self.terms), sharded=sharded),
             sharded=sharded,
         )  # fmt: skip
         self.batches = StepBatches(
             args, ranks, G, self._tokenizer.pad_token_id, terms=self.terms, dense=row.needs.trains_zero_advantage,
-            rng=self.zppo_state.rng, recorder=self.recorder,
+            rng=state.rng, recorder=self.recorder,
         )  # fmt: skip
         self.teacher_signal = TeacherSignal(
             self.distill_teacher, vocab=len(self._tokenizer), autocast=self.accelerator.autocast,
             fused_lm_head=args.fused_lm_head, chunk_size=args.distill_chunk_size,
         )  # fmt: skip
-        console_callbacks(self.callback_handler, args.full_console_logs)  # one line per rollout step
 
     @property
     def replay_buffer(self) -> PromptReplayBuffer:
@@ -670,6 +673,22 @@ class ZPPOTrainer(GRPOTrainer):
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _checked_arguments(model: Any, reward_funcs: Any, args: ZPPOConfig | None) -> tuple[ZPPOConfig, Any]:
+    """The configuration (as GRPOTrainer, a default one named after the model) and the reward functions (default: the
+    boxed grader), refused where ZPPO cannot train with them."""
+    if args is None:
+        args = ZPPOConfig(f"{_model_name(model)}-ZPPO")
+    if not isinstance(args, ZPPOConfig):
+        raise TypeError(f"args must be a ZPPOConfig, got {type(args).__name__}")
+    if args.fp16:
+        raise ValueError("fp16 is not supported: its GradScaler cannot skip an empty-signal partition; use bf16")
+    reward_funcs = boxed_accuracy_reward if reward_funcs is None else reward_funcs
+    for func in reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]:
+        if not callable(func) or isinstance(func, (str, torch.nn.Module)):
+            raise ValueError(f"ZPPO needs verifiable rewards: reward_funcs must be plain callables, got {func!r}")
+    return args, reward_funcs
 
 
 def _model_name(model: Any) -> str:
