@@ -52,39 +52,25 @@ from zppo_trl import ZPPOConfig
 from zppo_trl.losses import LOSSES, LossInputs, register_loss, sequence_level_warning_expected
 
 try:  # tests/ on sys.path (pytest's default import mode) or imported as a package
-    from loss_fixtures import (
-        ARGS,
-        C_DUAL,
-        CPU,
-        EPS_HIGH,
-        EPS_LOW,
-        assert_same,
-        current_logps,
-        grads,
-        make_batch,
-        make_trainer,
-        ratio_inputs,
-        run_real_loss,
-        run_real_loss_per_token,
-        run_reference,
-    )
+    import loss_fixtures as fixtures
 except ImportError:
-    from tests.loss_fixtures import (
-        ARGS,
-        C_DUAL,
-        CPU,
-        EPS_HIGH,
-        EPS_LOW,
-        assert_same,
-        current_logps,
-        grads,
-        make_batch,
-        make_trainer,
-        ratio_inputs,
-        run_real_loss,
-        run_real_loss_per_token,
-        run_reference,
-    )
+    from tests import loss_fixtures as fixtures
+
+ARGS, C_DUAL, CPU, EPS_HIGH, EPS_LOW = (
+    fixtures.ARGS,
+    fixtures.C_DUAL,
+    fixtures.CPU,
+    fixtures.EPS_HIGH,
+    fixtures.EPS_LOW,
+)
+assert_same, current_logps, grads, make_batch = (
+    fixtures.assert_same,
+    fixtures.current_logps,
+    fixtures.grads,
+    fixtures.make_batch,
+)
+make_trainer, ratio_inputs, run_reference = fixtures.make_trainer, fixtures.ratio_inputs, fixtures.run_reference
+run_real_loss, run_real_loss_per_token = fixtures.run_real_loss, fixtures.run_real_loss_per_token
 
 
 def _per_token_grad(name, inputs, args=ARGS):
