@@ -367,6 +367,36 @@ def test_the_demo_never_writes_over_a_run(tmp_path):
     assert "outputs/demo" not in (REPO / "Makefile").read_text().split("clean:")[1]
 
 
+def test_the_demo_passes_one_precision_decision_to_the_trainer_and_both_servers(tmp_path):
+    # an AVX2-only CPU: float32 for all three (the servers were started in bfloat16 whatever the CPU); the decision
+    # per class of CPU is tests/test_cpu_precision.py's
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n")
+    env = {"DRY_RUN": "1", "CPUINFO": str(cpuinfo), "OUT": str(tmp_path / "run"), "VLLM_PYTHON": "/bin/true"}
+    out = _run(REPO / "recipes" / "demo" / "run_demo.sh", env=env)
+    assert out.returncode == 0, out.stderr
+    assert "precision: fp32 for the trainer, --dtype float32 for both vLLM servers (CPU class avx2" in out.stdout
+    servers = [shlex.split(line[2:]) for line in out.stdout.splitlines() if "vllm.entrypoints" in line]
+    assert len(servers) == 2 and all(argv[argv.index("--dtype") + 1] == "float32" for argv in servers), servers
+    trainer = _command(out.stdout, f"{Path(sys.executable).parent}/accelerate")
+    assert trainer[trainer.index("--bf16") + 1] == "false"
+    assert not (tmp_path / "run").exists()  # a dry run writes nothing
+
+
+def test_the_cpu_servers_take_the_decided_dtype_unless_given_one(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("flags\t\t: fpu sse2 avx2\n")
+    env = {"CPUINFO": str(cpuinfo), "VLLM_PYTHON": "/nonexistent/python"}
+    for script in ("serve_teacher.sh", "serve_student.sh"):
+        decided = _run(LAUNCH / script, "--cpu", "--dry-run", "--model", "m", env=env)
+        assert decided.returncode == 0 and "vLLM CPU engine: --dtype float32 (CPU class avx2)" in decided.stdout
+        given = _run(LAUNCH / script, "--cpu", "--dry-run", "--model", "m", "--", "--dtype", "bfloat16", env=env)
+        command = _command(given.stdout, "")
+        assert command.count("--dtype") == 1 and command[command.index("--dtype") + 1] == "bfloat16"
+        forced = _run(LAUNCH / script, "--cpu", "--dry-run", "--model", "m", env={**env, "PRECISION": "bf16"})
+        assert "vLLM CPU engine: --dtype bfloat16 (CPU class avx2)" in forced.stdout
+
+
 def test_the_demo_refuses_an_unknown_precision(tmp_path):
     refused = _run(
         REPO / "recipes" / "demo" / "run_demo.sh",

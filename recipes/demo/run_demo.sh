@@ -7,7 +7,8 @@
 # directly with PYTHON=path/to/python (the trainer's) and VLLM_PYTHON=path/to/python (vLLM's,
 # from `make vllm-env`). TEACHER=transformers serves the teacher with `transformers serve`
 # instead; STUDENT=transformers generates the rollouts in the trainer instead. PRECISION=bf16|fp32 sets
-# the trainer's precision (default: bf16 where the CPU has AMX, float32 elsewhere).
+# the trainer's and both servers' precision (default: zppo_trl/cpu_precision.py's decision, bf16 only where it
+# pays on this CPU). DRY_RUN=1 prints the precision and the commands and starts nothing.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=../launch/common.sh
@@ -19,10 +20,11 @@ PORT=${PORT:-8765}
 STUDENT_PORT=${STUDENT_PORT:-8766}
 TEACHER=${TEACHER:-vllm}
 STUDENT=${STUDENT:-vllm}
-# The trainer's precision. The paper trains in bf16; on a CPU that is autocast, which casts every weight at every
-# matmul and pays only where the CPU has bf16 matrix units (AMX): one forward and backward pass of the demo's model
-# took 0.51x float32's time on a CPU with AMX and 1.68x on one without (benchmarks/bench_cpu_precision.py).
-# auto: bf16 where /proc/cpuinfo lists amx_bf16, float32 elsewhere; bf16 or fp32 to choose.
+# The trainer's and the servers' precision, decided once (zppo_trl/cpu_precision.py): the paper trains in bf16, but
+# on a CPU bf16 pays only where the CPU computes it natively; elsewhere every bf16 matmul is converted through float32
+# (38x slower than float32 for one of the demo model's matmuls on an AVX2-only CPU). The servers sample in bf16 on
+# AMX or AVX-512 BF16, the trainer's autocast (a cast of every weight at every matmul) only on AMX.
+# auto: that decision; bf16 or fp32 sets both.
 PRECISION=${PRECISION:-auto}
 VLLM_PYTHON=${VLLM_PYTHON:-.venv-vllm/bin/python}
 RUNS=${RUNS:-outputs/demo}
@@ -30,7 +32,7 @@ RUNS=${RUNS:-outputs/demo}
 # mostly the final checkpoint's optimizer state). OUT names the folder; it must not exist.
 OUT=${OUT:-$RUNS/$(date +%Y%m%d-%H%M%S)}
 BIN=$(dirname "$PYTHON")
-if [[ -e "$OUT" ]]; then
+if [[ -e "$OUT" && "${DRY_RUN:-0}" != 1 ]]; then
     echo "error: $OUT already exists; the demo never writes over a run. Leave OUT unset (each run gets a new folder under $RUNS) or pick another." >&2
     exit 2
 fi
@@ -40,12 +42,9 @@ case $TEACHER in
     *) die "TEACHER must be vllm or transformers, got '$TEACHER'" 2 ;;
 esac
 case $PRECISION in
-    auto) if grep -qw amx_bf16 /proc/cpuinfo 2>/dev/null; then PRECISION=bf16; else PRECISION=fp32; fi ;;
-    bf16|fp32) ;;
+    auto|bf16|fp32) ;;
     *) die "PRECISION must be auto, bf16 or fp32, got '$PRECISION'" 2 ;;
 esac
-bf16=false
-if [[ $PRECISION == bf16 ]]; then bf16=true; fi
 case $STUDENT in
     vllm) [[ -x "$VLLM_PYTHON" ]] || die "no vLLM at $VLLM_PYTHON: run \`make vllm-env\` (or STUDENT=transformers)" 2 ;;
     transformers) ;;
@@ -53,10 +52,16 @@ case $STUDENT in
 esac
 
 start=$(date +%s)
-"$PYTHON" recipes/demo/prepare_model.py "$MODEL_DIR"
+read -r PRECISION dtype cpu_class <<<"$("$PYTHON" zppo_trl/cpu_precision.py --precision "$PRECISION" --cpuinfo "${CPUINFO:-/proc/cpuinfo}")"
+bf16=false
+if [[ $PRECISION == bf16 ]]; then bf16=true; fi
+echo "precision: $PRECISION for the trainer, --dtype $dtype for both vLLM servers (CPU class $cpu_class; PRECISION=auto|bf16|fp32 chooses)"
+if [[ "${DRY_RUN:-0}" != 1 ]]; then "$PYTHON" recipes/demo/prepare_model.py "$MODEL_DIR"; fi
 
-mkdir -p "$OUT"
-ln -sfn "$(basename "$OUT")" "$RUNS/latest" 2>/dev/null || true  # outputs/demo/latest: the newest run
+if [[ "${DRY_RUN:-0}" != 1 ]]; then
+    mkdir -p "$OUT"
+    ln -sfn "$(basename "$OUT")" "$RUNS/latest" 2>/dev/null || true  # outputs/demo/latest: the newest run
+fi
 echo "this run: $OUT (earlier runs stay in $RUNS)"
 stop_servers() {  # SIGTERM (vLLM stops its engine processes), SIGKILL after 30 s
     local pid_file pid
@@ -71,8 +76,7 @@ stop_servers() {  # SIGTERM (vLLM stops its engine processes), SIGKILL after 30 
 }
 trap stop_servers EXIT
 # The servers' contexts fit the recipe's longest requests (recipes/zppo.py --print_server_lengths).
-# bfloat16 (about 1.6x float32's throughput on CPUs with AVX512-BF16) and eager mode (it starts
-# in about 16 s instead of about 55 s, for 7% less throughput).
+# The precision above, and eager mode (it starts in about 16 s instead of about 55 s, for 7% less throughput).
 read -r student_len teacher_len <<<"$(PYTHON=$PYTHON server_lengths recipes/demo.yaml)"
 # vLLM binds each server to the first core unless told otherwise: the teacher keeps it and the
 # student's server takes the last, which the trainer leaves idle while the student generates.
@@ -85,23 +89,27 @@ if [[ "$TEACHER" == vllm ]]; then
     echo "teacher: vLLM (CPU) serving $MODEL_DIR on 127.0.0.1:$PORT (log: $OUT/teacher_server.log)"
     VLLM_PYTHON=$VLLM_PYTHON bash recipes/launch/serve_teacher.sh --cpu --model "$MODEL_DIR" --host 127.0.0.1 --port "$PORT" \
         --max-model-len "$teacher_len" --kv-cache-gib 1 "${teacher_cores[@]+"${teacher_cores[@]}"}" --timeout 300 --log "$OUT/teacher_server.log" \
-        -- --dtype bfloat16 --enforce-eager &
+        -- --dtype "$dtype" --enforce-eager &
     starting+=($!)
 else
     echo "teacher: transformers serve $MODEL_DIR on 127.0.0.1:$PORT (log: $OUT/teacher_server.log)"
     # One thread for the server: the trainer needs the other core, and a tiny model oversubscribes.
     # No --continuous-batching: it applies the first request's sampling settings to every later
     # request, so the teacher's near-greedy samples and its compressions could not both be right.
-    OMP_NUM_THREADS=1 "$BIN/transformers" serve "$MODEL_DIR" --host 127.0.0.1 --port "$PORT" --device cpu \
-        >"$OUT/teacher_server.log" 2>&1 &
-    echo $! >"$OUT/teacher_server.log.pid"
+    if [[ "${DRY_RUN:-0}" == 1 ]]; then
+        show "$BIN/transformers" serve "$MODEL_DIR" --host 127.0.0.1 --port "$PORT" --device cpu
+    else
+        OMP_NUM_THREADS=1 "$BIN/transformers" serve "$MODEL_DIR" --host 127.0.0.1 --port "$PORT" --device cpu \
+            >"$OUT/teacher_server.log" 2>&1 &
+        echo $! >"$OUT/teacher_server.log.pid"
+    fi
 fi
 student=()
 if [[ "$STUDENT" == vllm ]]; then
     echo "student rollouts: vLLM (CPU) serving $MODEL_DIR on 127.0.0.1:$STUDENT_PORT, weights synced through /dev/shm (log: $OUT/student_server.log)"
     VLLM_PYTHON=$VLLM_PYTHON bash recipes/launch/serve_student.sh --cpu --model "$MODEL_DIR" --host 127.0.0.1 \
         --port "$STUDENT_PORT" --max-model-len "$student_len" --kv-cache-gib 1 "${student_cores[@]+"${student_cores[@]}"}" --timeout 300 \
-        --log "$OUT/student_server.log" -- --dtype bfloat16 --enforce-eager &
+        --log "$OUT/student_server.log" -- --dtype "$dtype" --enforce-eager &
     starting+=($!)
     student=(--use_vllm true --vllm_mode server --vllm_server_base_url "http://127.0.0.1:$STUDENT_PORT"
              --vllm_max_model_length "$student_len")
@@ -111,14 +119,14 @@ fi
 for job in "${starting[@]+"${starting[@]}"}"; do wait "$job"; done  # a server that fails to start ends the demo
 trap 'exit 130' INT TERM
 
-echo "trainer precision: $PRECISION (bf16 is autocast on a CPU; PRECISION=auto|bf16|fp32 chooses)"
 # accelerate gives a CPU process one thread unless told (OMP_NUM_THREADS=1): the trainer takes every
 # core, since the servers idle while it updates.
-"$BIN/accelerate" launch --num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no \
+run "$BIN/accelerate" launch --num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no \
     --num_cpu_threads_per_process "$(nproc)" \
     recipes/zppo.py --config recipes/demo.yaml --bf16 "$bf16" \
     --teacher_base_url "http://127.0.0.1:$PORT/v1" --teacher_model "$MODEL_DIR" \
     --model_name_or_path "$MODEL_DIR" --output_dir "$OUT" "${student[@]+"${student[@]}"}"
+if [[ "${DRY_RUN:-0}" == 1 ]]; then exit 0; fi
 
 "$PYTHON" recipes/demo/plot_run.py "$OUT"  # the figure, and the run's totals
 echo "demo done in $(( $(date +%s) - start )) s: checkpoint, metrics.jsonl, TensorBoard events and the figure are in $OUT"

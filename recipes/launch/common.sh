@@ -109,6 +109,18 @@ use_vllm_cpu() {
     # vLLM binds its engine's threads to the first core by default: two servers on one machine
     # would share it while the other cores idle.
     if [[ -n "${cpu_cores:-}" ]]; then export VLLM_CPU_OMP_THREADS_BIND=$cpu_cores; fi
+    # The engine's precision, where the caller gives none: bf16 only where the CPU computes it natively, AMX or
+    # AVX-512 BF16 (zppo_trl/cpu_precision.py; PRECISION=bf16|fp32 to choose): vLLM's CPU default is bf16 on any CPU.
+    local arg
+    for arg in "${extra[@]+"${extra[@]}"}"; do [[ "$arg" == --dtype* ]] && return 0; done
+    local py=$python
+    [[ -x "$py" ]] || py=python3
+    local decided
+    decided=$("$py" "$(dirname "${BASH_SOURCE[0]}")/../../zppo_trl/cpu_precision.py" --cpuinfo "${CPUINFO:-/proc/cpuinfo}") \
+        || die "cannot decide the server's precision (PRECISION must be auto, bf16 or fp32)" 2
+    read -r _ cpu_dtype cpu_class <<<"$decided"
+    echo "vLLM CPU engine: --dtype $cpu_dtype (CPU class $cpu_class)"
+    extra+=(--dtype "$cpu_dtype")
 }
 
 # vllm_scale_out: sets `scale_out` to --enable-scale-out, which TRL's client needs from vLLM 0.30 on
