@@ -40,10 +40,6 @@ from .terms import TERMS, check_term_selectors, settings_fields, validate_term
 __all__ = ["Part", "check_parts", "registered_parts", "unused_settings"]
 
 
-def _no_check(args: Any) -> None:
-    """A part without a check of its own."""
-
-
 @dataclass(frozen=True)
 class Part:
     """One registered part, as every family declares it.
@@ -64,9 +60,9 @@ class Part:
     name: str
     printed: str | None
     needs: Needs
-    reads: tuple[str, ...] = ()
-    check: Callable[[Any], None] = _no_check
-    validate: Callable[[Any], None] = _no_check
+    reads: tuple[str, ...]
+    check: Callable[[Any], None]
+    validate: Callable[[Any], None]
 
     def selected(self, args: Any) -> bool:
         """Whether configuration ``args`` selects it."""
