@@ -90,6 +90,8 @@ def test_registering_twice_or_with_an_unknown_need_is_refused():
         register_loss("dapo")(lambda inputs, args: None)
     with pytest.raises(ValueError, match="computes"):
         register_loss("new", computes="hidden_states")
+    with pytest.raises(ValueError, match="only a policy objective trains with a term"):
+        register_loss("new", term=object)
 
 
 # --------------------------------------------------------------------------- each loss

@@ -19,8 +19,8 @@ from zppo_trl import ZPPOConfig
 from zppo_trl.batches import concat_batches
 from zppo_trl.distill import DistillInputs, TeacherTopK, top_k_logps
 from zppo_trl.losses import LossInputs
-from zppo_trl.objectives import loss_for
-from zppo_trl.terms import selected_by
+from zppo_trl.objectives import loss_for, objective_terms
+from zppo_trl.terms import TERMS
 from zppo_trl.terms.self_teachers import (
     OPSD,
     SDPO,
@@ -141,7 +141,9 @@ def test_sdpo_is_a_registered_objective_named_as_the_papers_table():
     loss = loss_for(config)
     assert loss.trains_zero_advantage and not loss.needs_teacher_logps and config.row.terms == (SDPO,)
     assert not config.row.uses_teacher  # no external teacher: the row needs no server
-    assert not any(selected_by("policy_objective").get(o) for o in ("grpo", "kdrl", "rlad"))
+    # one registry answers policy_objective: the objective carries its term, no term registry holds it
+    assert loss.term is SDPO and SDPO not in TERMS.values() and OPSD not in TERMS.values()
+    assert objective_terms() == {"sdpo": SDPO, "opsd": OPSD}
     assert (config.self_distill_weight, config.sdpo_teacher_update_rate, config.sdpo_is_clip) == (1.0, 0.05, 2.0)
 
 

@@ -68,7 +68,7 @@ def test_the_registry_is_the_term_modules_in_order_and_every_term_declares_itsel
     assert sorted(registered, key=list(TERMS.values()).index) == list(TERMS.values())
     for (selector, name), cls in TERMS.items():
         assert (cls.selector, cls.name) == (selector, name) and cls.printed and isinstance(cls.needs, Needs)
-        assert selector in (*TERM_SELECTORS, "policy_objective")
+        assert selector in TERM_SELECTORS
         assert set(cls.reads) <= set(settings_fields(cls)) | {"distill_beta", "distill_chunk_size"}, cls
         assert cls.settings is None or cls.settings in SETTINGS
     # every term's settings are ZPPOConfig fields with their defaults, and a selector value selects exactly its term
@@ -81,7 +81,10 @@ def test_the_registry_is_the_term_modules_in_order_and_every_term_declares_itsel
             assert terms_for(ZPPOConfig(**CPU, augmentations=[], **{selector: name})) == (cls,)
 
 
-def test_a_term_registered_twice_is_refused():
+def test_a_term_registered_twice_or_under_the_objective_field_is_refused():
     cls = next(iter(TERMS.values()))
     with pytest.raises(ValueError, match="is already registered"):
         register_term(type("Again", (Term,), {"selector": cls.selector, "name": cls.name, "printed": "X"}))
+    # policy_objective selects from the loss registry only: an objective's term is registered with its loss
+    with pytest.raises(ValueError, match="register_loss"):
+        register_term(type("Objective", (Term,), {"selector": "policy_objective", "name": "x", "printed": "X"}))

@@ -34,7 +34,7 @@ from .context import PAPER_MAX_PROMPT_LENGTH, ContextLengths, context_lengths
 from .distill import DistillationSettings
 from .losses import PAPER_POLICY_OBJECTIVE
 from .objective_settings import ObjectiveSettings
-from .objectives import policy_objectives
+from .objectives import OBJECTIVE_TERM_SETTINGS, policy_objectives
 from .optim import ANYPRECISION_OPTIM, anyprecision_kwargs
 from .parts import check_parts, unused_settings
 from .prompts import RL_CLOSER
@@ -107,7 +107,7 @@ _COUNTS = (
 
 
 @dataclass
-class ZPPOConfig(GRPOConfig, ObjectiveSettings, DistillationSettings, *TERM_SETTINGS):
+class ZPPOConfig(GRPOConfig, ObjectiveSettings, *OBJECTIVE_TERM_SETTINGS, DistillationSettings, *TERM_SETTINGS):
     """Configuration for :class:`zppo_trl.ZPPOTrainer` (a `trl.GRPOConfig` with ZPPO's fields).
 
     Ablations are configurations: ``augmentations=[]`` is GRPO† (ZPPO's pipeline with the

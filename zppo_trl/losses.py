@@ -19,7 +19,8 @@ it. Adding an objective is one function here (or in a module of its own) and its
 
 KDRL and RLAD, the teacher-side hybrid rows, register in :mod:`zppo_trl.hybrid_objectives`; they read the
 teacher's log-prob of every sampled token. SDPO and OPSD, the self-teacher rows, register in
-:mod:`zppo_trl.terms.self_teachers`; they read a copy of the student under another prompt. :mod:`zppo_trl.objectives`
+:mod:`zppo_trl.terms.self_teachers` with the term they train with (``term=``); they read a copy of the student under
+another prompt. :mod:`zppo_trl.objectives`
 imports every module that registers one (this one imports none of them) and answers "which loss does a configuration
 train with" (:func:`zppo_trl.objectives.loss_for`).
 
@@ -222,7 +223,8 @@ class LossOutput:
 class Loss:
     """A registered loss: ``fn(inputs, args)``, what the trainer computes for it (``"logps"`` or
     ``"distributions"``), what it asks of the run (:class:`zppo_trl.needs.Needs`) and, for a policy objective, the
-    ``policy_objective`` value that selects it and how the paper prints it."""
+    ``policy_objective`` value that selects it, how the paper prints it and the run-time part it trains with
+    (``term``: a :class:`zppo_trl.terms.Term` class, whose needs and settings are the objective's)."""
 
     name: str
     fn: Callable[[LossInputs, Any], LossOutput]
@@ -234,6 +236,7 @@ class Loss:
     sequence_level: bool = False
     trl_settings: Mapping[str, object] = field(default_factory=dict)
     reads: tuple[str, ...] = ()
+    term: type | None = None
 
     @property
     def reads_old_logps(self) -> bool:
@@ -264,6 +267,7 @@ def register_loss(
     sequence_level: bool = False,
     trl_settings: Mapping[str, object] | None = None,
     reads: tuple[str, ...] = (),
+    term: type | None = None,
 ) -> Callable:
     """Register ``fn(inputs: LossInputs, args) -> LossOutput`` under ``name`` (``args`` is the ZPPOConfig).
 
@@ -280,7 +284,12 @@ def register_loss(
     objective sets itself among the paper's pinned ones (GSPO's sequence-level ratio, CISPO's loss type: TRL's
     attributes then state what trains; the configuration refuses them set by hand for another objective).
     ``reads`` names the settings it reads (the unused-setting warning names a setting no part of the row reads).
+    ``term`` is the run-time part a policy objective trains with (a :class:`zppo_trl.terms.Term` class: the
+    self-teachers' copy of the student and the signal it leaves for the loss); its needs and reads are the
+    objective's, so ``policy_objective`` selects one part, registered here only.
     """
+    if term is not None and objective is None:
+        raise ValueError(f"loss {name!r}: only a policy objective trains with a term")
     if computes not in ("logps", "distributions"):
         raise ValueError(f"computes must be 'logps' or 'distributions', got {computes!r}")
 
@@ -299,10 +308,11 @@ def register_loss(
             objective,
             printed or (objective.upper() if objective else None),
             dual_clip,
-            needs,
+            needs | term.needs if term is not None else needs,
             sequence_level,
             dict(trl_settings or {}),
-            tuple(reads),
+            tuple(dict.fromkeys((*reads, *(term.reads if term is not None else ())))),
+            term,
         )
         return fn
 

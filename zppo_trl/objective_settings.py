@@ -8,7 +8,8 @@ from typing import Any
 
 from .checks import check_number
 from .losses import CISPO_WEIGHT_BOUND, DISPO_FIELDS, PAPER_POLICY_OBJECTIVE, DispoBounds
-from .objectives import policy_objectives
+from .objectives import objective_terms, policy_objectives
+from .terms import validate_term
 
 __all__ = [
     "DISPO_FIELDS",
@@ -119,9 +120,12 @@ class ObjectiveSettings:
 
 
 def check_objective_settings(args: Any) -> None:
-    """Refuse a bad value of an objective's field, naming it (whatever the row: a set field must be valid)."""
+    """Refuse a bad value of an objective's field, its own term's included, naming it (whatever the row: a set field
+    must be valid)."""
     if args.policy_objective not in policy_objectives():
         raise ValueError(f"policy_objective must be one of {list(policy_objectives())}, got {args.policy_objective!r}")
+    for term in dict.fromkeys(objective_terms().values()):
+        term.check_settings(args)
     if args.epsilon_high is not None and args.epsilon > args.epsilon_high:  # clip-higher: upper >= lower
         raise ValueError(f"epsilon ({args.epsilon}) is above epsilon_high ({args.epsilon_high}); paper: 0.2, 0.28")
     if args.gspo_settings not in GSPO_SETTINGS:
@@ -148,7 +152,7 @@ def check_objective_settings(args: Any) -> None:
 def validate_objective(args: Any) -> None:
     """Refuse a configuration its ``policy_objective`` cannot train: on a row that trains another loss (a target
     source's) it has no effect; one that reads the teacher's token log-probs needs a teacher; one with the dual clip
-    (the paper's) needs ``delta`` above ``1 + epsilon_high``."""
+    (the paper's) needs ``delta`` above ``1 + epsilon_high``; one with a term of its own, what that term refuses."""
     objective, trains = policy_objectives()[args.policy_objective], args.row.objective
     if args.policy_objective != PAPER_POLICY_OBJECTIVE and trains.objective is None:
         raise ValueError(
@@ -161,6 +165,8 @@ def validate_objective(args: Any) -> None:
             "teacher_base_url and teacher_model (its vLLM server's prompt_logprobs), or distill_teacher to load "
             "it next to the student"
         )
+    if objective.term is not None:
+        validate_term(objective.term, args)
     if not objective.dual_clip:
         return  # CISPO and DISPO bound the importance weight themselves: delta plays no part in them
     if args.delta is None:

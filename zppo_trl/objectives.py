@@ -13,7 +13,7 @@ from typing import Any
 
 from .losses import LOSSES, Loss
 
-__all__ = ["OBJECTIVE_MODULES", "loss_for", "policy_objectives"]
+__all__ = ["OBJECTIVE_MODULES", "OBJECTIVE_TERM_SETTINGS", "loss_for", "objective_terms", "policy_objectives"]
 
 # Modules that register further objectives: a new objective is one module with a
 # ``@register_loss(..., objective=...)`` function, and one line here.
@@ -26,6 +26,17 @@ for _module in OBJECTIVE_MODULES:
 def policy_objectives() -> dict[str, Loss]:
     """Every registered policy objective: its ``policy_objective`` value -> its loss, in registration order."""
     return {loss.objective: loss for loss in LOSSES.values() if loss.objective is not None}
+
+
+def objective_terms() -> dict[str, type]:
+    """The objectives that train with a run-time term of their own (the self-teachers): objective -> its term."""
+    return {objective: loss.term for objective, loss in policy_objectives().items() if loss.term is not None}
+
+
+# The config fields of the objectives' own terms, as dataclasses mixed into ZPPOConfig.
+OBJECTIVE_TERM_SETTINGS: tuple[type, ...] = tuple(
+    dict.fromkeys(term.settings for term in objective_terms().values() if term.settings is not None)
+)
 
 
 def loss_for(args: Any, loss: str | None = None) -> Loss:

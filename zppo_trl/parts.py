@@ -9,10 +9,9 @@ augmentation  ``AUGMENTATIONS`` (``augmentations``)        an :class:`~zppo_trl.
 targets       ``AUGMENTATIONS`` (``augmentations``: the    a :class:`~zppo_trl.augmentations.TargetSource` class
               SFT controls), ``DISTILLATIONS``
               (``distillation``)
-objective     ``LOSSES`` (``policy_objective``; the        a registered :class:`~zppo_trl.losses.Loss`
-              target sources name theirs)
+objective     ``LOSSES`` (``policy_objective``; the        a registered :class:`~zppo_trl.losses.Loss`, with
+              target sources name theirs)                  the run-time term it trains with, if any (SDPO's)
 term          ``TERMS`` (``reward_term``,                  a :class:`~zppo_trl.terms.Term` class
-              ``policy_objective``,
               ``zero_variance_signal``)
 ============  ==========================================  =====================================================
 
@@ -34,7 +33,7 @@ from .augmentations import AUGMENTATIONS, check_augmentations
 from .distill import DISTILLATIONS, check_distillation
 from .needs import SCORES_TOP_K, Needs
 from .objective_settings import check_objective_settings, validate_objective
-from .objectives import policy_objectives
+from .objectives import objective_terms, policy_objectives
 from .terms import TERMS, check_term_selectors, settings_fields, validate_term
 
 __all__ = ["Part", "check_parts", "registered_parts", "unused_settings"]
@@ -123,7 +122,7 @@ def unused_settings(args: Any) -> list[tuple[str, str]]:
     for part in parts:
         for name in part.reads:
             readers.setdefault(name, []).append(part)
-    for term in TERMS.values():
+    for term in (*TERMS.values(), *objective_terms().values()):
         for name in settings_fields(term):
             readers.setdefault(name, [])
     found = {

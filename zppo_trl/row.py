@@ -40,7 +40,7 @@ class Row:
     Attributes:
         source: its step-5 part's class (:class:`~zppo_trl.augmentations.NoAugmentation` for GRPO\u2020).
         objective: the registered loss step 6 trains with.
-        terms: the named terms, in registry order.
+        terms: the run-time terms: the objective's own (the self-teachers'), then the named terms in registry order.
         needs: the union of every part's needs.
         loads_teacher: the teacher's scores come from ``distill_teacher`` loaded next to the student on every rank,
             not from its server.
@@ -86,7 +86,7 @@ def resolve_row(args: Any) -> Row:
     from the fields that select them, and the union of their needs."""
     source = row_source(args)
     objective = loss_for(args, source.loss)
-    terms = terms_for(args)
+    terms = ((objective.term,) if objective.term is not None else ()) + terms_for(args)
     needs = objective.needs | source.needs
     for term in terms:
         needs = needs | term.needs
@@ -159,9 +159,9 @@ def _base_name(args: Any) -> tuple[str, list[str]]:
         objective = policy_objectives()[args.policy_objective].printed
         name = _renamed(name, objective) or f"{name} ({objective})"
     qualifiers = []
-    # the terms the objective field selects are named as the objective; the others rename GRPO† ("GRPO-CARE†") or
-    # are a suffix, or, for a qualifying term, a qualifier ("ZPPO (LENS)"); suffixes before qualifiers
-    for term in sorted((t for t in terms_for(args) if t.selector != "policy_objective"), key=lambda t: t.qualifies):
+    # the named terms rename GRPO† ("GRPO-CARE†") or are a suffix, or, for a qualifying term, a qualifier
+    # ("ZPPO (LENS)"); suffixes before qualifiers (an objective's own term is named as the objective, above)
+    for term in sorted(terms_for(args), key=lambda t: t.qualifies):
         renamed = _renamed(name, term.printed)
         if renamed is not None:
             name = renamed
@@ -174,7 +174,7 @@ def _base_name(args: Any) -> tuple[str, list[str]]:
 
 def _replay_matched(args: Any) -> bool:
     """GRPO† with its replay raised until its per-step cap is the headline ZPPO's (the replay control)."""
-    plain = row_source(args) is NoAugmentation and all(term.selector == "policy_objective" for term in terms_for(args))
+    plain = row_source(args) is NoAugmentation and not terms_for(args)
     return plain and math.isclose(args.replay_fraction, MATCHED_REPLAY_FRACTION)
 
 

@@ -133,8 +133,9 @@ class Term:
     """A named term added to GRPO† (the paper's comparison rows of that shape).
 
     Class attributes:
-        selector: the config field that selects it (``"reward_term"``, ``"policy_objective"``,
-            ``"zero_variance_signal"``).
+        selector: the config field that selects it (``"reward_term"``, ``"zero_variance_signal"``); an objective's
+            own term (the self-teachers') says ``"policy_objective"`` and is registered with its loss
+            (:func:`zppo_trl.losses.register_loss`'s ``term``), not here.
         name: its value there.
         printed: how the paper's tables print the row (``"GRPO-CARE"``; the row is ``GRPO-CARE†``).
         needs: what it asks of the run.
@@ -254,7 +255,13 @@ TERMS: dict[tuple[str, str], type[Term]] = {}
 
 
 def register_term(cls: type[Term]) -> type[Term]:
-    """Register a :class:`Term` subclass under ``(cls.selector, cls.name)`` (a class decorator)."""
+    """Register a :class:`Term` subclass under ``(cls.selector, cls.name)`` (a class decorator); a selector of
+    :class:`TermSelectors` only (an objective's term is registered with its loss)."""
+    if cls.selector not in TermSelectors.__dataclass_fields__:
+        raise ValueError(
+            f"term {cls.__name__}: selector {cls.selector!r} is not one of {list(TermSelectors.__dataclass_fields__)} "
+            "(an objective's own term is registered with its loss: register_loss(..., term=))"
+        )
     key = (cls.selector, cls.name)
     if key in TERMS:
         raise ValueError(f"a term {cls.selector}={cls.name!r} is already registered ({TERMS[key].__name__})")
@@ -268,7 +275,8 @@ def selected_by(selector: str) -> dict[str, type[Term]]:
 
 
 def terms_for(args: Any) -> tuple[type[Term], ...]:
-    """The terms configuration ``args`` selects, in registry order."""
+    """The named terms configuration ``args`` selects, in registry order (its objective's own term is its loss's:
+    :attr:`zppo_trl.row.Row.terms` holds both)."""
     return tuple(cls for (selector, name), cls in TERMS.items() if getattr(args, selector, None) == name)
 
 

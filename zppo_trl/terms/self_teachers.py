@@ -74,7 +74,7 @@ from ..needs import COPY_EMA, COPY_FROZEN, Needs
 from ..prompts import compose_prompt
 from ..rollout import CORRECT, FILLER
 from ..teacher import strip_thinking
-from .base import Contribution, Description, PlainStep, Term, TermContext, register_term, teacher_references
+from .base import Contribution, Description, PlainStep, Term, TermContext, teacher_references
 
 __all__ = [
     "OPSD",
@@ -202,28 +202,12 @@ def _self_distillation_term(inputs: LossInputs, args: Any, is_clip: float | None
     return out
 
 
-# the term acts on rollouts of groups without a mixed reward too (an all-correct group's rollouts have siblings to
-# learn from), so a partition with no advantage still trains
-@register_loss(
-    "sdpo",
-    objective="sdpo",
-    printed="SDPO",
-    dual_clip=True,
-    needs=Needs(trains_zero_advantage=True),
-)
 def sdpo_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """GRPO's objective plus SDPO's sampled-token self-distillation to the EMA self-teacher, its importance ratio
     capped at ``sdpo_is_clip``."""
     return _self_distillation_term(inputs, args, args.sdpo_is_clip, dapo_loss(inputs, args))
 
 
-@register_loss(
-    "opsd",
-    objective="opsd",
-    printed="OPSD",
-    dual_clip=True,
-    needs=Needs(trains_zero_advantage=True),
-)
 def opsd_loss(inputs: LossInputs, args: Any) -> LossOutput:
     """GRPO's objective plus OPSD's generalized JSD (``opsd_beta``) between the frozen self-teacher's top-k (plus a
     tail bucket) and the student's distribution at every position of the rollouts with a self-teacher, weight
@@ -422,7 +406,6 @@ class _SelfTeacherTerm(Term):
         loss_inputs.distill = DistillInputs(states, head, vocab, topk=topk)
 
 
-@register_term
 class SDPO(_SelfTeacherTerm):
     """SDPO† (``policy_objective: sdpo``): each rollout distilled towards an EMA copy of the student shown a correct
     sibling rollout."""
@@ -464,7 +447,6 @@ class SDPO(_SelfTeacherTerm):
         return contexts
 
 
-@register_term
 class OPSD(_SelfTeacherTerm):
     """OPSD† (``policy_objective: opsd``): each rollout distilled towards the initial student, frozen, shown the
     teacher's graded-correct reply."""
@@ -511,3 +493,16 @@ class OPSD(_SelfTeacherTerm):
         contexts += [None] * G * (len(plain) - len(real))  # fillers come last
         step.metrics["opsd_questions_without_reference"] = ctx.ranks.total(references.count(None))
         return contexts
+
+
+# ---------------------------------------------------------------------- the objectives
+
+# Each row is one policy objective: GRPO's plus its term, registered once, with the term that trains with it (whose
+# needs and settings are the objective's). The term acts on rollouts of groups without a mixed reward too (an
+# all-correct group's rollouts have siblings to learn from), so a partition with no advantage still trains.
+register_loss(
+    "sdpo", objective="sdpo", printed=SDPO.printed, dual_clip=True, needs=Needs(trains_zero_advantage=True), term=SDPO
+)(sdpo_loss)
+register_loss(
+    "opsd", objective="opsd", printed=OPSD.printed, dual_clip=True, needs=Needs(trains_zero_advantage=True), term=OPSD
+)(opsd_loss)
