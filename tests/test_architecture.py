@@ -64,6 +64,7 @@ PURE = (
     "memory_plan",
     "optim",
     "needs",
+    "description",
     "row",
     "checks",
     "student_copy",
@@ -257,7 +258,7 @@ def test_the_term_example_is_a_row_the_pipeline_reads():
         args = config(**CPU, **row, length_penalty_weight=0.5)
         assert args.variant == "Length-Penalty\u2020" and args.row.terms == (term,)
         assert teacher_lines(args) == ["  teacher: none"]
-        assert args.row.describe(args)[0].plan == (
+        assert args.row.describe(args)[-1].plan == (
             "  reward term: a length penalty (0.5 x the share of max_completion_length used)",
         )
         assert "loses 0.5 x the share of the length budget" in _approach(args)
@@ -336,3 +337,25 @@ def test_the_family_guard_would_catch_a_name(tmp_path):
     source.write_text('"""The card says gspo."""\ndef f(args):\n    return args.policy_objective == "gspo"\n')
     names, _ = _families()["objective"]
     assert [text for _, text in code_strings(source) if text in names] == ["gspo"]
+
+
+def test_every_source_describes_itself_and_opens_the_card_and_the_plan():
+    # the card and the dry run compose their words from Row.describe (the source's first), never from the fields that
+    # select a part: each registered source of each family says a card sentence, and the words it gives land there
+    from zppo_trl import ZPPOConfig
+    from zppo_trl.model_card import _approach, _teacher_line
+    from zppo_trl.parts import registered_parts
+    from zppo_trl.plan import teacher_lines
+
+    sources = [part for part in registered_parts() if part.family in ("augmentation", "targets")]
+    assert {part.family for part in sources} == {"augmentation", "targets"} and len(sources) >= 7
+    for part in sources:
+        selected = {"distillation": part.name} if part.selector == "distillation" else {"augmentations": [part.name]}
+        args = ZPPOConfig(**CPU, **{"augmentations": [], **selected})
+        source, *terms = args.row.describe(args)
+        assert source == args.row.source.describe(args) and not terms, part.name
+        assert source.card and _approach(args).startswith(source.card), part.name
+        assert source.teacher and _teacher_line(args) == source.teacher, part.name
+        assert all(use in teacher_lines(args)[0] for use in source.teacher_use), part.name
+    plain = ZPPOConfig(**CPU, augmentations=[])
+    assert _approach(plain).startswith("No teacher takes part.") and _teacher_line(plain) == "none."

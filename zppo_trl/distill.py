@@ -34,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .augmentations.base import BuiltGroup, BuiltGroups, TargetSource
 from .checks import check_integer, check_number
+from .description import Description, served_teacher
 from .losses import LossInputs, LossOutput, register_loss
 from .needs import SCORES_TOP_K, Needs
 
@@ -361,6 +362,28 @@ class Distillation(TargetSource):
     loss = JSD_LOSS
     reads = {"distill_beta": ("off", "on"), "distill_chunk_size": ("off", "on")}
     imitates = ""  # what the student imitates the teacher on: the model card's and the dry run's words
+
+    @classmethod
+    def describe(cls, args: Any) -> Description:
+        """What the student imitates, with which divergence; the card's Teacher line: where the targets come from
+        (the teacher's server, or a teacher loaded next to the student), and the rollouts it samples."""
+        targets = "its per-token distributions are the targets"
+        if args.row.loads_teacher:
+            where = f"`{args.distill_teacher}`, frozen, loaded next to the student: {targets}"
+        else:
+            where = f"{served_teacher(args)}: {targets} (its top-k log-probs)"
+        sampled = (
+            f"; rollouts sampled from `{args.teacher_model}` behind an OpenAI-compatible endpoint "
+            f"(G_T = {args.teacher_num_generations})"
+            if cls.needs.teacher_samples
+            else ""
+        )
+        return Description(
+            plan=(f"  distillation: on {cls.imitates} (GKD JSD, beta={args.distill_beta:g})",),
+            card=f"The student imitates the teacher's per-token distributions on {cls.imitates} (GKD's generalized "
+            f"JSD, beta = {args.distill_beta:g}).",
+            teacher=f"{where}{sampled}.",
+        )
 
     @classmethod
     def validate(cls, args: Any) -> None:

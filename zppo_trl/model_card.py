@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
 from .data import is_hub_id
+from .description import served_teacher
 from .evaluation.condition import CONDITION_KEY
 from .losses import PAPER_POLICY_OBJECTIVE
 from .needs import SCORES_TOKEN_LOGPS, SCORES_TOP_K
@@ -240,95 +241,48 @@ def _quick_start(facts: CardFacts, closer: str, max_new_tokens: int) -> list[str
 
 
 def _approach(args) -> str:
-    """What the row trains on and with which loss, in a sentence or two."""
+    """What the row trains on and with which loss, in a sentence or two: its source's words, then its policy
+    objective's and its terms' (a target source trains its own loss)."""
     replay = (
         " A prompt replay buffer brings hard questions back until they graduate." if args.replay_fraction > 0 else ""
     )
     row = args.row
-    terms = "".join(f" {description.card}" for description in row.describe(args))
-    if args.distillation:
-        on = args.row.source.imitates
-        return (
-            f"The student imitates the teacher's per-token distributions on {on} "
-            f"(GKD's generalized JSD, beta = {args.distill_beta:g}).{replay}"
-        )
-    part = row.source
-    if part.supervised:
-        return f"The student is fine-tuned with cross-entropy on {part.fits}, each graded correct before use.{replay}"
-    kinds = " and ".join(k.upper() if len(k) == 3 else k.capitalize() for k in args.augmentations)
-    if kinds:
-        where = part.enters
-        teacher = (
-            f"On questions the student mostly fails, the teacher's answers {where} ({kinds}), never the gradient."
-        )
-    elif row.uses_teacher:
-        teacher = "The teacher never enters the student's prompt; what it does is on the Teacher line below."
-    else:
-        teacher = "No teacher takes part."
+    source, *terms = row.describe(args)
+    if row.objective.objective is None:  # a target source's loss (cross-entropy, the distillation JSD)
+        return f"{source.card}{replay}"
     objective = {PAPER_POLICY_OBJECTIVE: "GRPO with DAPO's clip-higher, token-level loss and no KL, a dual clip,"}.get(
         args.policy_objective,
-        f"{row.objective.printed or args.policy_objective.upper()} (in place of GRPO's clipped surrogate), "
-        "with DAPO's token-level loss and no KL,",
+        f"{row.objective.printed} (in place of GRPO's clipped surrogate), with DAPO's token-level loss and no KL,",
     )
+    said = "".join(f" {description.card}" for description in terms)
     return (
-        f"{teacher}{replay} The objective is {objective} and two-step advantages normalised per optimizer mini-batch "
-        f"without zero-variance groups.{terms}"
+        f"{source.card}{replay} The objective is {objective} and two-step advantages normalised per optimizer "
+        f"mini-batch without zero-variance groups.{said}"
     )
-
-
-def _teacher_uses(args) -> list[str]:
-    """What the row has the teacher do, from its needs (:attr:`zppo_trl.ZPPOConfig.row`)."""
-    row = args.row
-    uses = []
-    if row.needs.teacher_samples and not args.augmentations:
-        uses.append(f"it samples G_T = {args.teacher_num_generations} answers per question")
-    uses += [use for description in row.describe(args) for use in description.teacher_use]
-    return uses
 
 
 def _teacher_line(args) -> str:
+    """The Teacher line: as the row's source says it, or composed from the row's needs and its parts' words (where
+    the teacher is, what it samples, what it scores)."""
     row = args.row
     if not row.uses_teacher:
         return "none."
+    descriptions = row.describe(args)
+    if descriptions[0].teacher:
+        return descriptions[0].teacher
     scores = {SCORES_TOP_K: "its top-k per-token log-probs", SCORES_TOKEN_LOGPS: "its log-prob of each sampled token"}
-    if args.distillation:
-        targets = "its per-token distributions are the targets"
-        if row.loads_teacher:
-            where = f"`{args.distill_teacher}`, frozen, loaded next to the student: {targets}"
-        else:
-            where = (
-                f"`{args.teacher_model}`, a frozen teacher served behind an OpenAI-compatible endpoint: {targets} "
-                "(its top-k log-probs)"
-            )
-        sampled = (
-            f"; rollouts sampled from `{args.teacher_model}` behind an OpenAI-compatible endpoint "
-            f"(G_T = {args.teacher_num_generations})"
-            if row.needs.teacher_samples  # Off-Distill imitates sampled teacher rollouts
-            else ""
-        )
-        return f"{where}{sampled}."
-    if not args.augmentations:
-        uses = _teacher_uses(args)
-        if row.loads_teacher:
-            scored = " and ".join(scores[s] for s in sorted(row.needs.teacher_scores))
-            loaded = f"`{args.distill_teacher}`, frozen, loaded next to the student: {scored}"
-            if not row.uses_teacher_server:
-                return f"{loaded}."
-            return f"{loaded}; `{args.teacher_model}` behind an OpenAI-compatible endpoint: {'; '.join(uses)}."
-        uses += [scores[s] for s in sorted(row.teacher_scores_from_server)]
-        return (
-            f"`{args.teacher_model}`, a frozen teacher served behind an OpenAI-compatible endpoint: {'; '.join(uses)}."
-        )
-    part = row.source
-    samples = f"it samples G_T = {args.teacher_num_generations} answers per question and "
-    samples = samples if part.needs.teacher_samples else ""
-    role = part.teacher_role(args)
-    use = (
-        "." if part.supervised else "; its text is only ever context (prompt or response prefix), never a loss token."
+    uses = (
+        [f"it samples G_T = {args.teacher_num_generations} answers per question"] if row.needs.teacher_samples else []
     )
-    return (
-        f"`{args.teacher_model}`, a frozen teacher served behind an OpenAI-compatible endpoint: {samples}{role}{use}"
-    )
+    uses += [use for description in descriptions for use in description.teacher_use]
+    if row.loads_teacher:
+        scored = " and ".join(scores[s] for s in sorted(row.needs.teacher_scores))
+        loaded = f"`{args.distill_teacher}`, frozen, loaded next to the student: {scored}"
+        if not row.uses_teacher_server:
+            return f"{loaded}."
+        return f"{loaded}; `{args.teacher_model}` behind an OpenAI-compatible endpoint: {'; '.join(uses)}."
+    uses += [scores[s] for s in sorted(row.teacher_scores_from_server)]
+    return f"{served_teacher(args)}: {'; '.join(uses)}."
 
 
 def _procedure(args, facts: CardFacts) -> list[str]:

@@ -123,8 +123,6 @@ def teacher_lines(args: ZPPOConfig) -> list[str]:
     uses = []
     if needs.teacher_samples:
         uses.append(f"G_T={args.teacher_num_generations}")
-    if args.augmentations:
-        uses.append(row.source.teacher_use(args))
     uses += [use for description in row.describe(args) for use in description.teacher_use]
     lines = []
     if row.uses_teacher_server:
@@ -158,9 +156,6 @@ def print_plan(script_args: ScriptArguments, args: ZPPOConfig, out: Callable[[st
     row = args.row
     for line in teacher_lines(args):
         out(line)
-    if args.distillation:
-        on = args.row.source.imitates
-        out(f"  distillation: on {on} (GKD JSD, beta={args.distill_beta:g})")
     for description in row.describe(args):
         for line in description.plan:
             out(line)

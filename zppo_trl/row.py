@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .augmentations import AUGMENTATIONS, NoAugmentation, Source
+from .description import Description
 from .distill import DISTILLATIONS
 from .losses import PAPER_POLICY_OBJECTIVE, Loss
 from .needs import Needs
 from .objectives import loss_for, policy_objectives
 from .reformulate import KINDS
-from .terms import Description, Term, terms_for
+from .terms import Term, terms_for
 
 __all__ = [
     "MATCHED_REPLAY_FRACTION",
@@ -77,8 +78,8 @@ class Row:
         return self.uses_teacher_server or self.loads_teacher
 
     def describe(self, args: Any) -> tuple[Description, ...]:
-        """Every term's dry-run lines and card sentence, in registry order."""
-        return tuple(term.describe(args) for term in self.terms)
+        """What every part says in the dry run and the model card: its source's, then its terms' in order."""
+        return (self.source.describe(args), *(term.describe(args) for term in self.terms))
 
 
 def resolve_row(args: Any) -> Row:

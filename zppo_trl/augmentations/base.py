@@ -29,6 +29,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ..description import Description, served_teacher
 from ..losses import SFT_LOSS
 from ..needs import Needs
 from ..prompt_sizes import PromptSizes
@@ -137,12 +138,15 @@ class Source(ABC):
     # the settings it reads besides its kinds, each with the kinds that read it (the configuration warns about a
     # setting no part of the row reads; zppo_trl.parts)
     reads: Mapping[str, tuple[str, ...]] = {}
-    # the model card's words: where the teacher's text goes (an augmentation the student samples on), or what the
-    # cross-entropy fits (a supervised control); and the name of a row the family is on its own (the supervised
-    # controls: "Correction-SFT"; None: the row is GRPO plus its kinds)
-    enters: str = "enter the *prompt*"
-    fits: str | None = None
+    # the name of a row the family is on its own (the supervised controls: "Correction-SFT"; None: the row is GRPO
+    # plus its kinds)
     printed: str | None = None
+
+    @classmethod
+    def describe(cls, args: Any) -> Description:
+        """What it says in the dry run and the model card for the configuration ``args``
+        (:class:`zppo_trl.description.Description`); each family says it in its own words."""
+        return Description()
 
     @classmethod
     def teacher_role(cls, args: Any) -> str:
@@ -256,6 +260,21 @@ class Augmentation(Source):
     samples a group on every built instance, scored and partitioned like a plain group."""
 
     family = "augmentation"
+    # the model card's words for where the teacher's text goes
+    enters = "enter the *prompt*"
+
+    @classmethod
+    def describe(cls, args: Any) -> Description:
+        """The card's opening (where the teacher's answers go, for its kinds) and Teacher line; the dry run's teacher
+        words (:meth:`Source.teacher_use`)."""
+        kinds = " and ".join(kind.upper() if len(kind) == 3 else kind.capitalize() for kind in args.augmentations)
+        return Description(
+            card=f"On questions the student mostly fails, the teacher's answers {cls.enters} ({kinds}), never the "
+            "gradient.",
+            teacher_use=(cls.teacher_use(args),),
+            teacher=f"{served_teacher(args)}: {_samples(cls, args)}{cls.teacher_role(args)}; its text is only ever "
+            "context (prompt or response prefix), never a loss token.",
+        )
 
     def second_round(self, rounds: Any, built: BuiltGroups, most_built: int, filler_row: Mapping, plain: Any) -> Any:
         """The student's group on each built instance, ranks padded with fillers to ``most_built``."""
@@ -273,6 +292,15 @@ class NoAugmentation(Augmentation):
     empty, and the step trains its plain groups alone."""
 
     needs = Needs()
+
+    @classmethod
+    def describe(cls, args: Any) -> Description:
+        """The card's opening says whether a teacher takes part at all (a term's or the objective's); its Teacher
+        line is composed from the row's needs."""
+        if args.row.uses_teacher:
+            return Description(card="The teacher never enters the student's prompt; what it does is on the Teacher "
+                               "line below.")  # fmt: skip
+        return Description(card="No teacher takes part.")
 
     def evidence_keys(
         self, accuracy: Mapping[Hashable, float], draw: Any, limit: int, threshold: float, rng: random.Random
@@ -297,6 +325,17 @@ class TargetSource(Source):
     family = "targets"
     supervised = True
     loss = SFT_LOSS
+    # the model card's words for what the cross-entropy fits
+    fits: str = ""
+
+    @classmethod
+    def describe(cls, args: Any) -> Description:
+        """The card's opening (what the cross-entropy fits) and Teacher line; the dry run's teacher words."""
+        return Description(
+            card=f"The student is fine-tuned with cross-entropy on {cls.fits}, each graded correct before use.",
+            teacher_use=(cls.teacher_use(args),),
+            teacher=f"{served_teacher(args)}: {_samples(cls, args)}{cls.teacher_role(args)}.",
+        )
 
     def second_round(self, rounds: Any, built: BuiltGroups, most_built: int, filler_row: Mapping, plain: Any) -> Any:
         """Every rank's targets teacher-forced (nothing is sampled)."""
@@ -305,6 +344,13 @@ class TargetSource(Source):
     def record(self, recorder: Any, plan: Sequence, built: BuiltGroups, plain: Any, second: Any) -> None:
         """Instances planned, instances with a verified target, and targets (all ranks)."""
         recorder.targets(self.kinds[0], plan, built)
+
+
+def _samples(cls: type[Source], args: Any) -> str:
+    """The card's words for step 2's teacher rollouts, where the source's evidence needs them."""
+    if not cls.needs.teacher_samples:
+        return ""
+    return f"it samples G_T = {args.teacher_num_generations} answers per question and "
 
 
 def teacher_results(future: Any, fallback: list) -> list:

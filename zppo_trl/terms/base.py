@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..augmentations.base import teacher_results
+from ..description import Description
 from ..needs import Needs
 
 __all__ = [
@@ -43,16 +44,6 @@ __all__ = [
     "teacher_references",
     "terms_for",
 ]
-
-
-@dataclass(frozen=True)
-class Description:
-    """What a part says about itself: the dry run's plan lines, the model card's sentence on how the row trains,
-    and what it has the teacher do (for the card's and the dry run's teacher line; empty: nothing)."""
-
-    plan: tuple[str, ...] = ()
-    card: str = ""
-    teacher_use: tuple[str, ...] = field(default_factory=tuple)
 
 
 @dataclass
