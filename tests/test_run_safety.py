@@ -39,9 +39,9 @@ except ImportError:  # tests/ imported as a package
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _write_lock(directory: Path, pid: int, host: str | None = None) -> None:
+def _write_lock(directory: Path, pid: int, host: str | None = None, **job) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    holder = {"host": host or socket.gethostname(), "pid": pid, "started": "2026-11-28 08:00:00 UTC"}
+    holder = {"host": host or socket.gethostname(), "pid": pid, "started": "2026-11-28 08:00:00 UTC", **job}
     (directory / LOCK_NAME).write_text(json.dumps(holder))
 
 
@@ -66,6 +66,26 @@ def test_a_second_run_is_refused_naming_the_first_and_a_stale_lock_is_taken_over
             pass
     with run_lock(str(out), active=False):  # ranks other than the main process take no lock
         pass
+
+
+def test_a_requeued_job_takes_over_its_own_lock_on_another_host_and_nothing_else(tmp_path, monkeypatch, caplog):
+    out = tmp_path / "out"
+    monkeypatch.delenv("ZPPO_JOB_ID", raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    # the job's first incarnation, on a node this one cannot check: a job runs one incarnation at a time
+    _write_lock(out, 1, host="node-07", job="4242", restart=0)
+    with caplog.at_level(logging.WARNING, logger="zppo_trl.run_lock"), run_lock(str(out)):
+        holder = json.loads((out / LOCK_NAME).read_text())
+        assert (holder["job"], holder["restart"], holder["pid"]) == ("4242", 1, os.getpid())
+    assert "PID 1 on node-07" in caplog.text and "an earlier incarnation of this job" in caplog.text
+    assert not (out / LOCK_NAME).exists()
+    # the same incarnation elsewhere (a second launch in one allocation) and another job's run are live: refused
+    for job in (dict(job="4242", restart=1), dict(job="4243", restart=0), {}):
+        _write_lock(out, 1, host="node-07", **job)
+        with pytest.raises(RunLocked, match=r"in use by another run \(PID 1 on node-07"):
+            with run_lock(str(out)):
+                pass
 
 
 def test_a_torn_last_metrics_line_is_dropped_and_an_earlier_bad_line_named(tmp_path, caplog):

@@ -2,10 +2,17 @@
 
 Two runs writing one ``output_dir`` interleave their ``metrics.jsonl`` and leave whichever checkpoint, model and
 card finished last. :func:`run_lock` holds ``<output_dir>/zppo.lock`` (host, PID, start time) for the length of
-``ZPPOTrainer.train``, on the main process: a second run finds it and is refused, naming the first. A lock whose
-process is gone (a crashed or killed run, on this host) is stale: it is taken over with a warning, so resuming a
-crashed run just works; a finished run removed its lock. A lock from another host cannot be checked from here:
-it is refused, saying how to remove it if that run is over.
+``ZPPOTrainer.train``, on the main process: a second run finds it and is refused, naming the first. A finished or
+preempted run removes its lock. A lock is taken over, with a warning, when its holder is provably gone:
+
+- on this host, its process no longer runs (a crashed or killed run): resuming a crashed run just works;
+- it was written by an earlier incarnation of this run's own scheduler job (``SLURM_JOB_ID``, or ``ZPPO_JOB_ID``
+  for another scheduler): a job runs one incarnation at a time, so a requeued job that lands on another node
+  resumes without help. The lock records the job and its restart count (``SLURM_RESTART_COUNT``); a lock of the
+  same job with a restart count not below this one's is a live sibling (two launches in one allocation), refused.
+
+Any other lock from another host cannot be checked from here: it is refused, saying how to remove it if that run is
+over.
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ __all__ = ["LOCK_NAME", "RunLocked", "run_lock"]
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = "zppo.lock"
+# The scheduler's job of this process, as the lock records it: Slurm's, or another scheduler's through ZPPO_JOB_ID.
+JOB_ENV = ("ZPPO_JOB_ID", "SLURM_JOB_ID")
+RESTART_ENV = "SLURM_RESTART_COUNT"
 
 
 class RunLocked(RuntimeError):
@@ -39,6 +49,9 @@ def run_lock(output_dir: str, active: bool = True) -> Iterator[None]:
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, LOCK_NAME)
     mine = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    job = _job()
+    if job is not None:
+        mine.update(job)
     while True:
         try:
             with open(path, "x") as f:  # atomic: exactly one run creates it
@@ -49,8 +62,9 @@ def run_lock(output_dir: str, active: bool = True) -> Iterator[None]:
             if holder is not None and not _stale(holder):
                 raise RunLocked(_refusal(output_dir, path, holder)) from None
             logger.warning(
-                "%s: taking over the lock of a run that is gone (%s); resuming from its last complete checkpoint",
+                "%s: taking over the lock of a run that is gone (%s%s); resuming from its last complete checkpoint",
                 output_dir, _describe(holder) if holder else "unreadable lock",
+                ", an earlier incarnation of this job" if holder and _earlier_incarnation(holder) else "",
             )  # fmt: skip
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
@@ -71,8 +85,34 @@ def _read(path: str) -> dict | None:
     return holder if isinstance(holder, dict) else None
 
 
+def _job() -> dict | None:
+    """This process's scheduler job and restart count (None outside a scheduler)."""
+    job = next((os.environ[name] for name in JOB_ENV if os.environ.get(name)), None)
+    if job is None:
+        return None
+    try:
+        restart = int(os.environ.get(RESTART_ENV, "0"))
+    except ValueError:
+        restart = 0
+    return {"job": job, "restart": restart}
+
+
+def _earlier_incarnation(holder: dict) -> bool:
+    """Whether ``holder`` was written by an earlier incarnation of this process's own job (a requeued job's)."""
+    job = _job()
+    if job is None or holder.get("job") != job["job"]:
+        return False
+    try:
+        return int(holder.get("restart", 0)) < job["restart"]
+    except (TypeError, ValueError):
+        return False
+
+
 def _stale(holder: dict) -> bool:
-    """Whether the run that wrote ``holder`` is gone: on this host, its PID no longer runs."""
+    """Whether the run that wrote ``holder`` is gone: an earlier incarnation of this job, or on this host a PID that
+    no longer runs."""
+    if _earlier_incarnation(holder):
+        return True
     if holder.get("host") != socket.gethostname():
         return False  # another host's process cannot be checked from here
     try:
@@ -85,7 +125,8 @@ def _stale(holder: dict) -> bool:
 
 
 def _describe(holder: dict) -> str:
-    return f"PID {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
+    job = f", job {holder['job']} restart {holder.get('restart', 0)}" if holder.get("job") else ""
+    return f"PID {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}{job}"
 
 
 def _refusal(output_dir: str, path: str, holder: dict) -> str:
