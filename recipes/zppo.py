@@ -31,6 +31,7 @@ from zppo_trl.callbacks import JsonlMetricsCallback
 from zppo_trl.checkpoint_state import last_complete_checkpoint
 from zppo_trl.data import DatasetError, load_questions
 from zppo_trl.plan import dry_run
+from zppo_trl.preemption import PREEMPTED_EXIT
 from zppo_trl.recipe import (
     RecipeError,
     ScriptArguments,
@@ -46,8 +47,10 @@ logger = logging.getLogger("zppo")
 
 def train(
     script_args: ScriptArguments, args: ZPPOConfig, model_args: ModelConfig, callbacks: list | None = None
-) -> None:
-    """Train as the recipe says; ``callbacks`` join the metrics file (benchmarks/bench_memory.py adds a probe)."""
+) -> int:
+    """Train as the recipe says; ``callbacks`` join the metrics file (benchmarks/bench_memory.py adds a probe).
+    Returns the exit status: 0, or :data:`zppo_trl.preemption.PREEMPTED_EXIT` where a stop signal ended the run at a
+    checkpoint (nothing else is written then: the requeued job resumes from it and finishes the run)."""
     if script_args.num_training_ranks and script_args.num_training_ranks != args.world_size:
         logger.warning(
             "this recipe is sized for %d training ranks but %d were launched: the step holds %s",
@@ -82,6 +85,8 @@ def train(
     if checkpoint:
         logger.info("resuming from %s (replay buffer and ZPPO counters included)", checkpoint)
     trainer.train(resume_from_checkpoint=checkpoint)
+    if trainer.preemption.preempted:  # a stop signal: the last rollout step is checkpointed; the job is requeued
+        return PREEMPTED_EXIT
     trainer.save_model(args.output_dir)
     trainer.create_model_card()
     if args.push_to_hub:
@@ -94,6 +99,7 @@ def train(
     del trainer
     release_distributed(accelerator)
     logger.info("done: %s", args.output_dir)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,11 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     if script_args.dry_run:
         return dry_run(script_args, args, model_args)
     try:
-        train(script_args, args, model_args)
+        return train(script_args, args, model_args)
     except DatasetError as err:  # found before training: one line naming the file, row or field
         print(f"error: dataset {script_args.dataset_name}: {err}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ the processes run on CPU with the gloo backend. ``--cpu`` would start one proces
 costs each rank ten seconds of a core in imports alone): ``{"name", "mode", "model_dir",
 "max_steps"}`` and, for the modes that ask a teacher, ``"teacher_url"``/``"teacher_model"``;
 ``"distill_teacher"`` (on-distill: the teacher directory loaded for its logits); ``"student_url"`` with
-``"student_context"`` (that server's ``--max-model-len``).
+``"student_context"`` (that server's ``--max-model-len``); ``"signal_rank"`` with ``"signal_step"`` (that rank, and
+only that one, sends itself SIGTERM when that optimizer step ends, as a cluster's time limit would); ``"resume_of"``
+(the name of an earlier run of the launch whose output_dir this run resumes from, its newest whole checkpoint).
 Mode ``grpo`` trains GRPO† (``augmentations=[]``) on synthetic questions with a deterministic
 pseudo-random reward; ``zppo`` trains with BCQ/NCQ against a teacher server on the boxed toy
 questions of :mod:`boxed_models`, graded by the real boxed reward; ``correction`` and
@@ -34,6 +36,7 @@ import gc
 import hashlib
 import json
 import os
+import signal
 import sys
 import zlib
 from collections.abc import Mapping
@@ -202,9 +205,20 @@ def _settings(run: dict, outdir: Path) -> tuple[dict, list[dict], object]:
     return settings, rows, reward
 
 
+class SignalAt(TrainerCallback):
+    """This process sends itself SIGTERM when optimizer step ``step`` ends."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 def train_and_record(run: dict, outdir: Path) -> None:
     """Train ``run`` on this rank; write its record to ``outdir/rank{R}.json``."""
-    settings, rows, reward = _settings(run, outdir)
+    settings, rows, reward = _settings(run, outdir.parent / run["resume_of"] if run.get("resume_of") else outdir)
     model = AutoModelForCausalLM.from_pretrained(run["model_dir"])
     tokenizer = AutoTokenizer.from_pretrained(run["model_dir"])
     checksums = ParamChecksums()
@@ -217,9 +231,11 @@ def train_and_record(run: dict, outdir: Path) -> None:
         callbacks=[checksums],
     )
     checksums.trainer = trainer
+    if run.get("signal_rank") == trainer.accelerator.process_index:
+        trainer.add_callback(SignalAt(run["signal_step"]))
     record = instrument(trainer)
     initial = param_checksum(trainer.model)
-    trainer.train()
+    trainer.train(resume_from_checkpoint=True if run.get("resume_of") else None)
 
     acc = trainer.accelerator
     version, internal, gauss = trainer.zppo_state.rng.getstate()
@@ -234,6 +250,8 @@ def train_and_record(run: dict, outdir: Path) -> None:
         initial_params=initial,
         params_after_step=checksums.after,
         final_params=param_checksum(trainer.model),
+        global_step=trainer.state.global_step,
+        stopped_at=trainer.preemption.stopped_at,
         # the main process's client to the student server (None where rollouts come from the trainer)
         student_client=type(getattr(getattr(trainer, "vllm_generation", None), "vllm_client", None)).__name__,
         log_history=[

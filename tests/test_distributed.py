@@ -44,6 +44,22 @@ def runs(
         tmp_path_factory.mktemp("distributed"),
         [
             dict(name="grpo", mode="grpo", model_dir=str(tiny_text_model_dir), max_steps=3 * STEPS_PER_ROLLOUT),
+            # the same run, rank 1 alone signalled in the middle of rollout step 2, then resumed to its end
+            dict(
+                name="grpo-preempted",
+                mode="grpo",
+                model_dir=str(tiny_text_model_dir),
+                max_steps=3 * STEPS_PER_ROLLOUT,
+                signal_rank=1,
+                signal_step=STEPS_PER_ROLLOUT + 1,
+            ),
+            dict(
+                name="grpo-resumed",
+                mode="grpo",
+                model_dir=str(tiny_text_model_dir),
+                max_steps=3 * STEPS_PER_ROLLOUT,
+                resume_of="grpo-preempted",
+            ),
             dict(name="zppo", mode="zppo", model_dir=student, max_steps=3 * STEPS_PER_ROLLOUT, **teacher),
             dict(name="correction", mode="correction", model_dir=student, **without_rl),
             dict(name="on-distill", mode="on-distill", model_dir=student, **without_rl),
@@ -140,6 +156,23 @@ class TestTwoProcessRuns:
             assert (a == b) == micro["skip"], (
                 "an optimizer step must change the parameters exactly when its partition has signal"
             )
+
+    def test_a_signal_to_one_rank_stops_both_at_one_checkpoint_and_the_resume_ends_as_the_straight_run(self, runs):
+        # SIGTERM reached rank 1 alone, after update 4 (mid rollout step 2): both ranks agreed at the step's end,
+        # finished its updates, wrote checkpoint-6 and returned; nothing finished was lost, and the resumed run's
+        # weights, buffer, counters and RNG at update 9 are the uninterrupted run's
+        stopped, resumed, straight = runs["grpo-preempted"], runs["grpo-resumed"], runs["grpo"]
+        boundary = 2 * STEPS_PER_ROLLOUT
+        assert [r["stopped_at"] for r in stopped] == [boundary, boundary]
+        assert [r["global_step"] for r in stopped] == [boundary, boundary]
+        assert stopped[0]["params_after_step"] == straight[0]["params_after_step"][:boundary]
+        assert stopped[0]["final_params"] == stopped[1]["final_params"]
+        assert [r["stopped_at"] for r in resumed] == [None, None] and resumed[0][
+            "global_step"
+        ] == 3 * STEPS_PER_ROLLOUT
+        for rank in range(WORLD):
+            for key in ("final_params", "residents", "counters", "rng"):
+                assert resumed[rank][key] == straight[rank][key], (rank, key)
 
     # ---------------------------------------------------------------------- ZPPO (BCQ/NCQ, teacher server)
 

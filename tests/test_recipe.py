@@ -10,9 +10,11 @@ import io
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 import traceback
 import warnings
 from pathlib import Path
@@ -24,7 +26,9 @@ from boxed_models import toy_rows
 from trl import ModelConfig
 
 from zppo_trl.callbacks import read_metrics
+from zppo_trl.checkpoint_state import last_complete_checkpoint
 from zppo_trl.data import write_jsonl
+from zppo_trl.preemption import PREEMPTED_EXIT
 from zppo_trl.recipe import ScriptArguments, load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
@@ -363,6 +367,17 @@ def test_accelerate_configs_load(name):
 
 
 @pytest.mark.integration
+def _signal_once_logged(process: subprocess.Popen, metrics: Path, step: int, timeout: float = 600) -> None:
+    """Send ``process`` SIGTERM once ``metrics`` (its metrics.jsonl) holds optimizer step ``step``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        if metrics.is_file() and any(row.get("step") == step and "loss" in row for row in read_metrics(metrics)):
+            process.send_signal(signal.SIGTERM)
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} was never logged (exit {process.poll()})")
+
+
 def test_recipe_trains_checkpoints_resumes_and_writes_its_card(boxed_text_student_dir, boxed_teacher_server, tmp_path):
     data = tmp_path / "toy.jsonl"
     write_jsonl(toy_rows("text"), data)
@@ -378,46 +393,59 @@ def test_recipe_trains_checkpoints_resumes_and_writes_its_card(boxed_text_studen
         "num_generations": 4, "per_device_train_batch_size": 16, "gradient_accumulation_steps": 1, "num_partitions": 2,
         "max_completion_length": 32, "teacher_max_tokens": 32, "compression_max_tokens": 48,
         "replay_fraction": 0.5, "augment_fraction": 0.5, "learning_rate": 1e-4,
-        "max_steps": 4, "save_strategy": "steps", "save_steps": 4, "logging_steps": 1, "seed": 0,
+        "max_steps": 6, "save_strategy": "steps", "save_steps": 100, "logging_steps": 1, "seed": 0,
         "output_dir": str(out), "disable_tqdm": True,
     }  # fmt: skip
     config = tmp_path / "toy.yaml"
     config.write_text(yaml.safe_dump(settings))
 
-    first = _recipe("--config", config, timeout=600)
-    assert first.returncode == 0, first.stderr[-4000:]
-    state = json.loads((out / "checkpoint-4" / "zppo_state.json").read_text())
-    assert state["counters"]["rollout_steps"] == 2 and state["buffer"]["residents"]
+    # The first run is stopped as a cluster's time limit stops it: SIGTERM once update 3 is logged, in the middle of
+    # rollout step 2. Its updates finish, checkpoint-4 is written, the lock released, and it exits 75 for a requeue.
+    first = subprocess.Popen(
+        [sys.executable, "recipes/zppo.py", "--config", str(config)], cwd=REPO,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    _signal_once_logged(first, out / "metrics.jsonl", step=3)
+    _, stderr = first.communicate(timeout=600)
+    assert first.returncode == PREEMPTED_EXIT, stderr[-4000:]
+    stopped = 4 if (out / "checkpoint-4").is_dir() else 6  # 6: a signal that came after update 4 (a loaded machine)
+    assert "SIGTERM received: finishing the rollout step in progress" in stderr
+    assert f"stopped by a signal after {stopped} optimizer updates, all in {out / f'checkpoint-{stopped}'}" in stderr
+    assert last_complete_checkpoint(str(out)) == str(out / f"checkpoint-{stopped}")
+    assert not (out / "zppo.lock").exists() and not (out / "model.safetensors").exists()  # no final model yet
+    state = json.loads((out / f"checkpoint-{stopped}" / "zppo_state.json").read_text())
+    assert state["counters"]["rollout_steps"] == stopped // 2 and state["buffer"]["residents"]
     rows = read_metrics(out / "metrics.jsonl")
-    rollout_rows = [r for r in rows if "zppo/rollout_steps" in r]
-    assert [r["zppo/rollout_steps"] for r in rollout_rows] == [1, 2]
-    assert rows[-1].get("train_runtime") is not None
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, stopped + 1))  # every finished update kept
     # every row says which of the paper's rows this run is (ZPPO at this toy's rho_replay 0.5)
     assert {r["variant"] for r in rows} == {"ZPPO (\u03c1_replay=0.50)"}
-    card = (out / "README.md").read_text()
-    for text in (
-        "## Training procedure", "trained with **ZPPO (\u03c1_replay=0.50)**",
-        f"**Student:** the local checkpoint `{boxed_text_student_dir}`",
-        f"**Teacher:** `{boxed_teacher_server.model}`", f"**Data:** the local dataset `{data}`",
-        "**Schedule:** 2 rollout steps of 4 student rollouts per prompt, 4 optimizer updates",
-        "| `hard_threshold` | tau | 0.5 |", "| `augment_fraction` | rho_aug | 0.5 |", "### Final metrics",
-        "| rollout steps | 2 |",
-        f'pipeline("text-generation", model="{out}")', "Cite ZPPO as:",
-    ):  # fmt: skip
-        assert text in card, text
-    assert f"| BCQ instances | {int(state['counters']['bcq_total'])} |" in card
-    assert "None" not in card.split("## Citations")[0]
-    assert {"trl", "grpo", "zppo"} <= set(yaml.safe_load(card.split("---")[1])["tags"])  # the trainer's own tags
 
-    second = _recipe("--config", config, "--max_steps", "6", "--save_steps", "2", timeout=600)
+    # The requeued job: the same command resumes from that checkpoint and finishes the run (at once where it stopped
+    # at its last update).
+    second = _recipe("--config", config, "--save_steps", "2", timeout=600)
     assert second.returncode == 0, second.stderr[-4000:]
-    assert f"resuming from {out / 'checkpoint-4'}" in second.stderr
+    assert f"resuming from {out / f'checkpoint-{stopped}'}" in second.stderr
     resumed = json.loads((out / "checkpoint-6" / "zppo_state.json").read_text())
     assert resumed["counters"]["rollout_steps"] == 3  # the counters went on from the checkpoint
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["zppo/rollout_steps"] for r in rows if "zppo/rollout_steps" in r] == [1, 2, 3]
     steps = [r["step"] for r in rows if "loss" in r]
-    assert steps == sorted(set(steps)) == [1, 2, 3, 4, 5, 6]
+    assert steps == sorted(set(steps)) == list(range(1, 7))  # each update once
+    assert rows[-1].get("train_runtime") is not None
+    card = (out / "README.md").read_text()
+    for text in (
+        "## Training procedure", "trained with **ZPPO (\u03c1_replay=0.50)**",
+        f"**Student:** the local checkpoint `{boxed_text_student_dir}`",
+        f"**Teacher:** `{boxed_teacher_server.model}`", f"**Data:** the local dataset `{data}`",
+        "**Schedule:** 3 rollout steps of 4 student rollouts per prompt, 6 optimizer updates",
+        "| `hard_threshold` | tau | 0.5 |", "| `augment_fraction` | rho_aug | 0.5 |", "### Final metrics",
+        "| rollout steps | 3 |",
+        f'pipeline("text-generation", model="{out}")', "Cite ZPPO as:",
+    ):  # fmt: skip
+        assert text in card, text
+    assert f"| BCQ instances | {int(resumed['counters']['bcq_total'])} |" in card
+    assert "None" not in card.split("## Citations")[0]
+    assert {"trl", "grpo", "zppo"} <= set(yaml.safe_load(card.split("---")[1])["tags"])  # the trainer's own tags
 
     plot = subprocess.run(
         [sys.executable, "recipes/demo/plot_run.py", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120

@@ -18,7 +18,7 @@ import torch
 from .replay import PromptReplayBuffer
 from .step_metrics import admission_bins, bin_label
 
-__all__ = ["ZPPO_STATE_NAME", "ZPPOState", "last_complete_checkpoint"]
+__all__ = ["ZPPO_STATE_NAME", "ZPPOState", "last_complete_checkpoint", "resume_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,17 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
         logger.warning("skipping %s: an incomplete checkpoint (no %s), left by a run stopped while saving it",
                        checkpoint, ", no ".join(gaps))  # fmt: skip
     return None
+
+
+def resume_checkpoint(output_dir: str, resume: str | bool | None) -> str | bool | None:
+    """``resume_from_checkpoint`` as TRL takes it, with True resolved to ``output_dir``'s newest complete checkpoint
+    (:func:`last_complete_checkpoint`); ValueError where there is none."""
+    if resume is not True:
+        return resume
+    found = last_complete_checkpoint(output_dir)
+    if found is None:
+        raise ValueError(f"no complete checkpoint in output_dir {output_dir} to resume from")
+    return found
 
 
 class ZPPOState:

@@ -388,6 +388,17 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, *OBJECTIVE_TERM_SETTINGS, Distil
         },
     )
 
+    # --- stopping when the cluster asks (zppo_trl.preemption)
+    preemption_grace_seconds: float = field(
+        default=600.0,
+        metadata={
+            "help": "Seconds between a stop signal (SIGTERM, or SIGUSR1 from Slurm's --signal) and the kill that the "
+            "run plans for: on a signal the rollout step in progress finishes, its checkpoint is written and the run "
+            "exits with 75 to be requeued. The launch scripts ask Slurm for the signal this long before the time "
+            "limit; the trainer warns once a rollout step plus a checkpoint takes longer."
+        },
+    )
+
     # --- TRL fields whose defaults the paper changes
     num_generations: int | None = field(default=8, metadata={"help": "G_S: student rollouts per prompt group."})
     epsilon_high: float | None = field(default=0.28, metadata={"help": "Clip-higher upper epsilon (DAPO)."})
@@ -493,6 +504,7 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, *OBJECTIVE_TERM_SETTINGS, Distil
         each error names the field."""
         for name in ("hard_threshold", "replay_fraction", "augment_fraction"):
             check_number(name, getattr(self, name), high=1.0)
+        check_number("preemption_grace_seconds", self.preemption_grace_seconds)
         self._resolve_augmentations()
         if self.advantage_normalization not in NORMALIZATIONS:
             raise ValueError(

@@ -57,9 +57,10 @@ from . import data, host_memory
 from .augmentations import AugmentationInputs, BuiltGroups, Source
 from .backbones import backbone_family
 from .callbacks import console_callbacks
-from .checkpoint_state import ZPPO_STATE_NAME, ZPPOState, last_complete_checkpoint
+from .checkpoint_state import ZPPO_STATE_NAME, ZPPOState, resume_checkpoint
 from .config import ZPPOConfig
 from .dataset_formats import IMAGE, PROMPT, prepare_datasets
+from .deprecations import trl_deprecated_calls
 from .evaluation.condition import record_condition
 from .group_log import GROUP_LOG_NAME, GroupLog
 from .lm_head import score_loss_positions, use_full_logits
@@ -69,6 +70,7 @@ from .model_card import PAPER_CITATION, PAPER_TITLE, write_run_card
 from .optim import optimizer_cls_and_kwargs
 from .packing import segment_packed_sequences
 from .partitioning import is_skipped
+from .preemption import Preemption, PreemptionCallback
 from .prefetch import BatchLookahead
 from .questions import Grader, Questions
 from .ranks import Ranks
@@ -177,6 +179,8 @@ class ZPPOTrainer(GRPOTrainer):
         self._build_row_parts(args, teacher, distill_teacher_model, random.Random(args.seed))
         self._build_step_collaborators(args)
         console_callbacks(self.callback_handler, args.full_console_logs)  # one line per rollout step
+        self.preemption = Preemption(args.preemption_grace_seconds, agree=lambda flag: bool(self.ranks.largest(flag)))
+        self.add_callback(PreemptionCallback(self.preemption, args.num_partitions))
 
     def _prepare_student(self, args: ZPPOConfig) -> None:
         """The loaded student made ready for ZPPO's passes: whole groups on every rank, its row's backbone name, the
@@ -321,15 +325,14 @@ class ZPPOTrainer(GRPOTrainer):
         return token_types(input_ids, self._image_pad_token_id, self._video_pad_token_id)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None):
-        """TRL's training loop, holding ``output_dir``'s lock (:mod:`zppo_trl.run_lock`: one run per folder);
+        """TRL's training loop, holding ``output_dir``'s lock (:mod:`zppo_trl.run_lock`: one run per folder) and the
+        stop signals (:mod:`zppo_trl.preemption`: SIGTERM/SIGUSR1 end the run at a whole rollout step, checkpointed);
         ``resume_from_checkpoint=True`` resumes from the newest *complete* checkpoint (one a kill left half written
         is skipped, named: :func:`zppo_trl.checkpoint_state.last_complete_checkpoint`)."""
         with run_lock(self.args.output_dir, active=self.args.should_save):
-            if resume_from_checkpoint is True:
-                resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
-                if resume_from_checkpoint is None:
-                    raise ValueError(f"no complete checkpoint in output_dir {self.args.output_dir} to resume from")
-            return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
+            checkpoint = resume_checkpoint(self.args.output_dir, resume_from_checkpoint)
+            with self.preemption.installed(self.args.output_dir):
+                return super().train(checkpoint, trial, ignore_keys_for_eval)
 
     # ------------------------------------------------------------------ TRL hooks: the training loop
 
@@ -390,7 +393,8 @@ class ZPPOTrainer(GRPOTrainer):
         below read: response prefixes, given responses, and where the scoring leaves rewards and texts."""
         self._active_round = request
         try:
-            return super()._generate_and_score_completions(rows)
+            with trl_deprecated_calls():  # TRL's own calls of transformers' renamed checkpointing API
+                return super()._generate_and_score_completions(rows)
         finally:
             self._active_round = None
 
