@@ -29,7 +29,7 @@ def _doc_id(doc: Path) -> str:
 
 ROOTS = ("recipes/", "zppo_trl/", "tests/", "benchmarks/", "tools/", "docs/", "evaluation/", ".ci/", ".github/")
 PRODUCED = ("outputs/", ".cache/", "logs/", "data/")  # written by runs, not in the repository
-# Flags of other programs the docs show (vLLM, TRL's vllm-serve, accelerate, pip, transformers serve, pytest),
+# Flags of other programs the docs show (vLLM, TRL's vllm-serve, accelerate, pip, transformers serve, pytest, sbatch),
 # and "--bogus", the unknown key in a quoted error message.
 EXTERNAL_FLAGS = {
     "--max-model-len", "--port", "--host", "--data-parallel-size", "--tensor-parallel-size", "--reasoning-parser",
@@ -37,7 +37,7 @@ EXTERNAL_FLAGS = {
     "--machine_rank", "--no-deps", "--device", "--continuous-batching", "--bogus", "--dtype", "--enforce-eager",
     "--mm-processor-kwargs", "--trust-request-mm-kwargs", "--max-logprobs", "--served-model-name",
     "--logprobs-mode", "--worker-extension-cls", "--weight-transfer-config", "--num_cpu_threads_per_process",
-    "--durations", "--compile-bytecode", "--enable-scale-out",
+    "--durations", "--compile-bytecode", "--enable-scale-out", "--signal", "--requeue", "--open-mode",
 }  # fmt: skip
 # Our commands that take flags, and how to ask each for its options.
 SCRIPTS = {

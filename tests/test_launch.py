@@ -290,6 +290,10 @@ def test_slurm_layouts():
         and train.endswith("--max_steps 8")
     )
     assert f"--vllm_max_model_length {PAPER_LENGTHS.student}" in train
+    # stopping: Slurm signals the script 600 s ahead, the trainers get that budget, their launcher ignores the signal
+    assert "--preemption_grace_seconds 600 --max_steps 8" in train and 'trap "" USR1 TERM' in train
+    header = (LAUNCH / "slurm_zppo.sbatch").read_text()
+    assert all(f"#SBATCH {line}\n" in header for line in ("--requeue", "--signal=B:USR1@600", "--open-mode=append"))
     assert (
         "serve_student.sh --model Qwen/Qwen3.5-4B --gpus 0\\,1\\,2\\,3\\,4\\,5\\,6\\,7 --data-parallel 8 --port 8001 "
         f"--max-model-len {PAPER_LENGTHS.student} " in out
@@ -309,6 +313,7 @@ def test_slurm_layouts():
         ({"NODES": "n0 n1"}, "needs 8 nodes, got 2"),
         ({"NODES": NODES, "LAYOUT": "mixed"}, "LAYOUT must be server or colocate"),
         ({}, "not inside a Slurm job"),
+        ({"NODES": NODES, "PREEMPTION_GRACE": "ten"}, "PREEMPTION_GRACE must be a number of seconds"),
     ]:
         bad = _run(
             LAUNCH / "slurm_zppo.sbatch",
