@@ -28,7 +28,7 @@ from trl import ModelConfig, get_peft_config
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
 from zppo_trl.callbacks import JsonlMetricsCallback
-from zppo_trl.checkpoint_state import last_complete_checkpoint
+from zppo_trl.checkpoint_state import CheckpointWriteError, last_complete_checkpoint
 from zppo_trl.data import DatasetError, load_questions
 from zppo_trl.plan import dry_run
 from zppo_trl.preemption import PREEMPTED_EXIT
@@ -127,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     except DatasetError as err:  # found before training: one line naming the file, row or field
         print(f"error: dataset {script_args.dataset_name}: {err}", file=sys.stderr)
         return 2
+    except CheckpointWriteError as err:  # a full disk: the path, the errno and the checkpoint to resume from
+        print(f"error: {err.strerror}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

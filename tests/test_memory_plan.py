@@ -169,6 +169,17 @@ def test_the_dry_run_plans_every_scale_and_the_unfused_head_would_not_fit(scale)
     activations = next(line for line in lines if "activations (with gradient checkpointing)" in line)
     per_token = float(sized.split("(")[1].split()[0].replace(",", ""))  # KiB per token; times the tokens: activations
     assert per_token * 85_604 / 1024**2 == pytest.approx(float(activations.split()[0]), rel=0.01)
+    # storage: bf16 weights, float32 master weights, AnyPrecisionAdamW's bf16 moments (4 bytes), the ZPPO state at
+    # its capacity; 20 checkpoints (save_steps 40 of 800 updates, no save_total_limit), against output_dir's disk
+    parameters = int(float(text.split(f"Qwen3.5-{scale.upper()}: ")[1].split("B parameters")[0]) * 1e9)
+    storage = next(line for line in lines if line.startswith("\nstorage: each checkpoint about "))
+    size = float(storage.split("about ")[1].split()[0])
+    assert size == pytest.approx((2 + 4 + 4) * parameters / 2**30, rel=0.02), storage
+    assert "float32 master weights" in storage and "optimizer state" in storage and "ZPPO state 2.5 MiB" in storage
+    kept = lines[lines.index(storage) + 1]
+    assert kept.startswith("  kept: 20 checkpoint(s) (no save_total_limit), ") and "; free on " in kept
+    assert float(kept.split("), ")[1].split()[0]) == pytest.approx(20 * size, rel=0.01)
+    assert kept.endswith((": fits", ": WOULD NOT FIT"))
 
 
 def test_a_student_whose_config_cannot_be_read_is_said_so():

@@ -30,6 +30,7 @@ from zppo_trl.callbacks import JsonlMetricsCallback, read_metrics
 from zppo_trl.checkpoint_state import ZPPO_STATE_NAME, last_complete_checkpoint
 from zppo_trl.rewards import judged_accuracy_reward
 from zppo_trl.run_lock import LOCK_NAME, RunLocked, run_lock
+from zppo_trl.storage_plan import checkpoint_size
 from zppo_trl.teacher import TeacherClient
 
 try:
@@ -194,10 +195,67 @@ def test_a_run_killed_mid_save_resumes_from_the_last_whole_checkpoint(tiny_text_
     steps = [row["step"] for row in read_metrics(out / "metrics.jsonl") if "loss" in row]
     assert steps == [1, 2, 3, 4, 5, 6], steps  # the killed run's 1-2, then the resumed 3-6 (its 3-4 dropped)
     assert saved["buffer"]["residents"]  # the state the resume started from: hard questions admitted by step 2
+    # the dry run's storage estimate against this whole checkpoint (float32 weights, AdamW's float32 moments):
+    # weights and optimizer state within 3%, the ZPPO state under its bound
+    parameters = sum(p.numel() for p in trainer.model.parameters())
+    size = checkpoint_size(parameters, ZPPOConfig(**settings(out)), "float32")
+    written = {name: (out / "checkpoint-2" / name).stat().st_size for name in ("model.safetensors", "optimizer.pt")}
+    assert size.weights + size.optimizer == pytest.approx(sum(written.values()), rel=0.03), written
+    assert (out / "checkpoint-2" / ZPPO_STATE_NAME).stat().st_size < size.state
     # save_only_model checkpoints keep the ZPPO state (buffer, counters) next to the weights
     state = json.loads((out / "checkpoint-6" / ZPPO_STATE_NAME).read_text())
     assert state["buffer"] == trainer.replay_buffer.state_dict()
     assert last_complete_checkpoint(str(out)) == str(out / "checkpoint-6")
+
+
+# A run whose output_dir is a 2.6 MB tmpfs: checkpoint-2 (about 1.6 MB with its optimizer state) fits, checkpoint-4
+# does not. Run in a mount namespace of its own, so the tmpfs is the run's alone and gone with it.
+_FULL_DISK = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, sys.argv[3])
+    from test_run_safety import QUESTIONS, hashed_reward, settings
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from zppo_trl import ZPPOConfig, ZPPOTrainer
+    from zppo_trl.checkpoint_state import CheckpointWriteError
+
+    out, model_dir = sys.argv[1], sys.argv[2]
+    trainer = ZPPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=hashed_reward,
+        args=ZPPOConfig(**settings(out, max_steps=4)), train_dataset=Dataset.from_list(QUESTIONS),
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+    )
+    try:
+        trainer.train()
+    except CheckpointWriteError as err:
+        print("ERROR", err.errno, err)
+    print("LEFT", sorted(os.listdir(out)))
+    """
+)
+
+
+def test_a_full_disk_ends_the_run_with_one_error_naming_the_path_errno_and_last_whole_checkpoint(
+    tiny_text_model_dir, tmp_path
+):
+    out = tmp_path / "out"
+    out.mkdir()
+    mounted = 'mount -t tmpfs -o size=2600k tmpfs "$0" && exec "$1" -c "$2" "$0" "$3" "$4"'
+    command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mounted, str(out), sys.executable]
+    probe = subprocess.run(["unshare", "--mount", "sh", "-c", "mount -t tmpfs tmpfs /mnt"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no mount namespace with a tmpfs here (unshare: {probe.stderr.decode().strip()})")
+    run = subprocess.run(
+        [*command, _FULL_DISK, str(tiny_text_model_dir), str(REPO / "tests")],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    error = next(line for line in run.stdout.splitlines() if line.startswith("ERROR"))
+    assert error.startswith("ERROR 28 ") and f"checkpoint {out / 'checkpoint-4'} could not be written" in error
+    assert "No space left on device (errno 28, ENOSPC)" in error and "MiB free on its filesystem" in error
+    assert f"the last whole checkpoint is {out / 'checkpoint-2'}" in error and "run again to resume" in error
+    left = next(line for line in run.stdout.splitlines() if line.startswith("LEFT"))
+    assert "'checkpoint-2'" in left and "checkpoint-4" not in left  # the torn one removed, the whole one kept
 
 
 def test_a_second_trainer_on_a_live_runs_output_dir_is_refused(tiny_text_model_dir, tmp_path):

@@ -5,12 +5,15 @@ the copies of the student the row's terms keep; and which of a run's checkpoints
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
 import random
+import shutil
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -18,7 +21,14 @@ import torch
 from .replay import PromptReplayBuffer
 from .step_metrics import admission_bins, bin_label
 
-__all__ = ["ZPPO_STATE_NAME", "ZPPOState", "last_complete_checkpoint", "resume_checkpoint"]
+__all__ = [
+    "ZPPO_STATE_NAME",
+    "CheckpointWriteError",
+    "ZPPOState",
+    "checkpoint_written",
+    "last_complete_checkpoint",
+    "resume_checkpoint",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +72,48 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
         logger.warning("skipping %s: an incomplete checkpoint (no %s), left by a run stopped while saving it",
                        checkpoint, ", no ".join(gaps))  # fmt: skip
     return None
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, most often): its path, the errno, the last whole checkpoint."""
+
+
+@contextlib.contextmanager
+def checkpoint_written(checkpoint: str, main: bool) -> Iterator[None]:
+    """Write ``checkpoint`` in the block; where that fails, raise one :class:`CheckpointWriteError` naming the path,
+    the errno and the last whole checkpoint, the torn folder removed (on the ``main`` process) so that it neither
+    holds the space nor looks like a checkpoint.
+
+    The errno is the failed call's where an ``OSError`` carries one; torch's writer reports a full disk as a
+    ``RuntimeError`` ("unexpected pos"), so a failure that leaves under 1 MiB free on the filesystem is named
+    ``ENOSPC`` with the free space it left."""
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 - every failure of the write is named, then raised
+        code = next((e.errno for e in _chain(err) if isinstance(e, OSError) and e.errno), None)
+        parent = os.path.dirname(checkpoint)
+        free = shutil.disk_usage(parent).free if os.path.isdir(parent) else None
+        if code is None and free is not None and free < 2**20:
+            code = errno.ENOSPC
+        if main and os.path.isdir(checkpoint):
+            shutil.rmtree(checkpoint, ignore_errors=True)
+        last = last_complete_checkpoint(parent)
+        why = f"{os.strerror(code)} (errno {code}, {errno.errorcode.get(code, '?')})" if code else f"{err!r}"
+        space = f"; {free / 2**20:.1f} MiB free on its filesystem" if free is not None else ""
+        raise CheckpointWriteError(
+            code or 0,
+            f"checkpoint {checkpoint} could not be written: {why}{space}. The torn folder was removed; the last whole "
+            f"checkpoint is {last or 'none'}. Free space (or set save_total_limit) and run again to resume from it",
+        ) from err
+
+
+def _chain(err: BaseException) -> Iterator[BaseException]:
+    """``err`` and the exceptions it was raised from or during."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__
 
 
 def resume_checkpoint(output_dir: str, resume: str | bool | None) -> str | bool | None:

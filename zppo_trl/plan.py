@@ -49,6 +49,7 @@ from .memory_plan import (
 )
 from .needs import COPY_EMA, SCORES_TOKEN_LOGPS, SCORES_TOP_K
 from .recipe import ScriptArguments, endpoints, is_vision_language, student_config
+from .storage_plan import checkpoint_size, checkpoints_kept, storage_lines
 from .teacher import TeacherClient
 
 __all__ = [
@@ -325,6 +326,10 @@ def print_memory_plan(
     refusal = packing_refusal(config, model_args.attn_implementation or arch.attention)
     per_token = activation_bytes(arch, 1, gradient_checkpointing=args.gradient_checkpointing)
     format_padding(padding_plan(args, refusal), per_token, out)
+    # what the checkpoints take on disk, against the free space of output_dir's filesystem (zppo_trl.storage_plan)
+    size = checkpoint_size(arch.parameters, args, model_args.dtype)
+    for line in storage_lines(size, checkpoints_kept(args), args):
+        out(line)
 
 
 def _parameters_of(name: str, hub: HubStatus | None) -> tuple[int | None, str]:

@@ -57,7 +57,7 @@ from . import data, host_memory
 from .augmentations import AugmentationInputs, BuiltGroups, Source
 from .backbones import backbone_family
 from .callbacks import console_callbacks
-from .checkpoint_state import ZPPO_STATE_NAME, ZPPOState, resume_checkpoint
+from .checkpoint_state import ZPPO_STATE_NAME, ZPPOState, checkpoint_written, resume_checkpoint
 from .config import ZPPOConfig
 from .dataset_formats import IMAGE, PROMPT, prepare_datasets
 from .deprecations import trl_deprecated_calls
@@ -128,6 +128,8 @@ class ZPPOTrainer(GRPOTrainer):
         counters: cumulative ZPPO counters (saved in every checkpoint).
         zppo_state: the :class:`~zppo_trl.checkpoint_state.ZPPOState` holding both, the admission accuracies, the
             shared RNG and the terms' state.
+        preemption: the :class:`~zppo_trl.preemption.Preemption` watch of the stop signals (SIGTERM, SIGUSR1):
+            ``preemption.preempted`` after a ``train()`` that one ended at a checkpoint.
     """
 
     _tag_names = ["trl", "grpo", "zppo"]
@@ -155,14 +157,7 @@ class ZPPOTrainer(GRPOTrainer):
         train_dataset, self.dataset_format, row_of = prepare_datasets(train_dataset, eval_dataset, reward_funcs, args)
         # TRL's student vLLM generation, or its server mode with weights synced through shared memory
         with sequence_level_warning_expected(args.row.objective, GRPOTrainer.__module__), student_generation(args):
-            super().__init__(
-                model=model,
-                reward_funcs=reward_funcs,
-                args=args,
-                train_dataset=train_dataset,
-                eval_dataset=eval_dataset,
-                **kwargs,
-            )
+            super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, **kwargs)
         self._prepare_student(args)
         self.ranks = Ranks(self.accelerator)
         self.dataset_name, self.model_license = dataset_name, model_license
@@ -468,9 +463,11 @@ class ZPPOTrainer(GRPOTrainer):
             self.zppo_state.save(output_dir)
 
     def _save_checkpoint(self, model, trial) -> None:
-        if self.args.save_only_model and self.args.should_save:  # transformers then skips _save_rng_state
-            self.zppo_state.save(os.path.join(self._get_output_dir(trial), f"checkpoint-{self.state.global_step}"))
-        super()._save_checkpoint(model, trial)
+        checkpoint = os.path.join(self._get_output_dir(trial), f"checkpoint-{self.state.global_step}")
+        with checkpoint_written(checkpoint, main=self.args.should_save):  # a full disk: one error, named
+            if self.args.save_only_model and self.args.should_save:  # transformers then skips _save_rng_state
+                self.zppo_state.save(checkpoint)
+            super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
