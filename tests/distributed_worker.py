@@ -13,7 +13,9 @@ costs each rank ten seconds of a core in imports alone): ``{"name", "mode", "mod
 "max_steps"}`` and, for the modes that ask a teacher, ``"teacher_url"``/``"teacher_model"``;
 ``"distill_teacher"`` (on-distill: the teacher directory loaded for its logits); ``"student_url"`` with
 ``"student_context"`` (that server's ``--max-model-len``); ``"signal_rank"`` with ``"signal_step"`` (that rank, and
-only that one, sends itself SIGTERM when that optimizer step ends, as a cluster's time limit would); ``"resume_of"``
+only that one, sends itself SIGTERM when that optimizer step ends, as a cluster's time limit would; with
+``"signal_at_begin"`` as it begins, before its rollout step generates) and ``"grace"`` (preemption_grace_seconds);
+``"resume_of"``
 (the name of an earlier run of the launch whose output_dir this run resumes from, its newest whole checkpoint).
 Mode ``grpo`` trains GRPO† (``augmentations=[]``) on synthetic questions with a deterministic
 pseudo-random reward; ``zppo`` trains with BCQ/NCQ against a teacher server on the boxed toy
@@ -169,6 +171,7 @@ def _settings(run: dict, outdir: Path) -> tuple[dict, list[dict], object]:
         logging_steps=1,
         save_strategy="no",
         max_steps=run["max_steps"],
+        preemption_grace_seconds=run.get("grace", 600.0),
         seed=0,
         data_seed=0,
         disable_tqdm=True,
@@ -206,13 +209,18 @@ def _settings(run: dict, outdir: Path) -> tuple[dict, list[dict], object]:
 
 
 class SignalAt(TrainerCallback):
-    """This process sends itself SIGTERM when optimizer step ``step`` ends."""
+    """This process sends itself SIGTERM when optimizer step ``step`` ends, or (``begin``) as it begins: before its
+    rollout step generates, where that is the step's first update."""
 
-    def __init__(self, step: int):
-        self.step = step
+    def __init__(self, step: int, begin: bool = False):
+        self.step, self.begin = step, begin
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.begin and state.global_step == self.step - 1:
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
+        if not self.begin and state.global_step == self.step:
             os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -232,7 +240,7 @@ def train_and_record(run: dict, outdir: Path) -> None:
     )
     checksums.trainer = trainer
     if run.get("signal_rank") == trainer.accelerator.process_index:
-        trainer.add_callback(SignalAt(run["signal_step"]))
+        trainer.add_callback(SignalAt(run["signal_step"], begin=run.get("signal_at_begin", False)))
     record = instrument(trainer)
     initial = param_checksum(trainer.model)
     trainer.train(resume_from_checkpoint=True if run.get("resume_of") else None)

@@ -60,6 +60,25 @@ def runs(
                 max_steps=3 * STEPS_PER_ROLLOUT,
                 resume_of="grpo-preempted",
             ),
+            # rank 1 alone signalled before rollout step 2 generates, with a grace period no step fits: both ranks
+            # leave that step once its plain round is scored, checkpoint its start, and the resume ends alike
+            dict(
+                name="grpo-abandoned",
+                mode="grpo",
+                model_dir=str(tiny_text_model_dir),
+                max_steps=3 * STEPS_PER_ROLLOUT,
+                signal_rank=1,
+                signal_step=STEPS_PER_ROLLOUT + 1,
+                signal_at_begin=True,
+                grace=0.0,
+            ),
+            dict(
+                name="grpo-abandoned-resumed",
+                mode="grpo",
+                model_dir=str(tiny_text_model_dir),
+                max_steps=3 * STEPS_PER_ROLLOUT,
+                resume_of="grpo-abandoned",
+            ),
             dict(name="zppo", mode="zppo", model_dir=student, max_steps=3 * STEPS_PER_ROLLOUT, **teacher),
             dict(name="correction", mode="correction", model_dir=student, **without_rl),
             dict(name="on-distill", mode="on-distill", model_dir=student, **without_rl),
@@ -171,6 +190,18 @@ class TestTwoProcessRuns:
             "global_step"
         ] == 3 * STEPS_PER_ROLLOUT
         for rank in range(WORLD):
+            for key in ("final_params", "residents", "counters", "rng"):
+                assert resumed[rank][key] == straight[rank][key], (rank, key)
+
+    def test_a_step_one_rank_s_signal_leaves_is_left_by_both_and_its_start_resumes_as_the_straight_run(self, runs):
+        # the signal reached rank 1 before rollout step 2 generated, with no time to finish it (grace 0): both ranks
+        # left the step after its plain round, checkpointed update 3 with the state the step started from
+        abandoned, resumed, straight = runs["grpo-abandoned"], runs["grpo-abandoned-resumed"], runs["grpo"]
+        assert [r["stopped_at"] for r in abandoned] == [STEPS_PER_ROLLOUT] * WORLD
+        assert [r["global_step"] for r in abandoned] == [STEPS_PER_ROLLOUT] * WORLD
+        assert [len(r["rollout_steps"]) for r in abandoned] == [1, 1]  # the left step is not recorded as done
+        for rank in range(WORLD):
+            assert resumed[rank]["global_step"] == 3 * STEPS_PER_ROLLOUT
             for key in ("final_params", "residents", "counters", "rng"):
                 assert resumed[rank][key] == straight[rank][key], (rank, key)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -14,10 +15,11 @@ import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
+import torch
 from transformers import TrainerControl
 
 import zppo_trl.preemption as preemption_module
-from zppo_trl.preemption import PREEMPTED_EXIT, Preemption, PreemptionCallback
+from zppo_trl.preemption import PREEMPTED_EXIT, Preemption, PreemptionCallback, StepSnapshot
 
 
 class Clock:
@@ -64,6 +66,39 @@ def test_the_callback_stops_only_at_a_rollout_step_boundary_and_times_the_grace(
         callback.on_save(None, SimpleNamespace(global_step=6), control)
     # a rollout step took 110 s and the save 30 s: 140 s do not fit the 100 s grace
     assert "a rollout step took 110 s and a checkpoint 30 s" in caplog.text and "at least 140 s" in caplog.text
+
+
+def test_a_step_is_left_only_where_its_rest_and_a_save_would_not_fit_and_its_start_is_put_back(tmp_path):
+    clock, state, saved = Clock(), SimpleNamespace(value=1), []
+    state.state_dict = lambda: {"value": state.value}
+    state.load_state_dict = lambda d: setattr(state, "value", d["value"])
+    preemption = Preemption(100, agree=bool, snapshot=StepSnapshot(state), save=lambda: saved.append(state.value),
+                            clock=clock)  # fmt: skip
+    preemption.begin_rollout_step()
+    preemption.leave_rollout_step(2)  # no signal: nothing to leave
+    preemption.received, preemption.received_at = signal.SIGTERM, 0.0
+    preemption.leave_rollout_step(2)  # no step timed yet: finish it
+    preemption.step_seconds, preemption.save_seconds = 60.0, 10.0
+    clock.now = 20.0  # 20 s since the signal and the step's start: 40 s left of it + a 10 s save = 70 s <= 100 s
+    preemption.leave_rollout_step(2)
+    with preemption.installed(str(tmp_path)):
+        preemption.received, preemption.received_at = signal.SIGTERM, 0.0
+        preemption.begin_rollout_step()  # at 20 s; the step then draws, moves the RNGs and changes the state
+        draws = (random.random(), torch.rand(2))
+        state.value = 2
+        clock.now = 60.0  # 60 s since the signal, 20 s of the step left, a 10 s save: 90 s <= 100 s
+        preemption.leave_rollout_step(4)
+        clock.now = 95.0  # 95 s since the signal, the step's timed 60 s over, a 10 s save: 105 s > 100 s: leave it
+        preemption.leave_rollout_step(4)
+    # the step's start is what the checkpoint holds: the state and the RNGs as they were
+    assert preemption.stopped_at == 4 and saved == [1] and state.value == 1
+    assert random.random() == draws[0] and torch.equal(torch.rand(2), draws[1])
+    (tmp_path / "checkpoint-6").mkdir()  # a boundary save_steps wrote already is not written again
+    with preemption.installed(str(tmp_path)):
+        preemption.received, preemption.received_at = signal.SIGTERM, 0.0
+        preemption.begin_rollout_step()
+        preemption.leave_rollout_step(6)
+    assert preemption.stopped_at == 6 and saved == [1]
 
 
 def test_a_second_signal_leaves_at_once():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from zppo_trl import ZPPOConfig, ZPPOTrainer
 from zppo_trl.callbacks import JsonlMetricsCallback, read_metrics
@@ -206,6 +207,50 @@ def test_a_run_killed_mid_save_resumes_from_the_last_whole_checkpoint(tiny_text_
     state = json.loads((out / "checkpoint-6" / ZPPO_STATE_NAME).read_text())
     assert state["buffer"] == trainer.replay_buffer.state_dict()
     assert last_complete_checkpoint(str(out)) == str(out / "checkpoint-6")
+
+
+class SignalAtStepBegin(TrainerCallback):
+    """SIGTERM to this process as optimizer step ``step`` begins: before its rollout step generates."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self.step - 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _trainer(model_dir, out, callbacks=(), **overrides) -> ZPPOTrainer:
+    return ZPPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=hashed_reward,
+        args=ZPPOConfig(**settings(out, **overrides)), train_dataset=Dataset.from_list(QUESTIONS),
+        processing_class=AutoTokenizer.from_pretrained(model_dir), callbacks=list(callbacks),
+    )  # fmt: skip
+
+
+def test_a_step_that_would_not_fit_the_grace_period_is_abandoned_and_its_start_resumes_as_the_straight_run(
+    tiny_text_model_dir, tmp_path, caplog
+):
+    # SIGTERM as update 3 begins, before rollout step 2 generates, with a grace period no step fits: once the plain
+    # round is scored the step is left, its start (step 2) checkpointed with the state the step started from
+    straight = _trainer(tiny_text_model_dir, tmp_path / "straight", max_steps=6, save_strategy="no")
+    straight.train()
+    out = tmp_path / "out"
+    stopped = _trainer(
+        tiny_text_model_dir, out, [SignalAtStepBegin(3)], max_steps=6, save_steps=100, preemption_grace_seconds=0
+    )
+    with caplog.at_level(logging.WARNING, logger="zppo_trl.preemption"):
+        stopped.train()
+    assert stopped.preemption.preempted and stopped.preemption.stopped_at == 2 and stopped.state.global_step == 2
+    assert "would not fit the grace period: leaving it at step 2" in caplog.text
+    assert last_complete_checkpoint(str(out)) == str(out / "checkpoint-2") and not (out / LOCK_NAME).exists()
+    # the resume from that boundary ends where the uninterrupted run ends: weights, buffer, counters, shared RNG
+    resumed = _trainer(tiny_text_model_dir, out, max_steps=6, save_steps=100)
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 6 and not resumed.preemption.preempted
+    assert resumed.zppo_state.state_dict() == straight.zppo_state.state_dict()
+    for (name, a), b in zip(resumed.model.named_parameters(), straight.model.parameters()):
+        assert torch.equal(a, b), name
 
 
 # A run whose output_dir is a 2.6 MB tmpfs: checkpoint-2 (about 1.6 MB with its optimizer state) fits, checkpoint-4

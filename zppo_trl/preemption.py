@@ -11,25 +11,43 @@ checkpoint between them would have to carry the rollouts too. So on a signal the
    :attr:`Preemption.preempted` true (``trainer.preemption``), the lock is released, and the recipe exits with
    :data:`PREEMPTED_EXIT` (75, ``EX_TEMPFAIL``: "try again"), which the launch scripts requeue on.
 
-The time from signal to exit is at most the rest of the rollout step plus the save. ``preemption_grace_seconds`` is
-that budget: the launch scripts ask Slurm for the signal that long before the kill, and the trainer warns, once it
-has timed a rollout step and a save, where one no longer fits, naming both. A second signal leaves at once (its
+The time from signal to exit is then at most the rest of the rollout step plus the save.
+``preemption_grace_seconds`` is that budget: the launch scripts ask Slurm for the signal that long before the kill.
+Where the rest of a step would not fit it, the step is abandoned instead. Once its plain round is scored (every
+rank there together: a second collective per rollout step), if a signal came and the rest of the step, timed on the
+steps before, plus a save would end after the budget, every rank leaves the step (:class:`RolloutAbandoned`). No
+update of that step has run, so the weights and optimizer are those of the step's start; the ZPPO state and the
+RNGs are put back as they were then (:class:`StepSnapshot`), and that boundary is checkpointed (unless
+``save_steps`` wrote it already). Only the abandoned step's generation is lost. The trainer warns, once it has timed
+a rollout step and a save, where the two no longer fit the budget, naming both. A second signal leaves at once (its
 default action), for the user who means it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
+import random
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
+import numpy as np
+import torch
 from transformers import TrainerCallback
 
-__all__ = ["PREEMPTED_EXIT", "PREEMPTION_SIGNALS", "Preemption", "PreemptionCallback"]
+__all__ = [
+    "PREEMPTED_EXIT",
+    "PREEMPTION_SIGNALS",
+    "Preemption",
+    "PreemptionCallback",
+    "RolloutAbandoned",
+    "StepSnapshot",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -38,43 +56,93 @@ PREEMPTED_EXIT = 75
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
+class RolloutAbandoned(Exception):
+    """Every rank leaves the rollout step in progress (at optimizer step ``args[0]``): finishing it would not fit the
+    grace period."""
+
+
+class StepSnapshot:
+    """The state a rollout step starts from beyond the weights and optimizer (which generation leaves alone): the
+    ZPPO state (a :class:`~zppo_trl.checkpoint_state.ZPPOState`) and the process's RNGs, those TRL's checkpoints
+    save."""
+
+    def __init__(self, state: Any):
+        self.state = state
+        self.saved: dict | None = None
+        self.rngs: dict[str, Any] = {}
+
+    def take(self) -> None:
+        self.saved = copy.deepcopy(self.state.state_dict())
+        self.rngs = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            self.rngs["cuda"] = torch.cuda.get_rng_state_all()
+
+    def restore(self) -> None:
+        self.state.load_state_dict(self.saved)
+        random.setstate(self.rngs["python"])
+        np.random.set_state(self.rngs["numpy"])
+        torch.set_rng_state(self.rngs["cpu"])
+        if "cuda" in self.rngs:
+            torch.cuda.set_rng_state_all(self.rngs["cuda"])
+
+
 class Preemption:
     """The trainer's view of the cluster's stop signals: installed for the length of ``train()`` (main thread only),
-    asked at every rollout-step boundary whether to stop there.
+    asked at every rollout-step boundary whether to stop there, and once a step's plain round is scored whether to
+    leave that step.
 
     Args:
         grace_seconds: the time between the signal and the kill that the run plans for.
         agree: ``flag -> whether any rank's flag is set`` (a collective over ranks; identity on one).
+        snapshot: the rollout step's starting state, put back where a step is abandoned (None: never abandon).
+        save: writes the checkpoint of the run's current optimizer step (TRL's, on every rank), where a step is
+            abandoned.
         clock: monotonic seconds (a test's stand-in).
     """
 
     def __init__(
-        self, grace_seconds: float, agree: Callable[[bool], bool], clock: Callable[[], float] = time.monotonic
+        self,
+        grace_seconds: float,
+        agree: Callable[[bool], bool],
+        snapshot: StepSnapshot | None = None,
+        save: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.grace_seconds = grace_seconds
         self.agree = agree
+        self.snapshot = snapshot
+        self.save = save
         self.clock = clock
         self.received: int | None = None  # the signal, once one arrived
         self.received_at: float | None = None
         self.stopped_at: int | None = None  # the optimizer step whose checkpoint ends the run
+        self.step_started: float | None = None
+        self.step_seconds = 0.0  # the longest rollout step and save so far (timed by PreemptionCallback)
+        self.save_seconds = 0.0
         self._previous: dict[int, object] = {}
         self._warned = False
 
     @property
     def preempted(self) -> bool:
-        """Whether the last training stopped on a stop signal, its last rollout step's checkpoint written."""
+        """Whether the last training stopped on a stop signal, its last whole rollout step checkpointed."""
         return self.stopped_at is not None
 
     @contextlib.contextmanager
     def installed(self, output_dir: str) -> Iterator[None]:
         """Hold the stop signals for the block (a training run; a no-op off the main thread, where Python cannot
-        handle them), give them back after, and say where a stopped run's updates are."""
+        handle them) and give them back after; checkpoint the start of an abandoned step; say where a stopped run's
+        updates are."""
         self.received = self.received_at = self.stopped_at = None
         if threading.current_thread() is threading.main_thread():
             for signum in PREEMPTION_SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
         try:
             yield
+        except RolloutAbandoned as stop:
+            self.snapshot.restore()  # the state the step started from: no update of it has run
+            self.stopped_at = stop.args[0]
+            if not os.path.isdir(os.path.join(output_dir, f"checkpoint-{self.stopped_at}")):
+                self.save()
         finally:
             for signum, handler in self._previous.items():
                 signal.signal(signum, handler)
@@ -97,21 +165,42 @@ class Preemption:
             signal.Signals(signum).name, PREEMPTED_EXIT,
         )  # fmt: skip
 
+    def begin_rollout_step(self) -> None:
+        """A rollout step starts: its time, and the state it starts from."""
+        self.step_started = self.clock()
+        if self.snapshot is not None:
+            self.snapshot.take()
+
+    def leave_rollout_step(self, step: int) -> None:
+        """Once the step's plain round is scored, every rank together: raise :class:`RolloutAbandoned` (``step``: the
+        optimizer step the run is at) where a signal came and the rest of the step, timed on the steps before, plus a
+        save would end after the grace period. With no step timed yet, the step is finished."""
+        late = False
+        if self.received is not None and self.step_seconds and self.snapshot is not None:
+            now = self.clock()
+            rest = max(self.step_seconds - (now - self.step_started), 0.0)
+            late = (now - self.received_at) + rest + self.save_seconds > self.grace_seconds
+        if self.agree(late):
+            logger.warning("the rest of this rollout step would not fit the grace period: leaving it at step %d", step)
+            raise RolloutAbandoned(step)
+
     def stop_here(self) -> bool:
         """At a rollout-step boundary, every rank together: whether any rank was signalled (then this step's
         checkpoint ends the run)."""
         return self.agree(self.received is not None)
 
     def check_budget(self, rollout_step_seconds: float, save_seconds: float) -> None:
-        """Warn once where the rest of a rollout step plus a save no longer fits ``grace_seconds``."""
+        """Note a rollout step's and a save's time; warn once where the two no longer fit ``grace_seconds``."""
+        self.step_seconds = max(self.step_seconds, rollout_step_seconds)
+        self.save_seconds = max(self.save_seconds, save_seconds)
         needed = rollout_step_seconds + save_seconds
         if self._warned or needed <= self.grace_seconds:
             return
         self._warned = True
         logger.warning(
             "a rollout step took %.0f s and a checkpoint %.0f s: a stop signal %.0f s before the kill "
-            "(preemption_grace_seconds) may not leave time to finish both; raise preemption_grace_seconds and the "
-            "launch script's --signal lead time to at least %.0f s",
+            "(preemption_grace_seconds) may not leave time to finish both, and a step in progress would be abandoned; "
+            "raise preemption_grace_seconds and the launch script's --signal lead time to at least %.0f s",
             rollout_step_seconds, save_seconds, self.grace_seconds, needed,
         )  # fmt: skip
 
@@ -136,6 +225,7 @@ class PreemptionCallback(TrainerCallback):
         now = self.preemption.clock()
         if self._step_started is not None:
             self._rollout_step_seconds = max(self._rollout_step_seconds, now - self._step_started)
+            self.preemption.step_seconds = max(self.preemption.step_seconds, self._rollout_step_seconds)
         self._step_started = now
         if self.preemption.stop_here():
             control.should_save = True

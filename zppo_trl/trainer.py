@@ -70,7 +70,7 @@ from .model_card import PAPER_CITATION, PAPER_TITLE, write_run_card
 from .optim import optimizer_cls_and_kwargs
 from .packing import segment_packed_sequences
 from .partitioning import is_skipped
-from .preemption import Preemption, PreemptionCallback
+from .preemption import Preemption, PreemptionCallback, StepSnapshot
 from .prefetch import BatchLookahead
 from .questions import Grader, Questions
 from .ranks import Ranks
@@ -174,7 +174,8 @@ class ZPPOTrainer(GRPOTrainer):
         self._build_row_parts(args, teacher, distill_teacher_model, random.Random(args.seed))
         self._build_step_collaborators(args)
         console_callbacks(self.callback_handler, args.full_console_logs)  # one line per rollout step
-        self.preemption = Preemption(args.preemption_grace_seconds, agree=lambda flag: bool(self.ranks.largest(flag)))
+        agree, save = lambda flag: bool(self.ranks.largest(flag)), lambda: self._save_checkpoint(self.model, None)
+        self.preemption = Preemption(args.preemption_grace_seconds, agree, StepSnapshot(self.zppo_state), save)
         self.add_callback(PreemptionCallback(self.preemption, args.num_partitions))
 
     def _prepare_student(self, args: ZPPOConfig) -> None:
@@ -554,6 +555,7 @@ class ZPPOTrainer(GRPOTrainer):
     def _rollout_step(self, inputs: list[dict]) -> list[dict]:
         """One rollout step of Algorithm 1; returns this rank's optimizer micro-batches."""
         metrics = self.recorder.begin(self.state.global_step)
+        self.preemption.begin_rollout_step()  # its start, kept in case a stop signal makes it leave the step
         args = self.args
         # 1. X_new from the dataloader (each row repeated G times), X_replay from the buffer.
         draw = self._draw_questions(inputs)
@@ -574,6 +576,7 @@ class ZPPOTrainer(GRPOTrainer):
             order=draw.new_keys + draw.replay_keys,
         )
         self.recorder.reward_signal_check(plain_round)  # a reward function that cannot teach, said in that step
+        self.preemption.leave_rollout_step(self.state.global_step)  # a stop signal the rest would not fit: leave now
         # The plain rollouts' old log-probs, computed while steps 4-5 run off this device (overlap_old_logps).
         plain_logps = self.old_logps.start(plain_round.batch)
         # 4-6. The row's optimizer micro-batches (its step-5 part's stages), with the old log-probs the updates read.
