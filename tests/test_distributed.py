@@ -35,50 +35,30 @@ REPLAY_FRACTION = 0.5
 def runs(
     tiny_text_model_dir, boxed_text_student_dir, boxed_text_teacher_dir, boxed_teacher_server, tmp_path_factory
 ) -> dict[str, list[dict]]:
-    """The module's four two-process runs, in one launch: GRPO† (3 rollout steps), ZPPO (3), Correction-SFT and
-    On-Distill (2 each)."""
+    """The module's two-process runs, in one launch: GRPO† (3 rollout steps; stopped by a signal and resumed, twice),
+    ZPPO (3), Correction-SFT and On-Distill (2 each)."""
     teacher = dict(teacher_url=boxed_teacher_server.base_url, teacher_model=boxed_teacher_server.model)
     student = str(boxed_text_student_dir)
     without_rl = dict(max_steps=2 * STEPS_PER_ROLLOUT, distill_teacher=str(boxed_text_teacher_dir), **teacher)
+    grpo = dict(mode="grpo", model_dir=str(tiny_text_model_dir), max_steps=3 * STEPS_PER_ROLLOUT)
     return launch(
         tmp_path_factory.mktemp("distributed"),
         [
-            dict(name="grpo", mode="grpo", model_dir=str(tiny_text_model_dir), max_steps=3 * STEPS_PER_ROLLOUT),
+            dict(name="grpo", **grpo),
             # the same run, rank 1 alone signalled in the middle of rollout step 2, then resumed to its end
-            dict(
-                name="grpo-preempted",
-                mode="grpo",
-                model_dir=str(tiny_text_model_dir),
-                max_steps=3 * STEPS_PER_ROLLOUT,
-                signal_rank=1,
-                signal_step=STEPS_PER_ROLLOUT + 1,
-            ),
-            dict(
-                name="grpo-resumed",
-                mode="grpo",
-                model_dir=str(tiny_text_model_dir),
-                max_steps=3 * STEPS_PER_ROLLOUT,
-                resume_of="grpo-preempted",
-            ),
+            dict(name="grpo-preempted", **grpo, signal_rank=1, signal_step=STEPS_PER_ROLLOUT + 1),
+            dict(name="grpo-resumed", **grpo, resume_of="grpo-preempted"),
             # rank 1 alone signalled before rollout step 2 generates, with a grace period no step fits: both ranks
             # leave that step once its plain round is scored, checkpoint its start, and the resume ends alike
             dict(
                 name="grpo-abandoned",
-                mode="grpo",
-                model_dir=str(tiny_text_model_dir),
-                max_steps=3 * STEPS_PER_ROLLOUT,
+                **grpo,
                 signal_rank=1,
                 signal_step=STEPS_PER_ROLLOUT + 1,
                 signal_at_begin=True,
                 grace=0.0,
             ),
-            dict(
-                name="grpo-abandoned-resumed",
-                mode="grpo",
-                model_dir=str(tiny_text_model_dir),
-                max_steps=3 * STEPS_PER_ROLLOUT,
-                resume_of="grpo-abandoned",
-            ),
+            dict(name="grpo-abandoned-resumed", **grpo, resume_of="grpo-abandoned"),
             dict(name="zppo", mode="zppo", model_dir=student, max_steps=3 * STEPS_PER_ROLLOUT, **teacher),
             dict(name="correction", mode="correction", model_dir=student, **without_rl),
             dict(name="on-distill", mode="on-distill", model_dir=student, **without_rl),
