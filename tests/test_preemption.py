@@ -52,7 +52,7 @@ def test_the_callback_stops_only_at_a_rollout_step_boundary_and_times_the_grace(
     preemption = Preemption(100, agree=lambda flag: asked.append(flag) or flag, clock=clock)
     callback = PreemptionCallback(preemption, updates_per_rollout_step=3)
     control = TrainerControl()
-    callback.on_train_begin(None, SimpleNamespace(global_step=0), control)
+    preemption.begin_rollout_step()  # rollout step 2 starts at 0 s (no snapshot: this preemption never leaves one)
     preemption.received = signal.SIGTERM  # arrives during update 4
     for step in (4, 5):  # the rest of the rollout step trains on rollouts already generated: no collective, no stop
         clock.now += 10

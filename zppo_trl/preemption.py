@@ -189,11 +189,10 @@ class Preemption:
         checkpoint ends the run)."""
         return self.agree(self.received is not None)
 
-    def check_budget(self, rollout_step_seconds: float, save_seconds: float) -> None:
-        """Note a rollout step's and a save's time; warn once where the two no longer fit ``grace_seconds``."""
-        self.step_seconds = max(self.step_seconds, rollout_step_seconds)
+    def check_budget(self, save_seconds: float) -> None:
+        """Note a save's time; warn once where the longest rollout step and a save no longer fit ``grace_seconds``."""
         self.save_seconds = max(self.save_seconds, save_seconds)
-        needed = rollout_step_seconds + save_seconds
+        needed = self.step_seconds + save_seconds
         if self._warned or needed <= self.grace_seconds:
             return
         self._warned = True
@@ -201,43 +200,34 @@ class Preemption:
             "a rollout step took %.0f s and a checkpoint %.0f s: a stop signal %.0f s before the kill "
             "(preemption_grace_seconds) may not leave time to finish both, and a step in progress would be abandoned; "
             "raise preemption_grace_seconds and the launch script's --signal lead time to at least %.0f s",
-            rollout_step_seconds, save_seconds, self.grace_seconds, needed,
+            self.step_seconds, save_seconds, self.grace_seconds, needed,
         )  # fmt: skip
 
 
 class PreemptionCallback(TrainerCallback):
     """At every rollout-step boundary (``num_partitions`` updates), ask :class:`Preemption` whether to stop there:
-    then the step's checkpoint is written and training ends. Times a rollout step and a save for the grace check."""
+    then the step's checkpoint is written and training ends. Times each rollout step (from
+    :meth:`Preemption.begin_rollout_step` to its boundary) and each save, for the grace check."""
 
     def __init__(self, preemption: Preemption, updates_per_rollout_step: int):
         self.preemption = preemption
         self.updates = updates_per_rollout_step
-        self._step_started: float | None = None
-        self._rollout_step_seconds = 0.0
         self._save_started: float | None = None
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._step_started = self.preemption.clock()
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.updates:
             return  # mid rollout step: its remaining updates train on rollouts already generated
-        now = self.preemption.clock()
-        if self._step_started is not None:
-            self._rollout_step_seconds = max(self._rollout_step_seconds, now - self._step_started)
-            self.preemption.step_seconds = max(self.preemption.step_seconds, self._rollout_step_seconds)
-        self._step_started = now
-        if self.preemption.stop_here():
+        preemption, now = self.preemption, self.preemption.clock()
+        if preemption.step_started is not None:
+            preemption.step_seconds = max(preemption.step_seconds, now - preemption.step_started)
+        if preemption.stop_here():
             control.should_save = True
             control.should_training_stop = True
-            self.preemption.stopped_at = state.global_step
+            preemption.stopped_at = state.global_step
         if control.should_save:
             self._save_started = now
 
     def on_save(self, args, state, control, **kwargs):
-        if self._save_started is None:
-            return
-        now = self.preemption.clock()
-        self.preemption.check_budget(self._rollout_step_seconds, now - self._save_started)
-        self._save_started = None
-        self._step_started = now  # the save is not the next rollout step's time
+        if self._save_started is not None:
+            self.preemption.check_budget(self.preemption.clock() - self._save_started)
+            self._save_started = None
