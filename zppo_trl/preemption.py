@@ -9,7 +9,8 @@ checkpoint between them would have to carry the rollouts too. So on a signal the
    whether any rank was signalled (one collective per rollout step, at a point every rank reaches together);
 3. if so, TRL writes the checkpoint with the ZPPO state, training stops, ``train()`` returns with
    :attr:`Preemption.preempted` true (``trainer.preemption``), the lock is released, and the recipe exits with
-   :data:`PREEMPTED_EXIT` (75, ``EX_TEMPFAIL``: "try again"), which the launch scripts requeue on.
+   :data:`PREEMPTED_EXIT` (75, ``EX_TEMPFAIL``: "try again") for a requeue wrapper to test; the Slurm script
+   requeues on the signal it passed on.
 
 The time from signal to exit is then at most the rest of the rollout step plus the save.
 ``preemption_grace_seconds`` is that budget: the launch scripts ask Slurm for the signal that long before the kill.
@@ -51,7 +52,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# sysexits.h's EX_TEMPFAIL: "a temporary failure; the user is invited to retry". The launch scripts requeue on it.
+# sysexits.h's EX_TEMPFAIL: "a temporary failure; the user is invited to retry": a requeue wrapper's cue.
 PREEMPTED_EXIT = 75
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
