@@ -134,9 +134,9 @@ def instrument(trainer: ZPPOTrainer) -> dict:
         )
         return micro_batches
 
-    def _generate_round(groups, name):
+    def _generate_round(groups, name, early=None):
         current["rounds"].append([[g.kind, g.row["id"], g.block is not None] for g in groups])
-        return generate_round(groups, name)
+        return generate_round(groups, name, early)
 
     def _prepare_inputs(generation_batch):
         out = prepare_inputs(generation_batch)
@@ -262,6 +262,9 @@ def train_and_record(run: dict, outdir: Path) -> None:
         stopped_at=trainer.preemption.stopped_at,
         # the main process's client to the student server (None where rollouts come from the trainer)
         student_client=type(getattr(getattr(trainer, "vllm_generation", None), "vllm_client", None)).__name__,
+        # each rank's own client for the second round's prompts sent as they were built, and how many it sent
+        early_client=type(getattr(trainer.early_rollouts, "client", None)).__name__,
+        sent_early=getattr(trainer.early_rollouts, "sent_total", 0),
         log_history=[
             {
                 k: v

@@ -371,8 +371,8 @@ def test_prefix_row_continues_a_correct_teacher_prefix_that_carries_no_loss(
         evidence.append(gather(*args, **kwargs))
         return evidence[-1]
 
-    def generate_round(groups, name):
-        result = generate(groups, name)
+    def generate_round(groups, name, early=None):
+        result = generate(groups, name, early)
         rounds.append((list(groups), result.batch))
         return result
 
@@ -480,8 +480,8 @@ def _train_recorded(trainer) -> dict:
     record = dict(plain=[], graded=[], requests=[], micro=[])
     generate_round, grade, prepare = trainer.rounds.play, trainer.grader.grade, trainer._prepare_inputs
 
-    def generate(groups, name):
-        out = generate_round(groups, name)
+    def generate(groups, name, early=None):
+        out = generate_round(groups, name, early)
         record["plain"].append(out)
         return out
 

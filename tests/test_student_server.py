@@ -171,6 +171,22 @@ class LastStepAllRight:
         return boxed_accuracy_reward(completions, answer)
 
 
+class StudentRounds:
+    """The boxed reward, recording each student round's prompts and completions (the teacher's answers, which the
+    same functions grade, come without ids)."""
+
+    __name__ = "boxed"
+
+    def __init__(self):
+        self.prompts, self.completions = [], []
+
+    def __call__(self, prompts, completions, answer, completion_ids=None, **kwargs):
+        if completion_ids is not None:
+            self.prompts.append(prompts)
+            self.completions.append(completions)
+        return boxed_accuracy_reward(completions, answer)
+
+
 class FirstOfEachGroupRight:
     """The first rollout of each group right, the others wrong: every group whose rollouts differ has a signal,
     whatever they say (plain accuracy 1/G, so every question is hard)."""
@@ -329,6 +345,48 @@ class TestOneStudentServer:
         steps = [h for h in trainer.state.log_history if "zppo/time/rollout_step_s" in h]
         assert all(h["zppo/time/old_logps_hidden_s"] > 0 for h in steps)
 
+    def test_the_pipelined_second_round_sends_what_the_serial_one_sends(
+        self, student_server, boxed_text_student_dir, vllm_boxed_teacher_server, tmp_path
+    ):
+        """``pipeline_second_round`` off, then on: one rollout step each from the same seed, student and teacher
+        greedy. The same prompts in the same order in both rounds, the same groups, plan and
+        buffer; only when the BCQ/NCQ prompts reached the server differs (each as its compressions returned)."""
+        runs = {}
+        for pipelined in (False, True):
+            rounds = StudentRounds()
+            args = ZPPOConfig(
+                output_dir=str(tmp_path / f"out-{pipelined}"), use_cpu=True, bf16=False, report_to=[],
+                save_strategy="no", seed=0, disable_tqdm=True, logging_steps=1, learning_rate=1e-4,
+                per_device_train_batch_size=16, num_generations=4, max_completion_length=32, num_partitions=2,
+                gradient_accumulation_steps=1, max_steps=2, replay_fraction=0.0, augment_fraction=1.0,
+                teacher_base_url=vllm_boxed_teacher_server.base_url, teacher_model=vllm_boxed_teacher_server.model,
+                teacher_max_tokens=32, teacher_temperature=0.0, teacher_num_generations=1, compression_max_tokens=48,
+                max_prompt_length=1024,
+                use_vllm=True, vllm_mode="server", vllm_server_base_url=student_server.root_url,
+                vllm_server_timeout=60, vllm_max_model_length=student_server.max_model_len,
+                top_k=1, pipeline_second_round=pipelined,  # argmax (a per-request seed crashes vLLM's CPU engine)
+            )  # fmt: skip
+            trainer = ZPPOTrainer(
+                model=AutoModelForCausalLM.from_pretrained(boxed_text_student_dir),
+                reward_funcs=rounds,
+                args=args,
+                train_dataset=Dataset.from_list(toy_rows("text")),
+                processing_class=AutoTokenizer.from_pretrained(boxed_text_student_dir),
+            )
+            trainer.train()
+            [step] = [h for h in trainer.state.log_history if "zppo/time/rollout_step_s" in h]
+            runs[pipelined] = rounds, trainer, step
+        (serial, serial_trainer, serial_step), (piped, piped_trainer, piped_step) = runs[False], runs[True]
+        assert len(serial.prompts) == len(piped.prompts) == 2  # the plain round, then the BCQ/NCQ one
+        assert piped.prompts == serial.prompts and any("<candidate>" in str(p) for p in piped.prompts[1])
+        assert piped.completions[0] == serial.completions[0]  # the same plain round, so the same plan
+        assert piped_trainer.replay_buffer.residents() == serial_trainer.replay_buffer.residents()
+        for name in ("bcq", "ncq", "bcq_trained", "ncq_trained", "dropped", "compression_failures", "plain_accuracy"):
+            assert piped_step[f"zppo/{name}"] == serial_step[f"zppo/{name}"], name
+        built = piped_step["zppo/bcq"] + piped_step["zppo/ncq"] - piped_step["zppo/dropped"]
+        assert piped_step["zppo/second_round_sent_early"] == built > 0  # every built group went out early
+        assert "zppo/second_round_sent_early" not in serial_step and serial_trainer.early_rollouts is None
+
     def test_two_ranks_share_it_and_decide_alike(self, student_server, boxed_text_student_dir, boxed_teacher_server,
                                                  tmp_path):  # fmt: skip
         """ZPPO on 2 ranks with its rollouts on the server: only the main process connects, and every decision is
@@ -340,6 +398,10 @@ class TestOneStudentServer:
         )])["zppo"]  # fmt: skip
         assert [r["student_client"] for r in run] == ["SharedMemoryVLLMClient", "NoneType"]
         check_zppo_run(run)
+        # the BCQ/NCQ prompts went out as their compressions returned, each rank's through its own client (TRL's
+        # server mode sends every rank's prompts through the main process)
+        assert [r["early_client"] for r in run] == ["SharedMemoryVLLMClient", "VLLMClient"]
+        assert all(r["sent_early"] > 0 for r in run), [r["sent_early"] for r in run]
 
     def test_a_prompt_beyond_the_servers_context_costs_its_group_not_the_step(
         self, student_server, boxed_text_student_dir, tmp_path, caplog

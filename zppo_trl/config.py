@@ -94,6 +94,7 @@ _FLAGS = (
     "defer_old_logps",
     "overlap_old_logps",
     "prefetch_teacher_samples",
+    "pipeline_second_round",
 )
 _COUNTS = (
     "replay_capacity",
@@ -375,6 +376,18 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, *OBJECTIVE_TERM_SETTINGS, Distil
             "optimizer updates run; the next step then asks only for its replayed questions. The teacher is "
             "frozen: the same trained numbers as false, which asks for every question when its step starts "
             "(tests/test_trainer_zppo.py compares the two)."
+        },
+    )
+
+    pipeline_second_round: bool = field(
+        default=True,
+        metadata={
+            "help": "With the student's rollouts on a vLLM server (vllm_mode: server), send each BCQ/NCQ prompt to "
+            "it as soon as its own candidates are compressed, so that the round generates while the other "
+            "compressions are still out (every rank sends its own prompts). Only when each prompt reaches the server "
+            "changes: the prompts, groups, order, caps and sampling are the same as false, which sends the round as "
+            "one request once every compression is back (tests/test_early_rollouts.py compares the two). Not in "
+            "colocate mode or with rollouts generated in the trainer, where the round is one generation call."
         },
     )
 

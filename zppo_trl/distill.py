@@ -412,7 +412,7 @@ class Distillation(TargetSource):
     def plan(self, evidence: Any, limit: int, rng: Any, metrics: dict) -> list:
         return []
 
-    def build(self, instances: Any, teacher: Any, args: Any, metrics: dict) -> BuiltGroups:
+    def build(self, instances: Any, teacher: Any, args: Any, metrics: dict, ready: Any = None) -> BuiltGroups:
         return BuiltGroups()
 
     def build_metrics(self, plan: Any, built: BuiltGroups, ranks: Any, metrics: Any) -> dict[str, float]:
@@ -443,7 +443,7 @@ class OffDistill(Distillation):
         metrics["distill_questions_with_target"] = sum(1 for key in evidence.hard if evidence.teacher_correct.get(key))
         return [(key, tuple(evidence.teacher_correct.get(key, ()))) for key in evidence.hard]
 
-    def build(self, instances: Any, teacher: Any, args: Any, metrics: dict) -> BuiltGroups:
+    def build(self, instances: Any, teacher: Any, args: Any, metrics: dict, ready: Any = None) -> BuiltGroups:
         """One target per rollout of this rank's questions."""
         return BuiltGroups([BuiltGroup("off_distill", key, target=text) for key, texts in instances for text in texts])
 

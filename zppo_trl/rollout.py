@@ -62,6 +62,7 @@ class RoundRequest:
     ``rewards`` / ``texts``: filled by the scoring hook: every rank's weighted rewards (gathered,
     rank-major; NaN where no reward function scored a rollout) and this rank's completion texts;
     ``rewards_per_func``: every rank's rewards per reward function (rollouts x functions; NaN: unscored).
+    ``early``: where a pipelined second round's prompts went as they were built (:mod:`zppo_trl.early_rollouts`).
     """
 
     response_prefixes: list[tuple[int, ...] | None] | None = None
@@ -70,6 +71,8 @@ class RoundRequest:
     rewards: torch.Tensor | None = None
     texts: list[str] = field(default_factory=list)
     rewards_per_func: torch.Tensor | None = None
+    # the zppo_trl.early_rollouts.EarlyBatch its prompts were sent through as they were built (None: TRL's generation)
+    early: Any = None
 
     @property
     def has_prefixes(self) -> bool:

@@ -76,15 +76,17 @@ class Rounds:
         self.max_completion_length, self.context, self.on_server = max_completion_length, context, on_server
         self.defers_old_logps, self.token_types = defers_old_logps, token_types
 
-    def play(self, groups: Sequence[Group], round_name: str) -> Round:
+    def play(self, groups: Sequence[Group], round_name: str, early: Any = None) -> Round:
         """Generate and score ``group_size`` rollouts per group on this rank, timed (``time/<round>_generation_s``),
-        its prompt lengths checked. A group with a rollout no reward function scored is left out (a filler)."""
+        its prompt lengths checked. A group with a rollout no reward function scored is left out (a filler).
+        ``early``: the :class:`~zppo_trl.early_rollouts.EarlyBatch` some of its prompts went out through already."""
         G, metrics = self.group_size, self.recorder.metrics
         t0 = time.perf_counter()
         rows = [self.questions.with_prompt(g.row, g.block) for g in groups for _ in range(G)]
         request = RoundRequest(
             response_prefixes=[g.response_prefix for g in groups for _ in range(G)],
             old_logps=not self.defers_old_logps,
+            early=early,
         )
         batch = self.generate_and_score(rows, request)
         for name in TOKEN_TYPE_FIELDS:  # widths as the prompts with their prefixes (see the trainer's log-prob hook)
@@ -109,7 +111,16 @@ class Rounds:
             return empty_round(self.ranks.world)
         groups = [Group(g.kind, self.questions.row(g.key), g.block, g.response_prefix) for g in built.groups]
         groups += [Group(FILLER, filler_row)] * (most_built - len(groups))
-        return self.play(groups, "reformulated")
+        early, started = built.early, time.perf_counter()
+        if early is not None:  # how many groups went out as they were built, and how long before the round
+            self.recorder.metrics["second_round_sent_early"] = self.ranks.total(early.sent)
+            self.recorder.metrics["time/second_round_early_s"] = started - (early.first_sent or started)
+        return self.play(groups, "reformulated", early)
+
+    def built_row(self, group: Any) -> dict:
+        """The dataset row the augmented round samples a built group (``BuiltGroup``) with: its question's row under
+        the group's block, as :meth:`augmented` and :meth:`play` make it."""
+        return self.questions.with_prompt(self.questions.row(group.key), group.block)
 
     def targets(self, built: BuiltGroups, filler_row: Mapping) -> Round:
         """The target rows' step 5: every rank's targets teacher-forced through TRL's scoring (nothing is

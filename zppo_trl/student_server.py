@@ -23,6 +23,7 @@ import struct
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import requests
 import torch
@@ -44,6 +45,7 @@ __all__ = [
     "student_server_errors",
     "weight_syncs",
     "write_safetensors",
+    "rank_client",
 ]
 
 WORKER_EXTENSION = "zppo_trl.vllm_worker.SharedMemoryWeightReload"  # the server's --worker-extension-cls
@@ -271,6 +273,17 @@ def student_server_errors(trainer) -> Iterator[None]:
             f"{trainer.state.global_step // trainer.args.num_partitions + 1}); no rollout can be generated without "
             "it. Restart it (recipes/launch/serve_student.sh) and resume from the last checkpoint"
         ) from exc
+
+
+def rank_client(generation: Any, main_process: bool) -> VLLMClient:
+    """This rank's client of the student's server: the main process's, which TRL's server mode made (it also syncs the
+    weights), or on another rank a client of its own, for generation only (a pipelined second round,
+    :mod:`zppo_trl.early_rollouts`, sends every rank's prompts from that rank)."""
+    if main_process:
+        return generation.vllm_client
+    base_url = generation.server_base_url or f"http://{generation.server_host}:{generation.server_port}"
+    with _vllm_import_check_waived():
+        return VLLMClient(base_url=base_url, connection_timeout=generation.server_timeout)
 
 
 def weight_syncs(trainer) -> list[dict[str, float]] | None:

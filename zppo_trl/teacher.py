@@ -234,14 +234,17 @@ class TeacherClient:
         top_p: float = 1.0,
         *,
         extra_body: Mapping[str, Any] | None = None,
+        on_each: Callable[[int, str | None], None] | None = None,
     ) -> concurrent.futures.Future:
-        """:meth:`compress` without blocking: a Future of its result."""
+        """:meth:`compress` without blocking: a Future of its result. ``on_each(index, result)``, where given, is
+        called with each text's result as soon as it is in, on the client's own thread (an exception it raises is
+        logged, and changes nothing of the batch)."""
         texts = _check_list("texts", texts)
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise ValueError(f"texts[{i}] must be a string, got {type(text).__name__}")
         params = self._transport.params(max_tokens, temperature, top_p, extra_body)
-        return self._transport.submit(self._compress(texts, params))
+        return self._transport.submit(self._compress(texts, params, on_each))
 
     def compress(
         self,
@@ -513,10 +516,12 @@ class TeacherClient:
             "teacher sampling", (one(i, m) for i, m in enumerate(conversations)), failures
         )
 
-    async def _compress(self, texts: list[str], params: dict) -> list[str | None]:
+    async def _compress(
+        self, texts: list[str], params: dict, on_each: Callable[[int, str | None], None] | None = None
+    ) -> list[str | None]:
         failures: list[str] = []
 
-        async def one(text: str) -> str | None:
+        async def compressed(text: str) -> str | None:
             replies, _ = await self._chat([{"role": "user", "content": render_compression(text)}], 1, params, failures)
             if replies is None:
                 return None
@@ -527,7 +532,16 @@ class TeacherClient:
             self._transport.count(compressed=1, untagged=0 if tagged else 1)
             return summary
 
-        return await self._transport.gather("compression", (one(t) for t in texts), failures)
+        async def one(index: int, text: str) -> str | None:
+            result = await compressed(text)
+            if on_each is not None:
+                try:
+                    on_each(index, result)
+                except Exception:  # noqa: BLE001 - what waits on one compression must not fail the batch
+                    logger.exception("compression %d: the callback on its result failed", index)
+            return result
+
+        return await self._transport.gather("compression", (one(i, t) for i, t in enumerate(texts)), failures)
 
     async def _hint(self, responses: list[str], params: dict) -> list[str | None]:
         failures: list[str] = []

@@ -61,6 +61,7 @@ from .checkpoint_state import ZPPO_STATE_NAME, ZPPOState, checkpoint_written, re
 from .config import ZPPOConfig
 from .dataset_formats import IMAGE, PROMPT, prepare_datasets
 from .deprecations import trl_deprecated_calls
+from .early_rollouts import early_rollouts
 from .evaluation.condition import record_condition
 from .group_log import GROUP_LOG_NAME, GroupLog
 from .lm_head import score_loss_positions, use_full_logits
@@ -245,6 +246,11 @@ class ZPPOTrainer(GRPOTrainer):
             max_completion_length=self.max_completion_length, context=args.vllm_max_model_length,
             on_server=self.rollouts_on_server, defers_old_logps=defers, token_types=self._token_types,
         )  # fmt: skip
+        self.early_rollouts = early_rollouts(  # pipeline_second_round: each BCQ/NCQ prompt sent once it is built
+            args, self.vllm_generation if self.rollouts_on_server else None, self.accelerator.is_main_process,
+            sampled=self.source.second_round_sampled, tokenize=self._tokenize_prompts, row=self.rounds.built_row,
+            custom=bool(self.rollout_func or self.tools or self.environment_factories), group_size=G,
+        )  # fmt: skip
         self.token_logps = TokenLogProbs(
             super()._get_per_token_logps_and_entropies, unwrap_model=self.accelerator.unwrap_model,
             autocast=self.accelerator.autocast, args=args, counters=state.counters, token_types=self._token_types,
@@ -291,30 +297,17 @@ class ZPPOTrainer(GRPOTrainer):
     def _term_context(self, sharded: bool, rng: random.Random) -> TermContext:
         """What the trainer offers a term (zppo_trl.terms.TermContext)."""
         return TermContext(
-            args=self.args,
-            ranks=self.ranks,
-            tokenizer=self._tokenizer,
-            group_size=self.num_generations,
-            temperature=self.temperature,
-            rng=rng,
-            dataset=self.train_dataset,
-            row=self.questions.row,
-            question=self.questions.question,
-            teacher_chat=self.questions.teacher_chat,
-            grade=self.grader.grade,
-            evidence=lambda step, keys: self.teacher_sampler.evidence(
-                step.teacher_future, step.draw, step.round, keys
-            ),
+            args=self.args, ranks=self.ranks, tokenizer=self._tokenizer, group_size=self.num_generations,
+            temperature=self.temperature, rng=rng, dataset=self.train_dataset, row=self.questions.row,
+            question=self.questions.question, teacher_chat=self.questions.teacher_chat, grade=self.grader.grade,
+            evidence=lambda s, keys: self.teacher_sampler.evidence(s.teacher_future, s.draw, s.round, keys),
             student_copy=student_copy_maker(
                 self.model, self.accelerator.device, sharded=sharded, add_callback=self.add_callback
             ),
-            judge=lambda: TeacherClient.from_config(self.args, role="judge"),
-            teacher=self.teacher,
-            distill_teacher=self.distill_teacher,
+            judge=lambda: TeacherClient.from_config(self.args, role="judge"), teacher=self.teacher,
+            distill_teacher=self.distill_teacher, token_types=self._token_types, autocast=self.accelerator.autocast,
             tokenize_prompts=lambda conversations: self._tokenize_prompts(conversations)[0],
-            token_types=self._token_types,
-            autocast=self.accelerator.autocast,
-        )
+        )  # fmt: skip
 
     def _token_types(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Image (1) and video (2) placeholder positions of ``input_ids``, as TRL marks them for tool images."""
@@ -412,9 +405,12 @@ class ZPPOTrainer(GRPOTrainer):
         # the heap is handed back when it ends. The forward passes that score the rollouts keep large tensors
         # in pages of their own (zppo_trl.host_memory).
         with host_memory.generation_heap(), student_server_errors(self):
-            completion_ids, logprobs = super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-            )
+            if request is not None and request.early is not None:  # a pipelined round: sent as its prompts were built
+                completion_ids, logprobs = request.early.take(prompt_ids, images)
+            else:
+                completion_ids, logprobs = super()._generate_single_turn(
+                    prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+                )
         completion_ids, logprobs = stood_in(completion_ids, logprobs, overlong, self.eos_token_ids[0])
         return cut_to_budget(completion_ids, logprobs, request, self.max_completion_length)
 
@@ -670,7 +666,10 @@ class ZPPOTrainer(GRPOTrainer):
         most groups any rank built (the plan is the same on every rank, so all take the same path)."""
         metrics = self.recorder.metrics
         local = self.ranks.share(self.source.order(plan)) if plan else []
-        built = self.source.build(local, self.teacher, self.args, metrics) if local else BuiltGroups()
+        early = self.early_rollouts and self.early_rollouts.open()  # every rank's, or none (pipeline_second_round)
+        built = self.source.build(local, self.teacher, self.args, metrics, early and early.send) if local else None
+        built = built or BuiltGroups()
+        built.early = early
         most_built = self.ranks.largest(len(built.groups))
         metrics.update(self.source.build_metrics(plan, built, self.ranks, metrics))
         return built, most_built

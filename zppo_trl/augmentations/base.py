@@ -113,6 +113,8 @@ class BuiltGroups:
     instances: list[Any] = field(default_factory=list)
     failures: int = 0
     shown: list[tuple[str, ...]] = field(default_factory=list)
+    # the zppo_trl.early_rollouts.EarlyBatch its groups were sent through as they were built (None: with the round)
+    early: Any = None
 
 
 class Source(ABC):
@@ -217,8 +219,12 @@ class Source(ABC):
         """At most ``limit`` instances for the hard questions (the post-cap); the same on every rank."""
 
     @abstractmethod
-    def build(self, instances: Sequence, teacher: Any, args: Any, metrics: dict) -> BuiltGroups:
-        """This rank's instances made into groups; instances whose build failed are dropped."""
+    def build(self, instances: Sequence, teacher: Any, args: Any, metrics: dict, ready: Any = None) -> BuiltGroups:
+        """This rank's instances made into groups; instances whose build failed are dropped.
+
+        ``ready``, where given, is called with each :class:`BuiltGroup` the moment it is built, from whatever thread
+        built it (a pipelined second round sends its prompt then, :mod:`zppo_trl.early_rollouts`). A part that builds
+        all its groups at once may ignore it: they are then sent with the round."""
 
     def order(self, instances: Sequence) -> list:
         """The order instances are dealt round-robin over ranks in (default: as planned)."""
@@ -310,7 +316,7 @@ class NoAugmentation(Augmentation):
     def plan(self, evidence: Evidence | None, limit: int, rng: random.Random, metrics: dict) -> list:
         return []
 
-    def build(self, instances: Sequence, teacher: Any, args: Any, metrics: dict) -> BuiltGroups:
+    def build(self, instances: Sequence, teacher: Any, args: Any, metrics: dict, ready: Any = None) -> BuiltGroups:
         return BuiltGroups()
 
     def record(self, recorder: Any, plan: Sequence, built: BuiltGroups, plain: Any, second: Any) -> None:

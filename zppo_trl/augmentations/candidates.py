@@ -10,8 +10,9 @@ candidate, or one of the paper's candidate-content controls) is `zppo_trl.augmen
 from __future__ import annotations
 
 import random
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..prompt_sizes import ANSWER_TOKENS, PromptSizes, text_bytes
@@ -101,24 +102,34 @@ class CandidateReformulation(Augmentation):
         # BCQ first then NCQ, so that round-robin dealing gives every rank a mix of both kinds.
         return sorted(instances, key=lambda inst: inst.kind != "bcq")
 
-    def build(self, instances: Sequence[Reformulation], teacher: Any, args: Any, metrics: dict) -> BuiltGroups:
+    def build(
+        self, instances: Sequence[Reformulation], teacher: Any, args: Any, metrics: dict, ready: Any = None
+    ) -> BuiltGroups:
         """Compress this rank's candidates (one teacher batch) and render each kept instance's block.
 
         BCQ needs both candidates compressed; NCQ keeps the ones that compressed
         (`zppo_trl.reformulate.attach_compressions`). With ``compress_candidates`` off (not the
         paper's setting) the raw rollouts are the candidates and the teacher is not called.
+        With ``ready``, each instance's group is handed on as soon as its own candidates are back, rendered
+        as the whole build renders it (a pipelined second round sends its prompt then).
         """
         if not instances:
             return BuiltGroups()
         t0 = time.perf_counter()
         sources = [text for inst in instances for text in inst.candidates]
         if args.compress_candidates:
+
+            def early(inst: Reformulation, texts: list[str | None]) -> None:
+                for group in self.render(attach_compressions([inst], texts)[0], {}).groups:
+                    ready(group)
+
             future = teacher.compress_async(
                 sources,
                 max_tokens=args.compression_max_tokens,
                 temperature=args.teacher_temperature,
                 top_p=args.teacher_top_p,
                 extra_body=args.compression_extra_body,
+                on_each=each_instance(instances, early) if ready is not None else None,
             )
             compressed = teacher_results(future, [None] * len(sources))
         else:
@@ -189,3 +200,26 @@ class CandidateReformulation(Augmentation):
         rollouts = totals.get("ncq_rollouts", 0.0)
         out["ncq_repeat_rate"] = totals.get("ncq_repeats", 0.0) / rollouts if rollouts else 0.0
         return out
+
+
+def each_instance(
+    instances: Sequence[Reformulation], done: Callable[[Reformulation, list[str | None]], None]
+) -> Callable[[int, str | None], None]:
+    """A per-candidate callback (the order of ``instances``' candidates, as compressed) that calls ``done(instance,
+    its compressions)`` once every candidate of that instance is back."""
+    owner = [i for i, inst in enumerate(instances) for _ in inst.candidates]
+    start = [sum(len(inst.candidates) for inst in instances[:i]) for i in range(len(instances))]
+    results: list[list[str | None]] = [[None] * len(inst.candidates) for inst in instances]
+    left = [len(inst.candidates) for inst in instances]
+    lock = threading.Lock()
+
+    def on_each(index: int, result: str | None) -> None:
+        i = owner[index]
+        with lock:
+            results[i][index - start[i]] = result
+            left[i] -= 1
+            complete = left[i] == 0
+        if complete:
+            done(instances[i], results[i])
+
+    return on_each

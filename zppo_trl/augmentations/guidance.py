@@ -159,7 +159,9 @@ class TeacherHint(_TeacherGuidance):
             raise ValueError("the Hint control needs answer_of, the gold answers its leak count looks for")
         return cls(inputs.answer_of)
 
-    def build(self, instances: Sequence[Guidance], teacher: Any, args: Any, metrics: dict) -> BuiltGroups:
+    def build(
+        self, instances: Sequence[Guidance], teacher: Any, args: Any, metrics: dict, ready: Any = None
+    ) -> BuiltGroups:
         if not instances:
             return BuiltGroups()
         t0 = time.perf_counter()
@@ -251,7 +253,9 @@ class ResponsePrefix(_TeacherGuidance):
         ids = self.tokenizer(response, add_special_tokens=False)["input_ids"]
         return tuple(ids[: math.floor(self.fraction * len(ids) + 1e-9)])
 
-    def build(self, instances: Sequence[Guidance], teacher: Any, args: Any, metrics: dict) -> BuiltGroups:
+    def build(
+        self, instances: Sequence[Guidance], teacher: Any, args: Any, metrics: dict, ready: Any = None
+    ) -> BuiltGroups:
         built = BuiltGroups()
         unusable = 0
         for inst in instances:

@@ -90,7 +90,9 @@ class _SupervisedTargets(TargetSource):
     def _targets(self, inst: SupervisedInstance, reply: str) -> list[BuiltGroup]:
         raise NotImplementedError
 
-    def build(self, instances: Sequence[SupervisedInstance], teacher: Any, args: Any, metrics: dict) -> BuiltGroups:
+    def build(
+        self, instances: Sequence[SupervisedInstance], teacher: Any, args: Any, metrics: dict, ready: Any = None
+    ) -> BuiltGroups:
         """One teacher call per instance (the corrector or refiner, at the teacher's own sampling
         settings and cap), the replies graded together; only a verified reply becomes a target."""
         built = BuiltGroups()
