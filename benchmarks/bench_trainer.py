@@ -39,15 +39,23 @@ on the last, for both runs, with the student's server if there is one: the paper
 miniature, where the teacher has devices of its own. Without it, all share every core, and the
 student's rollouts and updates slow down whenever the teacher works.
 
+With ``--student vllm`` ZPPO runs twice: first with its second round sent whole once every compression is
+back (``pipeline_second_round: false``), then as configured by default, each BCQ/NCQ prompt sent to the
+student's server as soon as its own candidates are compressed (docs/zppo_trainer.md).
+
 Prints per-run mean step time (one rollout step and its optimizer updates) and where each step's
 time goes (plain round, teacher wait, compression, second round, weight sync, old-policy log-probs,
-updates, everything else; and, where the trainer logs it, the old-policy log-probs computed while the
-BCQ/NCQ round runs, "old log-probs hidden", which overlaps the second round and is not added to the
-step); then each run's regime: its plain accuracy per counted step, BCQ and NCQ groups per step and
-the share of its optimizer updates skipped for lack of signal; then on its last line
-``ZPPO/GRPO† step time: <R>x, teacher wait: <W>%`` (waiting: time blocked on the teacher's samples
-and compressions, over the ZPPO step). Targets at the paper's shape: at most 1.5x, waiting under 10%
-and everything else under 3% of a ZPPO step.
+updates, everything else; and, where the trainer logs them, what runs beside another stage and is not
+added to the step: the old-policy log-probs computed while the BCQ/NCQ round runs, "old log-probs
+hidden", and the BCQ/NCQ round's generation while compressions were still out); then each run's regime:
+its plain accuracy per counted step, BCQ and NCQ groups per step and the share of its optimizer updates
+skipped for lack of signal; then each ZPPO run's exact floor (:func:`exact_floor`: GRPO†'s step, the
+second round as long as it takes with every prompt ready at once, the serial run's, and the updates over
+the extra groups) and its overhead above it; then on its last line ``ZPPO/GRPO† step time: <R>x, teacher
+wait: <W>%, exact floor <F> s, overhead above it <O> s (<P>% of the ZPPO step)`` for the default ZPPO
+(waiting: time blocked on the teacher's samples and compressions, over the ZPPO step; with the round
+pipelined, the student's server generates during part of it). Targets at the paper's shape: at most
+1.5x, waiting under 10% and overhead above the exact floor at most 3% of a ZPPO step.
 
 A run outside the regime gets no verdict: where a run's plain accuracy leaves 0.2-0.8 in a counted step,
 more than a quarter of its optimizer updates are skipped, or (ZPPO) a counted step trains no BCQ or no
@@ -149,6 +157,17 @@ def _shape_settings(shape: str, student: str, teacher: str) -> dict:
     return settings
 
 
+# The runs: GRPO\u2020; ZPPO with its second round sent whole once every compression is back (pipeline_second_round
+# off: its round is the exact floor's); ZPPO as configured by default (each BCQ/NCQ prompt sent as its own
+# compressions return, where the student's rollouts are on a server).
+VARIANTS = {
+    "GRPO\u2020": dict(augmentations=[]),
+    "ZPPO, serial second round": dict(augmentations=["bcq", "ncq"], pipeline_second_round=False),
+    "ZPPO": dict(augmentations=["bcq", "ncq"]),
+}
+SERIAL = "ZPPO, serial second round"
+
+
 def _run(variant: str, student: Path, server, steps: int, workdir: Path, shape: dict, student_server=None) -> dict:
     from boxed_models import toy_rows
     from datasets import Dataset
@@ -160,14 +179,14 @@ def _run(variant: str, student: Path, server, steps: int, workdir: Path, shape: 
     dataset = Dataset.from_list(rows * 8)  # enough distinct new prompts for every step (ids made unique below)
     dataset = dataset.map(lambda row, i: {"id": f"{row['id']}-{i // len(rows)}"}, with_indices=True)
     args = ZPPOConfig(
-        output_dir=str(workdir / variant),
+        output_dir=str(workdir / variant.replace(", ", "-").replace(" ", "-")),
         use_cpu=True,
         bf16=False,
         report_to=[],
         num_generations=8,
         gradient_accumulation_steps=1,
         max_steps=shape["num_partitions"] * steps,
-        augmentations=["bcq", "ncq"] if variant == "ZPPO" else [],
+        **VARIANTS[variant],
         teacher_base_url=server.base_url,
         teacher_model=server.model,
         **shape,
@@ -211,7 +230,7 @@ def _run(variant: str, student: Path, server, steps: int, workdir: Path, shape: 
         return [h[f"zppo/{name}"] for h in logs] if all(f"zppo/{name}" in h for h in logs) else None
 
     result = {
-        "variant": args.variant,
+        "variant": variant,
         "augmenting": bool(args.augmentations),
         "step_s": statistics.mean(full_steps),
         "rollout_step_s": mean("time/rollout_step_s"),
@@ -225,6 +244,8 @@ def _run(variant: str, student: Path, server, steps: int, workdir: Path, shape: 
         "old_logps_s": mean("time/old_logps_s"),
         # the plain rollouts' old log-probs computed during the BCQ/NCQ round: inside it, not added to the step
         "old_logps_hidden_s": mean("time/old_logps_hidden_s") if per_step("time/old_logps_hidden_s") else None,
+        # pipeline_second_round: how long the BCQ/NCQ round generated before its last compression was back
+        "second_round_early_s": mean("time/second_round_early_s") if per_step("time/second_round_early_s") else None,
         # the regime: per counted step, and the updates skipped for want of a group with signal
         "plain_accuracy": per_step("plain_accuracy"),
         "bcq_groups": per_step("bcq_trained"),
@@ -253,7 +274,10 @@ BREAKDOWN = (
     ("everything else", "else_s"),
 )
 # Stages that run beside others (inside the second round): shown, not part of the step's sum.
-OVERLAPPED = (("old log-probs hidden", "old_logps_hidden_s"),)
+OVERLAPPED = (
+    ("old log-probs hidden", "old_logps_hidden_s"),
+    ("second round generating while compressions were out", "second_round_early_s"),
+)
 
 # The paper's regime (see the module's docstring): plain accuracy per counted step, and the most updates skipped.
 ACCURACY_RANGE = (0.2, 0.8)
@@ -337,16 +361,18 @@ def main() -> None:
     if options.pin:
         layout = _pin(server, student_server)
     shape = _shape_settings(options.shape, options.student, options.teacher)
+    # the second round is pipelined only where a server batches what arrives: elsewhere ZPPO's round is the serial one
+    variants = [variant for variant in VARIANTS if variant != SERIAL or student_server is not None]
     try:
         results = [
             _run(variant, student, server, options.steps, options.workdir, shape, student_server)
-            for variant in ("GRPO\u2020", "ZPPO")
+            for variant in variants
         ]
     finally:
         server.stop()
         if student_server is not None:
             student_server.stop()
-    grpo, zppo = results
+    grpo, serial, zppo = results[0], results[1], results[-1]
     print(json.dumps(results))
     for r in results:
         print(_breakdown(r))
@@ -357,9 +383,31 @@ def main() -> None:
     if problems:
         print("no verdict, the runs are not in the paper's regime: " + "; ".join(problems))
         sys.exit(1)
+    for r in results[1:]:
+        print(_floor_line(r, grpo, serial))
+    floor = exact_floor(zppo, grpo, serial)
     print(
         f"ZPPO/GRPO\u2020 step time: {zppo['step_s'] / grpo['step_s']:.2f}x, "
-        f"teacher wait: {100 * zppo['teacher_wait_fraction']:.1f}%"
+        f"teacher wait: {100 * zppo['teacher_wait_fraction']:.1f}%, exact floor {floor:.2f} s, "
+        f"overhead above it {zppo['step_s'] - floor:.2f} s ({100 * (zppo['step_s'] - floor) / zppo['step_s']:.1f}% "
+        "of the ZPPO step)"
+    )
+
+
+def exact_floor(r: dict, grpo: dict, serial: dict) -> float:
+    """The least a ZPPO step ``r`` can take: GRPO\u2020's step plus what Algorithm 1 makes serial and only ZPPO does,
+    the second round (as long as it takes with every prompt ready at once: ``serial``'s, the run that sends it whole)
+    and the updates over the extra groups (``r``'s updates less GRPO\u2020's). The rest of ``r``'s step is overhead:
+    waiting on compressions, old log-probs not hidden, bookkeeping."""
+    return grpo["step_s"] + serial["reformulated_generation_s"] + (r["updates_s"] - grpo["updates_s"])
+
+
+def _floor_line(r: dict, grpo: dict, serial: dict) -> str:
+    floor = exact_floor(r, grpo, serial)
+    return (
+        f"{r['variant']}: exact floor {floor:.2f} s = GRPO\u2020 step {grpo['step_s']:.2f} s + second round "
+        f"{serial['reformulated_generation_s']:.2f} s + extra updates {r['updates_s'] - grpo['updates_s']:.2f} s; "
+        f"overhead above it {r['step_s'] - floor:.2f} s ({100 * (r['step_s'] - floor) / r['step_s']:.1f}% of its step)"
     )
 
 
