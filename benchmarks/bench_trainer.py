@@ -404,10 +404,12 @@ def exact_floor(r: dict, grpo: dict, serial: dict) -> float:
 
 def _floor_line(r: dict, grpo: dict, serial: dict) -> str:
     floor = exact_floor(r, grpo, serial)
+    over = r["step_s"] - floor
     return (
         f"{r['variant']}: exact floor {floor:.2f} s = GRPO\u2020 step {grpo['step_s']:.2f} s + second round "
         f"{serial['reformulated_generation_s']:.2f} s + extra updates {r['updates_s'] - grpo['updates_s']:.2f} s; "
-        f"overhead above it {r['step_s'] - floor:.2f} s ({100 * (r['step_s'] - floor) / r['step_s']:.1f}% of its step)"
+        f"overhead above it {over:.2f} s ({100 * over / r['step_s']:.1f}% of its step), of which waiting on "
+        f"compressions {r['compression_s']:.2f} s"
     )
 
 

@@ -73,7 +73,7 @@ class EarlyRollouts:
             tokenizes a round's prompts.
         place_features: ``(features, prompt_ids) -> features`` pointing a prompt's image features at its image tokens
             (TRL's ``VLLMGeneration._place_features``).
-        row: a built group -> the dataset row the round samples it with (:meth:`zppo_trl.rounds.Rounds.row`).
+        row: a built group -> the dataset row the round samples it with (:meth:`zppo_trl.rounds.Rounds.built_row`).
         group_size: G_S; ``context``: the server's context in tokens (None: unknown). A prompt that fills it is
             left to the round, which sends a stand-in for it.
         workers: requests in flight at once.
@@ -91,13 +91,8 @@ class EarlyRollouts:
         context: int | None,
         workers: int = 64,
     ):
-        self.client, self.sampling, self.tokenize, self.place_features = (
-            client,
-            dict(sampling),
-            tokenize,
-            place_features,
-        )
-        self.row, self.group_size, self.context = row, group_size, context
+        self.client, self.sampling, self.tokenize = client, dict(sampling), tokenize
+        self.place_features, self.row, self.group_size, self.context = place_features, row, group_size, context
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zppo-early")
         self.sent_total = 0  # groups this rank sent before their round, over the run
 
@@ -133,11 +128,13 @@ class EarlyBatch:
 
     def send(self, group: Any) -> None:
         """Send one built group's prompt now (called from the thread its last compression returned on)."""
+        if group.response_prefix:
+            return  # a prefix ends its prompt in the round's own hook
         prompt_ids, images, _ = self.rollouts.tokenize([round_prompt(self.rollouts.row(group))])
         prompt_ids, images = list(prompt_ids[0]), images[0] if images else None
         context = self.rollouts.context
-        if group.response_prefix or (context and len(prompt_ids) >= context):
-            return  # a prefix ends the prompt in the round's own hook; a prompt too long gets a stand-in there
+        if context and len(prompt_ids) >= context:
+            return  # a prompt that fills the server's context gets a stand-in in the round's own hook
         future = self.rollouts.submit(prompt_ids, images)
         with self._lock:
             self._in_flight[tuple(prompt_ids)].append(future)
