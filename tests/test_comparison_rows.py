@@ -169,9 +169,9 @@ def _record_steps(trainer) -> list[dict]:
         steps[-1].update(limit=limit, plan=list(plan(evidence, limit, rng, metrics)))
         return steps[-1]["plan"]
 
-    def built(instances, teacher_, args, metrics):
+    def built(instances, teacher_, args, metrics, ready=None):
         before = len(teacher.exchanges) if teacher else 0
-        out = build(instances, teacher_, args, metrics)
+        out = build(instances, teacher_, args, metrics, ready=ready)
         steps[-1].update(built=out, build_metrics=dict(metrics))
         if teacher:  # step 2's sampling was awaited in step 4: every exchange since is this build's
             sampled = teacher.exchanges[sampling_from[0] : before] if sampling_from[0] is not None else []

@@ -101,6 +101,7 @@ def test_a_round_takes_each_prompt_from_its_request_in_flight_and_sends_the_rest
     assert batch.sent == 3 and rollouts.sent_total == 3 and batch.first_sent is not None
     filler = [9, 9]
     completion_ids, _ = batch.take([[1, 2]] * 2 + [[3]] * 2 + [[1, 2]] * 2 + [filler] * 2, None)
+    assert batch.taken == 3
     assert sorted(c["prompts"][0] for c in client.calls) == [[1, 2], [1, 2], [3], filler]
     assert [ids[0] for ids in completion_ids] == [1, 1, 3, 3, 1, 1, 9, 9]
     # an early prompt the round does not hold is said (tokenized otherwise than the round: generated twice)
@@ -131,12 +132,18 @@ def test_each_instance_is_handed_on_once_all_its_candidates_are_back():
     assert done == [("q2", ["X"]), ("q3", [None, "Z"]), ("q1", ["T", "S"])]
 
 
-def test_round_prompt_puts_the_rows_images_into_its_messages():
+def test_round_prompt_is_the_prompt_trls_scoring_makes_of_a_row():
+    """A row's images go into its messages as TRL's scoring puts them (a column of them, even empty ones, makes the
+    messages multimodal; a row with no images in a batch of such rows stays as it is)."""
     image = object()
     prompt = [{"role": "user", "content": "What is shown?"}]
-    with_image = round_prompt({"prompt": prompt, "images": [image]})
-    assert with_image[0]["content"][0] == {"type": "image", "image": image}
-    assert round_prompt({"prompt": prompt, "image": None}) == prompt and round_prompt({"prompt": prompt}) is not prompt
+    blocks = [{"role": "user", "content": [{"type": "text", "text": "What is shown?"}]}]
+    assert round_prompt({"prompt": prompt, "images": [image]})[0]["content"][0] == {"type": "image", "image": image}
+    assert (
+        round_prompt({"prompt": prompt, "images": None}) == blocks == round_prompt({"prompt": prompt, "image": None})
+    )
+    assert round_prompt({"prompt": prompt, "images": []}) == prompt == round_prompt({"prompt": prompt})
+    assert round_prompt({"prompt": prompt}) is not prompt  # a copy, as TRL's generation copies its prompts
 
 
 @pytest.mark.integration

@@ -39,11 +39,18 @@ logger = logging.getLogger(__name__)
 
 
 def round_prompt(row: Mapping) -> Any:
-    """A dataset row's prompt as TRL's scoring hands it to its generation: a copy, with the row's images
-    (``images``, or one ``image``) put into its messages where it has any."""
-    images = row.get("images") if "images" in row else [row["image"]] if row.get("image") is not None else None
+    """A dataset row's prompt as TRL's scoring hands it to its generation: a copy, made multimodal with the row's
+    images (``images``, or one ``image``) where the row has that column, as TRL does for a batch of such rows (a row
+    whose ``images`` is empty is left as it is, as TRL leaves a batch of them; mixed with rows that have images, TRL
+    converts it too, and the round's own request is used for it, :meth:`EarlyBatch.take`)."""
     prompt = copy.deepcopy(row["prompt"])
-    return prepare_multimodal_messages(prompt, images=images) if images else prompt
+    if "images" in row:
+        images = row["images"]
+    elif "image" in row:
+        images = [row["image"]] if row["image"] is not None else None
+    else:
+        return prompt
+    return prompt if images == [] else prepare_multimodal_messages(prompt, images=images)
 
 
 def server_sampling(generation: Any, num_generations: int) -> dict[str, Any]:
@@ -116,14 +123,15 @@ class EarlyRollouts:
 
 class EarlyBatch:
     """One second round's prompts sent as they are built (:meth:`send`, the step-5 part's ``ready``), and the round's
-    rollouts taken from them (:meth:`take`). ``sent`` counts the groups sent early; ``first_sent`` is when the first
-    left (``time.perf_counter``; None: none did)."""
+    rollouts taken from them (:meth:`take`). ``sent`` counts the groups sent early, ``taken`` those of the round
+    taken from them; ``first_sent`` is when the first left (``time.perf_counter``; None: none did)."""
 
     def __init__(self, rollouts: EarlyRollouts):
         self.rollouts = rollouts
         self._in_flight: dict[tuple[int, ...], list[concurrent.futures.Future]] = defaultdict(list)
         self._lock = threading.Lock()
         self.sent = 0
+        self.taken = 0  # the round's groups taken from an early request
         self.first_sent: float | None = None
 
     def send(self, group: Any) -> None:
@@ -152,8 +160,11 @@ class EarlyBatch:
             for index in range(0, len(prompt_ids), G):
                 ids = list(prompt_ids[index])
                 waiting = self._in_flight.get(tuple(ids))
-                prompt_images = images[index] if images is not None else None
-                futures.append(waiting.pop(0) if waiting else self.rollouts.submit(ids, prompt_images))
+                if waiting:
+                    futures.append(waiting.pop(0))
+                    self.taken += 1
+                else:
+                    futures.append(self.rollouts.submit(ids, images[index] if images is not None else None))
             unmatched = sum(len(waiting) for waiting in self._in_flight.values())
         if unmatched:  # tokenized otherwise than TRL's hook tokenized the round: generated twice, never wrong
             logger.warning(

@@ -112,10 +112,11 @@ class Rounds:
         groups = [Group(g.kind, self.questions.row(g.key), g.block, g.response_prefix) for g in built.groups]
         groups += [Group(FILLER, filler_row)] * (most_built - len(groups))
         early, started = built.early, time.perf_counter()
-        if early is not None:  # how many groups went out as they were built, and how long before the round
-            self.recorder.metrics["second_round_sent_early"] = self.ranks.total(early.sent)
+        played = self.play(groups, "reformulated", early)
+        if early is not None:  # the groups whose rollouts came from requests sent as they were built, and how early
+            self.recorder.metrics["second_round_sent_early"] = self.ranks.total(early.taken)
             self.recorder.metrics["time/second_round_early_s"] = started - (early.first_sent or started)
-        return self.play(groups, "reformulated", early)
+        return played
 
     def built_row(self, group: Any) -> dict:
         """The dataset row the augmented round samples a built group (``BuiltGroup``) with: its question's row under

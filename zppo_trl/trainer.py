@@ -667,8 +667,8 @@ class ZPPOTrainer(GRPOTrainer):
         metrics = self.recorder.metrics
         local = self.ranks.share(self.source.order(plan)) if plan else []
         early = self.early_rollouts and self.early_rollouts.open()  # every rank's, or none (pipeline_second_round)
-        built = self.source.build(local, self.teacher, self.args, metrics, early and early.send) if local else None
-        built = built or BuiltGroups()
+        ready = early.send if early is not None else None
+        built = self.source.build(local, self.teacher, self.args, metrics, ready=ready) if local else BuiltGroups()
         built.early = early
         most_built = self.ranks.largest(len(built.groups))
         metrics.update(self.source.build_metrics(plan, built, self.ranks, metrics))
