@@ -386,7 +386,7 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, *OBJECTIVE_TERM_SETTINGS, Distil
             "it as soon as its own candidates are compressed, so that the round generates while the other "
             "compressions are still out (every rank sends its own prompts). Only when each prompt reaches the server "
             "changes: the prompts, groups, order, caps and sampling are the same as false, which sends the round as "
-            "one request once every compression is back (tests/test_early_rollouts.py compares the two). Not in "
+            "one request once every compression is back (tests/test_student_server.py compares the two). Not in "
             "colocate mode or with rollouts generated in the trainer, where the round is one generation call."
         },
     )
