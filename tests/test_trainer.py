@@ -358,11 +358,14 @@ def test_padding_free_trains_the_same_weights(student, tiny_text_model_dir, tmp_
     model_dir = tiny_text_model_dir if student == "qwen3" else save_tiny_hybrid_text_model(tmp_path / "hybrid")
     hybrid = dict(gradient_checkpointing=True) if student != "qwen3" else {}
 
-    def run(padding_free):
+    # The Qwen3 student also trains with shared_prompt_forward (each group's prompt once, zppo_trl.shared_prompts),
+    # its old log-probs scored one pass per prompt: the same rollouts, old log-probs and weights again.
+    def run(padding_free, shared=False):
         args = _config(
-            tmp_path / str(padding_free),
+            tmp_path / f"{padding_free}-{shared}",
             max_steps=2,
             padding_free=padding_free,
+            shared_prompt_forward=shared,
             optim="sgd",
             learning_rate=1.0,
             **hybrid,
@@ -373,12 +376,21 @@ def test_padding_free_trains_the_same_weights(student, tiny_text_model_dir, tmp_
 
     padded, packed = run(False), run(True)
     assert packed.counters["padded_micro_batches_total"] == 0  # every pass was packed
-    for mine, theirs in zip(packed._buffered_inputs, padded._buffered_inputs, strict=True):
-        assert torch.equal(mine["completion_ids"], theirs["completion_ids"])
-        assert ("old_per_token_logps" in mine) == ("old_per_token_logps" in theirs)
-        if "old_per_token_logps" in mine:  # the second partition's (defer_old_logps)
-            torch.testing.assert_close(mine["old_per_token_logps"], theirs["old_per_token_logps"], rtol=0, atol=1e-5)
-    _assert_same_trained_weights(packed.model, padded.model, model_dir)
+    others = [packed]
+    if student == "qwen3":
+        shared = run(False, shared=True)
+        assert shared.counters["unshared_micro_batches_total"] == 0  # every pass was shared
+        assert shared.counters["shared_prompt_tokens_saved_total"] > 0
+        others.append(shared)
+    for other in others:
+        for mine, theirs in zip(other._buffered_inputs, padded._buffered_inputs, strict=True):
+            assert torch.equal(mine["completion_ids"], theirs["completion_ids"])
+            assert ("old_per_token_logps" in mine) == ("old_per_token_logps" in theirs)
+            if "old_per_token_logps" in mine:  # the second partition's (defer_old_logps)
+                torch.testing.assert_close(
+                    mine["old_per_token_logps"], theirs["old_per_token_logps"], rtol=0, atol=1e-5
+                )
+        _assert_same_trained_weights(other.model, padded.model, model_dir)
 
 
 def test_deferred_old_logps_train_the_same_weights(tiny_text_model_dir, tmp_path):

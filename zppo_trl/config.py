@@ -89,6 +89,7 @@ PAPER_OBJECTIVE: dict[str, tuple[object, str]] = {
 _FLAGS = (
     "compress_candidates",
     "padding_free",
+    "shared_prompt_forward",
     "audit_traces",
     "log_groups",
     "defer_old_logps",
@@ -341,6 +342,18 @@ class ZPPOConfig(GRPOConfig, ObjectiveSettings, *OBJECTIVE_TERM_SETTINGS, Distil
             "Gated DeltaNet layers run once per packed sequence, with sdpa or eager attention. Other models and "
             "batches run padded, warned once per reason and counted in zppo/padded_micro_batches_total. "
             "Paper: on."
+        },
+    )
+    # Not in the paper (an exact optimization of the same computation, not a setting of the method) nor in TRL.
+    shared_prompt_forward: bool = field(
+        default=False,
+        metadata={
+            "help": "Run each micro-batch's forward passes (old log-probs and loss) with each distinct prompt once: "
+            "the rollouts of one prompt laid out after it in one row, under a mask that lets each completion see "
+            "its prompt and itself (zppo_trl.shared_prompts). Exact; a group of G rollouts costs P + G(C + 1) "
+            "tokens instead of G(P + C). Applied to Llama and Qwen3 under sdpa, text only; other models and "
+            "batches run as without it, warned once per reason and counted in "
+            "zppo/unshared_micro_batches_total. Takes precedence over padding_free where it applies."
         },
     )
 

@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
-from .batches import ROUND_ROW, TOKEN_TYPE_FIELDS, num_rows, rows_alone
+from .batches import ROUND_ROW, TOKEN_TYPE_FIELDS, concat_batches, num_rows, rows_alone
 from .distill import DistillInputs, TeacherTopK, chosen_token_logps, completion_states
 from .packing import ImageRows, batch_refusal, model_refusal, multimodal_refusal, pack
 from .partitioning import is_skipped
+from .shared_prompts import share_prompts, shared_refusal
 from .teacher_scores import TEACHER_LOGPS_FIELD, TEACHER_TOPK_IDS, TEACHER_TOPK_LOGPS
 
 __all__ = [
@@ -64,7 +65,8 @@ class TokenLogProbs:
         padded: TRL's ``_get_per_token_logps_and_entropies`` (the padded computation).
         unwrap_model: the accelerator's ``unwrap_model``; ``autocast``: its autocast context.
         args: the configuration (its ``padding_free``, read at every call).
-        counters: the run's counters (``padded_micro_batches_total``).
+        counters: the run's counters (``padded_micro_batches_total``, ``unshared_micro_batches_total``,
+            ``shared_prompt_tokens_saved_total``).
         token_types: token ids -> the image/video placeholder types TRL marks.
     """
 
@@ -80,7 +82,7 @@ class TokenLogProbs:
     ):
         self.padded, self.unwrap_model, self.autocast = padded, unwrap_model, autocast
         self.args, self.counters, self.token_types = args, counters, token_types
-        self._warned: set[str] = set()  # the reasons padding_free fell back for, warned once each
+        self._warned: set[str] = set()  # the reasons padding_free or shared_prompt_forward fell back for, warned once
 
     def __call__(
         self,
@@ -100,6 +102,16 @@ class TokenLogProbs:
             if multimodal.get(name) is not None and multimodal[name].size(1) != input_ids.size(1):
                 multimodal[name] = self.token_types(input_ids)
         batch_size = batch_size or input_ids.size(0)
+        if self.args.shared_prompt_forward:  # each distinct prompt through the model once (zppo_trl.shared_prompts)
+            present = sorted(name for name, value in multimodal.items() if value is not None)
+            refusal = shared_refusal(self.unwrap_model(model).config)
+            if refusal is None and present:
+                refusal = f"the batch carries multimodal inputs ({', '.join(present)})"
+            if refusal is None and compute_aux_loss:
+                refusal = "the loss takes the router's aux loss"
+            if refusal is None:
+                return self._shared(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy)
+            self._count_unshared(model, refusal, math.ceil(input_ids.size(0) / batch_size))
         if self.args.padding_free:  # the paper's "Padding-free training" (zppo_trl.packing)
             config = self.unwrap_model(model).config
             present = sorted(name for name, value in multimodal.items() if value is not None)
@@ -165,6 +177,39 @@ class TokenLogProbs:
             torch.stack(aux_losses).mean() if aux else None,
         )
 
+    def _shared(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):
+        """Each chunk of ``batch_size`` rows run with each distinct prompt once (:func:`share_prompts`); a chunk
+        that cannot be laid out so (which could not be packed either) runs padded."""
+        logps, entropies = [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            end = min(start + batch_size, input_ids.size(0))
+            ids, mask = input_ids[start:end], attention_mask[start:end]
+            refusal = batch_refusal(mask, logits_to_keep)
+            if refusal is not None:
+                self._count_unshared(model, refusal, 1)
+                chunk = self.padded(model, ids, mask, logits_to_keep, compute_entropy=compute_entropy)
+            else:
+                shared = share_prompts(ids, mask, logits_to_keep)
+                # the tokens the prompts' repeats would have cost, padding not counted (zppo/..., this rank's)
+                self.counters["shared_prompt_tokens_saved_total"] += int(mask.sum()) - shared.input_ids.size(1)
+                with self.autocast():
+                    out = model(**shared.model_inputs(), fused_lm_head=True)
+                entropy = shared.unpack(out.entropy) if compute_entropy else None
+                chunk = shared.unpack(out.log_probs), entropy, None
+            logps.append(chunk[0])
+            entropies.append(chunk[1])
+        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
+
+    def _count_unshared(self, model, reason: str, micro_batches: int) -> None:
+        """Count micro-batches that ``shared_prompt_forward`` could not lay out with their prompts shared
+        (``zppo/unshared_micro_batches_total``, this rank's), warning once per reason: they run as they would without
+        it, never wrongly."""
+        self.counters["unshared_micro_batches_total"] += micro_batches
+        if f"shared: {reason}" not in self._warned:
+            self._warned.add(f"shared: {reason}")
+            model_type = self.unwrap_model(model).config.get_text_config().model_type
+            logger.warning("shared_prompt_forward: %s micro-batches run unshared: %s", model_type, reason)
+
     def _count_padded(self, model, reason: str, micro_batches: int) -> None:
         """Count micro-batches that ``padding_free`` could not pack (``zppo/padded_micro_batches_total``,
         this rank's), warning once per reason: they run padded, never packed wrongly."""
@@ -210,7 +255,9 @@ def overlaps_old_logps(
 
 class OldLogProbs:
     """The sampling policy's per-token log-probs (``old_per_token_logps``) of a step's micro-batches, each rollout
-    scored alone (:meth:`rollouts`): the same numbers whenever and wherever it is computed.
+    scored alone (:meth:`rollouts`), or with ``shared_prompt_forward`` with the other rollouts of its prompt that are
+    scored at the same time, the prompt once: the same numbers wherever it is computed (up to float rounding where
+    prompts are shared, since the row then runs beside different rows).
 
     Args:
         scorer: the :class:`TokenLogProbs` (the model's computation).
@@ -268,7 +315,7 @@ class OldLogProbs:
 
     def rollouts(self, rows: list[tuple[int, dict]]) -> dict[int, torch.Tensor]:
         """The sampling policy's per-token log-probs of each rollout ``(key, batch of one row)``, the rollout scored
-        alone (no padding, no other row).
+        alone (no padding, no other row), or one pass per prompt with ``shared_prompt_forward`` (:meth:`_passes`).
 
         It only reads the model, so a second thread may run it while the main thread uses the model: gradient
         checkpointing is left as it is (TRL turns it off and on around its own no-grad passes, which changes the
@@ -276,18 +323,38 @@ class OldLogProbs:
         as they are, earlier releases through a checkpoint that keeps nothing; the same numbers either way."""
         out, model = {}, self.model()
         with torch.no_grad():
-            for key, row in rows:
-                input_ids, attention_mask, keep, multimodal = scoring_inputs(row)
-                logps = self.scorer(model, input_ids, attention_mask, keep, None, False, False, multimodal)
-                out[key] = logps[0][0]
+            for members, batch in self._passes(rows):
+                input_ids, attention_mask, keep, multimodal = scoring_inputs(batch)
+                logps = self.scorer(model, input_ids, attention_mask, keep, None, False, False, multimodal)[0]
+                for j, (key, width) in enumerate(members):
+                    out[key] = logps[j, :width]
         return out
+
+    def _passes(self, rows: list[tuple[int, dict]]) -> list[tuple[list[tuple[int, int]], dict]]:
+        """The forward passes that score ``rows``: each ``(its rows' (key, completion width), its batch)``. A row
+        alone, or with ``shared_prompt_forward`` every text row of one prompt together, so that the prompt runs
+        once (:mod:`zppo_trl.shared_prompts`; not where parameters are sharded, whose ranks must run as many passes
+        each, nor for rows with images, which are not shared)."""
+        alone = [([(key, row["completion_ids"].size(1))], row) for key, row in rows]
+        if not self.scorer.args.shared_prompt_forward or self.sharded:
+            return alone
+        groups: dict[tuple, list[tuple[int, dict]]] = {}
+        for key, row in rows:
+            if any(row.get(name) is not None for name in _MULTIMODAL_FIELDS):
+                groups[("alone", key)] = [(key, row)]
+            else:
+                groups.setdefault(tuple(row["prompt_ids"][row["prompt_mask"].bool()].tolist()), []).append((key, row))
+        return [
+            ([(key, row["completion_ids"].size(1)) for key, row in members], concat_batches([r for _, r in members], 0))
+            for members in groups.values()
+        ]
 
     def attach(self, micro_batches: list[dict], plain: Future | None = None) -> None:
         """The sampling policy's per-token log-probs (``old_per_token_logps``) of the micro-batches that read
         them, on the weights that sampled the rollouts: every trained partition but the first one trained, which
         updates on those very weights (a skipped partition changes none), so its ratio is exactly 1 and its loss
         takes the detached log-probs of its own forward; and only when the loss is a policy objective. Each
-        rollout is scored alone (:meth:`rollouts`); ``plain`` holds the plain rollouts' (by merged-batch row,
+        rollout is scored alone or with its prompt's (:meth:`rollouts`); ``plain`` holds the plain rollouts' (by merged-batch row,
         from :meth:`start`), computed while the step's second round was generated
         (``time/old_logps_hidden_s``); the rest are computed here (``time/old_logps_s``, with any wait for them).
         With ZeRO-3 every rank runs as many forward passes as the rank with most rows."""
