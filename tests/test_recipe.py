@@ -395,6 +395,7 @@ def test_recipe_trains_checkpoints_resumes_and_writes_its_card(boxed_text_studen
         "replay_fraction": 0.5, "augment_fraction": 0.5, "learning_rate": 1e-4,
         "max_steps": 6, "save_strategy": "steps", "save_steps": 100, "logging_steps": 1, "seed": 0,
         "output_dir": str(out), "disable_tqdm": True,
+        "shared_prompt_forward": True,  # as the demo: micro-batches of 4 groups, each prompt through the model once
     }  # fmt: skip
     config = tmp_path / "toy.yaml"
     config.write_text(yaml.safe_dump(settings))
@@ -427,6 +428,9 @@ def test_recipe_trains_checkpoints_resumes_and_writes_its_card(boxed_text_studen
     assert f"resuming from {out / f'checkpoint-{stopped}'}" in second.stderr
     resumed = json.loads((out / "checkpoint-6" / "zppo_state.json").read_text())
     assert resumed["counters"]["rollout_steps"] == 3  # the counters went on from the checkpoint
+    # every forward pass shared its prompts (zppo_trl.shared_prompts): plain, replayed and BCQ/NCQ groups
+    assert resumed["counters"]["shared_prompt_tokens_saved_total"] > 0
+    assert resumed["counters"].get("unshared_micro_batches_total", 0) == 0
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["zppo/rollout_steps"] for r in rows if "zppo/rollout_steps" in r] == [1, 2, 3]
     steps = [r["step"] for r in rows if "loss" in r]
