@@ -16,6 +16,7 @@ from test_packing import ATOL, GRAD_TOL, _llama, _qwen3
 from test_packing import _trainer as _packing_trainer
 from tiny_models import tiny_tokenizer, tiny_vlm
 from trl.trainer.utils import add_fused_lm_head
+
 from zppo_trl.shared_prompts import share_prompts, shared_refusal
 
 
@@ -72,7 +73,11 @@ def test_the_shared_pass_equals_the_padded_pass_with_its_gradients(tmp_path, bui
             model, ids, mask, keep, batch_size=5, compute_entropy=True
         )
         (logps * mask[:, -keep:]).sum().backward()
-        return logps.detach(), entropies, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return (
+            logps.detach(),
+            entropies,
+            {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+        )
 
     (logps, entropies, grads), (s_logps, s_entropies, s_grads) = run(False), run(True)
     torch.testing.assert_close(s_logps, logps * mask[:, -keep:], rtol=0, atol=ATOL)

@@ -345,7 +345,10 @@ class OldLogProbs:
             else:
                 groups.setdefault(tuple(row["prompt_ids"][row["prompt_mask"].bool()].tolist()), []).append((key, row))
         return [
-            ([(key, row["completion_ids"].size(1)) for key, row in members], concat_batches([r for _, r in members], 0))
+            (
+                [(key, row["completion_ids"].size(1)) for key, row in members],
+                concat_batches([r for _, r in members], 0),
+            )
             for members in groups.values()
         ]
 
@@ -354,8 +357,8 @@ class OldLogProbs:
         them, on the weights that sampled the rollouts: every trained partition but the first one trained, which
         updates on those very weights (a skipped partition changes none), so its ratio is exactly 1 and its loss
         takes the detached log-probs of its own forward; and only when the loss is a policy objective. Each
-        rollout is scored alone or with its prompt's (:meth:`rollouts`); ``plain`` holds the plain rollouts' (by merged-batch row,
-        from :meth:`start`), computed while the step's second round was generated
+        rollout is scored alone or with its prompt's (:meth:`rollouts`); ``plain`` holds the plain rollouts' (by
+        merged-batch row, from :meth:`start`), computed while the step's second round was generated
         (``time/old_logps_hidden_s``); the rest are computed here (``time/old_logps_s``, with any wait for them).
         With ZeRO-3 every rank runs as many forward passes as the rank with most rows."""
         # each row's index in the merged batch (None where a micro-batch was not dealt from one)

@@ -48,7 +48,8 @@ def shared_refusal(config) -> str | None:
     micro-batches exactly here, or None when it can."""
     text = config.get_text_config()
     if text.model_type not in PACKED_MODEL_TYPES:
-        return f"model type {text.model_type!r} is not one shared prompts were checked on ({', '.join(PACKED_MODEL_TYPES)})"
+        checked = ", ".join(PACKED_MODEL_TYPES)
+        return f"model type {text.model_type!r} is not one shared prompts were checked on ({checked})"
     if text._attn_implementation not in SHARED_ATTENTION:
         return f"attention implementation {text._attn_implementation!r} is not sdpa"
     other = sorted({kind for kind in getattr(text, "layer_types", None) or () if kind != "full_attention"})
