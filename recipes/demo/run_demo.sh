@@ -86,7 +86,7 @@ teacher_cores=() student_cores=()
 if (( $(nproc) > 1 )); then teacher_cores=(--cpu-cores 0) student_cores=(--cpu-cores "$(( $(nproc) - 1 ))"); fi
 # KV-cache blocks of 32 tokens instead of the CPU engine's 128: the 4 rollouts of a prompt share its full blocks
 # (vLLM's prefix cache), and the demo's prompts run to 100-400 tokens. One plain round's 4 x 4 x 48 tokens on one
-# core (benchmarks/bench_cpu_server.py): 13.9 s against 21.9 s on 2 cores of an AVX2-only AMD EPYC.
+# core (benchmarks/bench_cpu_server.py): 13.83 s against 21.74 s on 2 cores of an AVX2-only AMD EPYC.
 block=(--block-size 32)
 # The two vLLM servers start side by side (about 35 s each on an AMX Xeon), and the trainer
 # starts once both answer.
