@@ -52,6 +52,7 @@ __all__ = [
     "multimodal_refusal",
     "pack",
     "segment_packed_sequences",
+    "unpack_scored",
 ]
 
 # Model types made only of softmax attention, whose masks transformers builds from packed position ids, each
@@ -312,7 +313,13 @@ class PackedBatch:
         """``per_position`` (``(1, T - 1)``: output ``p`` is about packed token ``p + 1``, as the fused LM
         head returns ``log_probs`` and ``entropy``) as TRL's ``(B, logits_to_keep)`` grid, zeros at padding.
         Differentiable: gradients flow back to the packed outputs."""
-        return per_position.new_zeros(self.scored.shape).masked_scatter(self.scored, per_position[0, self.sources])
+        return unpack_scored(per_position, self.scored, self.sources)
+
+
+def unpack_scored(per_position: torch.Tensor, scored: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
+    """A one-row layout's per-position outputs (``(1, T - 1)``) as TRL's ``(B, logits_to_keep)`` grid: the output at
+    ``sources[i]`` into the ``i``-th True cell of ``scored`` (row-major), zeros elsewhere. Differentiable."""
+    return per_position.new_zeros(scored.shape).masked_scatter(scored, per_position[0, sources])
 
 
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> PackedBatch:

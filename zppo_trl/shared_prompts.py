@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .packing import PACKED_MODEL_TYPES
+from .packing import PACKED_MODEL_TYPES, unpack_scored
 
 __all__ = ["SHARED_ATTENTION", "SharedPromptBatch", "share_prompts", "shared_refusal"]
 
@@ -97,7 +97,7 @@ class SharedPromptBatch:
     def unpack(self, per_position: torch.Tensor) -> torch.Tensor:
         """``per_position`` (``(1, T - 1)``: output ``p`` is about token ``p + 1``, as the fused LM head returns
         ``log_probs`` and ``entropy``) as TRL's ``(B, logits_to_keep)`` grid, zeros at padding. Differentiable."""
-        return per_position.new_zeros(self.scored.shape).masked_scatter(self.scored, per_position[0, self.sources])
+        return unpack_scored(per_position, self.scored, self.sources)
 
 
 def share_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> SharedPromptBatch:
