@@ -88,7 +88,7 @@ def test_the_shared_pass_equals_the_padded_pass_with_its_gradients(tmp_path, bui
     assert trainer.counters["unshared_micro_batches_total"] == 0
 
 
-def test_models_and_batches_it_was_not_checked_on_run_unshared_warned_once_and_counted(tmp_path, caplog):
+def test_models_and_batches_it_was_not_checked_on_run_unshared_warned_once_and_counted(tmp_path, caplog, monkeypatch):
     assert "not sdpa" in shared_refusal(_llama("eager").config)
     assert "qwen3_5" in shared_refusal(tiny_vlm().config)
     trainer = _packing_trainer(tmp_path, _llama("eager"), tiny_tokenizer(), padding_free=False)
@@ -109,6 +109,18 @@ def test_models_and_batches_it_was_not_checked_on_run_unshared_warned_once_and_c
     holed[1, 20] = 0  # padding inside row 1's prompt: its chunk runs padded, the other is shared
     trainer._get_per_token_logps_and_entropies(trainer.model, ids, holed, keep, batch_size=4)
     assert trainer.counters["unshared_micro_batches_total"] == 1
+
+    # a micro-batch whose shared row would pass the cap runs packed with padding_free (the same numbers)
+    monkeypatch.setattr("zppo_trl.shared_prompts.MAX_SHARED_TOKENS", 60)
+    trainer.args.padding_free = True
+    with caplog.at_level(logging.WARNING, logger="zppo_trl.logp_paths"):
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep, batch_size=4)
+    assert trainer.counters["unshared_micro_batches_total"] == 1 + 1  # rows 0-3 (67 tokens shared), not 4-6 (56)
+    assert trainer.counters["padded_micro_batches_total"] == 0
+    assert any("more than 60 tokens" in r.getMessage() for r in caplog.records)
+    trainer.args.shared_prompt_forward = trainer.args.padding_free = False
+    expected, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep, batch_size=4)
+    torch.testing.assert_close(logps, expected * mask[:, -keep:], rtol=0, atol=ATOL)
 
 
 def test_the_fused_head_scores_only_completion_positions():

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from . import shared_prompts
 from .batches import ROUND_ROW, TOKEN_TYPE_FIELDS, concat_batches, num_rows, rows_alone
 from .distill import DistillInputs, TeacherTopK, chosen_token_logps, completion_states
 from .packing import ImageRows, batch_refusal, model_refusal, multimodal_refusal, pack
@@ -179,17 +180,22 @@ class TokenLogProbs:
 
     def _shared(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):
         """Each chunk of ``batch_size`` rows run with each distinct prompt once (:func:`share_prompts`); a chunk
-        that cannot be laid out so (which could not be packed either) runs padded."""
+        that cannot be laid out so runs packed with ``padding_free`` (where packing takes it), else padded."""
         logps, entropies = [], []
         for start in range(0, input_ids.size(0), batch_size):
             end = min(start + batch_size, input_ids.size(0))
             ids, mask = input_ids[start:end], attention_mask[start:end]
             refusal = batch_refusal(mask, logits_to_keep)
+            shared = share_prompts(ids, mask, logits_to_keep) if refusal is None else None
+            if isinstance(shared, int):
+                refusal = f"a shared row would hold more than {shared_prompts.MAX_SHARED_TOKENS:,} tokens"
             if refusal is not None:
                 self._count_unshared(model, refusal, 1)
-                chunk = self.padded(model, ids, mask, logits_to_keep, compute_entropy=compute_entropy)
+                if self.args.padding_free:
+                    chunk = self._packed(model, ids, mask, logits_to_keep, end - start, compute_entropy, False, {})
+                else:
+                    chunk = self.padded(model, ids, mask, logits_to_keep, compute_entropy=compute_entropy)
             else:
-                shared = share_prompts(ids, mask, logits_to_keep)
                 # the tokens the prompts' repeats would have cost, padding not counted (zppo/..., this rank's)
                 self.counters["shared_prompt_tokens_saved_total"] += int(mask.sum()) - shared.input_ids.size(1)
                 with self.autocast():

@@ -35,12 +35,16 @@ import torch
 
 from .packing import PACKED_MODEL_TYPES, unpack_scored
 
-__all__ = ["SHARED_ATTENTION", "SharedPromptBatch", "share_prompts", "shared_refusal"]
+__all__ = ["MAX_SHARED_TOKENS", "SHARED_ATTENTION", "SharedPromptBatch", "share_prompts", "shared_refusal"]
 
 # The attention implementation whose 4D boolean mask the shared layout passes as it is (transformers returns a 4D
 # mask unchanged, and sdpa reads True as "attends"). Eager attention adds its mask as floats; flash-attention takes
 # none: both are refused.
 SHARED_ATTENTION = ("sdpa",)
+# The longest shared row laid out: its mask holds a flag per pair of tokens (256 MB at this length) and attention
+# runs over the whole row, so a longer micro-batch (the paper's 12k-token rollouts, several to a micro-batch) runs
+# as without sharing instead.
+MAX_SHARED_TOKENS = 16_384
 
 
 def shared_refusal(config) -> str | None:
@@ -100,14 +104,16 @@ class SharedPromptBatch:
         return unpack_scored(per_position, self.scored, self.sources)
 
 
-def share_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> SharedPromptBatch:
+def share_prompts(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int
+) -> SharedPromptBatch | int:
     """Lay out the ``(B, L)`` micro-batch ``input_ids``/``attention_mask`` (left-padded prompts, right-padded
     completions in the last ``logits_to_keep`` columns) with each distinct prompt once.
 
     Rows share a prompt when their prompt columns hold the same real tokens. A row without a completion token
     (a zero-weight padding row) is left out: its cells stay zero. Call :func:`zppo_trl.packing.batch_refusal`
     first: a row with padding between its tokens, or a completion with no prompt token before it, would be laid
-    out wrongly.
+    out wrongly. Returns the row's length instead where it would pass :data:`MAX_SHARED_TOKENS`.
     """
     width = input_ids.size(1) - logits_to_keep
     real = attention_mask.bool()
@@ -136,6 +142,8 @@ def share_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_
         spans.append((start, shared, members))
         start += shared + sum(n for _, n in members)
     total = start
+    if total > MAX_SHARED_TOKENS:
+        return total
     mask = torch.zeros(total, total, dtype=torch.bool)
     for begin, shared, members in spans:
         mask[begin : begin + shared, begin : begin + shared] = torch.ones(shared, shared, dtype=torch.bool).tril()
