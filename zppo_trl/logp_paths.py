@@ -274,6 +274,7 @@ class OldLogProbs:
             not reading them at scoring time); ``read``: whether the loss reads them at all.
         overlap: whether the plain rollouts' are computed on a second thread (:func:`overlaps_old_logps`).
         sharded: whether a forward pass gathers parameters over ranks (ZeRO-3, FSDP).
+        shared: whether the rollouts of one prompt are scored together, the prompt once (``shared_prompt_forward``).
     """
 
     def __init__(
@@ -288,6 +289,7 @@ class OldLogProbs:
         read: bool,
         overlap: bool,
         sharded: bool,
+        shared: bool = False,
     ):
         self.scorer, self.model, self.ranks, self.recorder = scorer, model, ranks, recorder
         self.accumulation, self.deferred, self.read, self.overlap, self.sharded = (
@@ -297,6 +299,7 @@ class OldLogProbs:
             overlap,
             sharded,
         )
+        self.shared = shared
         self._thread: ThreadPoolExecutor | None = None
 
     def start(self, plain_batch: dict) -> Future | None:
@@ -342,7 +345,7 @@ class OldLogProbs:
         once (:mod:`zppo_trl.shared_prompts`; not where parameters are sharded, whose ranks must run as many passes
         each, nor for rows with images, which are not shared)."""
         alone = [([(key, row["completion_ids"].size(1))], row) for key, row in rows]
-        if not self.scorer.args.shared_prompt_forward or self.sharded:
+        if not self.shared or self.sharded:
             return alone
         groups: dict[tuple, list[tuple[int, dict]]] = {}
         for key, row in rows:

@@ -261,7 +261,7 @@ class ZPPOTrainer(GRPOTrainer):
             accumulation=args.gradient_accumulation_steps, deferred=defers, read=reads,
             overlap=overlaps_old_logps(args, defers=defers, reads=reads, second_round=self.source.second_round_sampled,
                                        terms=bool(self.terms), sharded=sharded),
-            sharded=sharded,
+            sharded=sharded, shared=args.shared_prompt_forward,
         )  # fmt: skip
         self.batches = StepBatches(
             args, ranks, G, self._tokenizer.pad_token_id, terms=self.terms, dense=row.needs.trains_zero_advantage,
