@@ -84,7 +84,7 @@ def test_scripts_parse_and_pass_shellcheck(script):
 def test_help_and_unknown_options(script):
     helped = _run(LAUNCH / script, "--help")
     assert helped.returncode == 0, helped.stderr
-    assert ("ZPPO on 8 nodes" if script.endswith(".sbatch") else "usage:") in helped.stdout
+    assert ("ZPPO on a Slurm allocation" if script.endswith(".sbatch") else "usage:") in helped.stdout
     first = ["recipes/qwen35_0.8b.yaml"] if script.endswith(".sbatch") else []
     bad = _run(LAUNCH / script, *first, "--bogus", env={"NODES": NODES, "DRY_RUN": "1"})
     if script.endswith(".sbatch"):  # options after the YAML are recipe overrides: checked before any server starts
@@ -280,10 +280,15 @@ def test_slurm_layouts():
     out = server.stdout
     assert "--nodelist=n0 --gpus-per-node=8 bash recipes/launch/serve_student.sh --model Qwen/Qwen3.5-4B" in out
     assert "--nodelist=n1 --gpus-per-node=8 bash recipes/launch/serve_teacher.sh --model Qwen/Qwen3.5-27B-FP8" in out
-    assert "training: 6 nodes x 8 GPUs = 48 ranks, rendezvous n2:29500" in out
+    assert "training: 6 nodes x 8 = 48 ranks, rendezvous n2:29500" in out
     train = next(line for line in out.splitlines() if line.startswith("+ srun --nodes=6"))
-    assert "--nodelist=n2\\,n3\\,n4\\,n5\\,n6\\,n7" in train
-    assert "zero2.yaml 6 48 n2 29500 recipes/zppo.py --config recipes/qwen35_4b.yaml" in train
+    assert "--nodelist=n2\\,n3\\,n4\\,n5\\,n6\\,n7 --kill-on-bad-exit=1 --gpus-per-node=8" in train
+    assert (
+        "train_node.sh recipes/accelerate_configs/zero2.yaml 6 48 n2 29500 0\\,1\\,2\\,3\\,4\\,5\\,6\\,7 "
+        "logs/train-status.dry recipes/zppo.py --config recipes/qwen35_4b.yaml" in train
+    )
+    # the paper's allocation keeps the recipe's own batch: 48 ranks, 4 micro-batches
+    assert "--num_training_ranks 48 --gradient_accumulation_steps 4" in train
     assert (
         "--vllm_server_host n0" in train
         and "--teacher_base_url http://n1:8000/v1" in train
@@ -291,11 +296,12 @@ def test_slurm_layouts():
     )
     assert f"--vllm_max_model_length {PAPER_LENGTHS.student}" in train
     # stopping: Slurm signals the script 600 s ahead, the trainers get that budget, their launcher ignores the signal
-    assert "--preemption_grace_seconds 600 --max_steps 8" in train and 'trap "" USR1 TERM' in train
+    assert "--preemption_grace_seconds 600 --max_steps 8" in train
+    assert 'trap "" USR1 TERM' in (LAUNCH / "train_node.sh").read_text()
     header = (LAUNCH / "slurm_zppo.sbatch").read_text()
     assert all(f"#SBATCH {line}\n" in header for line in ("--requeue", "--signal=B:USR1@600", "--open-mode=append"))
     assert (
-        "serve_student.sh --model Qwen/Qwen3.5-4B --gpus 0\\,1\\,2\\,3\\,4\\,5\\,6\\,7 --data-parallel 8 --port 8001 "
+        "serve_student.sh --model Qwen/Qwen3.5-4B --foreground --timeout 1800 --gpus 0\\,1\\,2\\,3\\,4\\,5\\,6\\,7 --data-parallel 8 --port 8001 "
         f"--max-model-len {PAPER_LENGTHS.student} " in out
     )
     assert f"--port 8000 --max-model-len {PAPER_LENGTHS.teacher} " in out
@@ -307,10 +313,10 @@ def test_slurm_layouts():
     )
     assert colocate.returncode == 0, colocate.stderr
     assert colocate.stdout.count("serve_teacher.sh") == 8 and "--gpus 6\\,7 --data-parallel 2" in colocate.stdout
-    assert "training: 8 nodes x 6 GPUs = 48 ranks" in colocate.stdout and "--vllm_mode colocate" in colocate.stdout
+    assert "training: 8 nodes x 6 = 48 ranks" in colocate.stdout and "--vllm_mode colocate" in colocate.stdout
 
     for env, message in [
-        ({"NODES": "n0 n1"}, "needs 8 nodes, got 2"),
+        ({"NODES": "n0 n1"}, "the server layout needs 3 nodes or more"),
         ({"NODES": NODES, "LAYOUT": "mixed"}, "LAYOUT must be server or colocate"),
         ({}, "not inside a Slurm job"),
         ({"NODES": NODES, "PREEMPTION_GRACE": "ten"}, "PREEMPTION_GRACE must be a number of seconds"),
@@ -416,3 +422,24 @@ def test_the_demo_refuses_an_unknown_precision(tmp_path):
     )
     assert refused.returncode == 2 and "PRECISION must be auto, bf16 or fp32, got 'fp16'" in refused.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_slurm_on_cpu_nodes_plans_cpu_servers_and_gloo_ranks():
+    """4 CPU nodes (no GPUs allocated): both servers on vLLM's CPU engine, one gloo rank per training node, the
+    weights to the student's server through a shared folder, the recipe's own teacher."""
+    run = _run(
+        LAUNCH / "slurm_zppo.sbatch",
+        "recipes/demo.yaml",
+        env={"DRY_RUN": "1", "NODES": "zn1 zn2 zn3 zn4", "GPUS_PER_NODE": "0", "LOG_DIR": "/tmp/rehearsal-logs"},
+    )
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert "plan: server layout on 4 nodes of CPU: student server on zn1 (vLLM CPU engine), teacher on zn2" in out
+    assert "--gpus" not in out and "--data-parallel" not in out
+    assert "--nodelist=zn1 bash recipes/launch/serve_student.sh --model .cache/demo/SmolLM2-135M-Instruct" in out
+    assert "--foreground --timeout 1800 --cpu --port 8001" in out
+    train = next(line for line in out.splitlines() if line.startswith("+ srun --nodes=2"))
+    assert "train_node.sh cpu 2 2 zn3 29500 '' /tmp/rehearsal-logs/train-status.dry recipes/zppo.py" in train
+    assert "--teacher_model .cache/demo/SmolLM2-135M-Instruct --vllm_server_host zn1" in train
+    assert "--use_cpu true --vllm_weight_transfer shm --vllm_weight_transfer_dir /tmp/rehearsal-logs/weights" in train
+    assert "--num_training_ranks 2 --gradient_accumulation_steps 2" in train

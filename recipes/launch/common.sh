@@ -57,11 +57,11 @@ wait_for_http() {
 
 # parse_server_args ARGS...: the options serve_student.sh and serve_teacher.sh share. Sets
 # model gpus dp port host max_len timeout log (defaults set by the caller beforehand), cpu
-# kv_cache_gib cpu_cores (vLLM's CPU engine) and extra (everything after `--`, for the server
-# itself); calls the caller's `usage` for --help and on errors.
+# kv_cache_gib cpu_cores (vLLM's CPU engine), foreground and extra (everything after `--`, for the
+# server itself); calls the caller's `usage` for --help and on errors.
 # shellcheck disable=SC2034  # the globals it sets are read by the sourcing script
 parse_server_args() {
-    cpu=0 kv_cache_gib=2 cpu_cores="" extra=()
+    cpu=0 kv_cache_gib=2 cpu_cores="" foreground=0 extra=()
     while (($#)); do
         case $1 in
             --model) need_value "$1" "${2:-}"; model=$2; shift 2 ;;
@@ -78,6 +78,7 @@ parse_server_args() {
                 need_value "$1" "${2:-}"
                 [[ "$2" =~ ^[0-9]+([,-][0-9]+)*$ ]] || die "--cpu-cores must be a core list like 1 or 0-3,6, got '$2'" 2
                 cpu_cores=$2; shift 2 ;;
+            --foreground) foreground=1; shift ;;
             --dry-run) export DRY_RUN=1; shift ;;
             -h | --help) usage; exit 0 ;;
             --) shift; extra=("$@"); break ;;
@@ -137,7 +138,9 @@ print(int(tuple(int(n) for n in re.findall(r"[0-9]+", m.version("vllm"))[:2]) < 
 
 # start_server NAME HEALTH_URL LOG CMD...: run CMD in the background on $gpus (or the CPU
 # where the caller set cpu=1; logging to LOG, PID in LOG.pid) and wait for HEALTH_URL; with
-# DRY_RUN=1 only print it.
+# DRY_RUN=1 only print it. Where the caller set foreground=1, then wait for the server itself and
+# return its exit status: a Slurm step (or any supervisor) lasts as long as its server, since Slurm
+# ends a step's every process when its first one exits.
 start_server() {
     local name=$1 health=$2 log=$3
     shift 3
@@ -159,6 +162,12 @@ start_server() {
         echo "$pid" >"$log.pid"
     fi
     wait_for_http "$health" "${timeout:-1800}" "$name" "$pid"
+    if [[ "${foreground:-0}" == 1 && -n "$pid" ]]; then
+        local status=0
+        wait "$pid" || status=$?
+        echo "$name exited (status $status)"
+        return "$status"
+    fi
 }
 
 # recipe_field CONFIG NAME: NAME's value in a recipe YAML, else in the base: recipe it builds on

@@ -29,11 +29,14 @@ usage: serve_student.sh --model MODEL [options]
   --kv-cache-gib N     with --cpu: KV-cache memory in GiB (default: 2)
   --cpu-cores LIST     with --cpu: the cores vLLM binds its engine to, e.g. 1 or 0-3 (default: vLLM's
                        choice, the first core: give a second server on the machine other cores)
+  --foreground         once healthy, stay until the server exits, with its exit status (a Slurm
+                       step lasts as long as its server)
   --dry-run            print what would run, start nothing
   -h, --help           this help
   -- ARGS...           further arguments for the vLLM server itself (e.g. -- --dtype float32)
 
-Runs in the background and returns once healthy; the server's PID is written to FILE.pid.
+Runs in the background and returns once healthy (with --foreground: when the server exits); the
+server's PID is written to FILE.pid.
 USAGE
 }
 
