@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from zppo_trl.checkpoint_state import ZPPO_STATE_NAME, ZPPOState
+from zppo_trl.checkpoint_state import ZPPO_STATE_NAME, RankTallyCallback, ZPPOState
 
 
 class _Term:
@@ -71,3 +71,22 @@ def test_a_checkpoint_without_zppo_state_starts_empty_and_says_so(tmp_path, capl
 def test_refresh_reads_the_buffer_threshold(threshold):
     state = ZPPOState(capacity=10, threshold=threshold, rng=random.Random(0), group_size=4)
     assert state.refresh({"q": 0.5})["admitted"] == (1 if threshold > 0.5 else 0)
+
+
+def test_every_ranks_own_counts_are_summed_into_the_counters_after_each_update():
+    """The counts of a rank's own micro-batches differ by rank: the callback folds every rank's tally into the
+    counters at each update's end, so that every rank's counters (and its checkpoint) hold the same totals."""
+    state = ZPPOState(capacity=4, threshold=0.5, rng=random.Random(0), group_size=4)
+    state.counters["rollout_steps"] = 1.0
+    state.rank_tally["shared_prompt_tokens_saved_total"] += 300
+    other_rank = {"shared_prompt_tokens_saved_total": 280.0, "padded_micro_batches_total": 2.0}
+    gathered = []
+    callback = RankTallyCallback(state, lambda mine: gathered.append(mine) or [mine, other_rank])
+    callback.on_step_end(None, None, None)
+    assert gathered == [{"shared_prompt_tokens_saved_total": 300.0}]
+    assert dict(state.counters) == {
+        "rollout_steps": 1.0, "shared_prompt_tokens_saved_total": 580.0, "padded_micro_batches_total": 2.0,
+    }  # fmt: skip
+    assert not state.rank_tally  # counted once
+    callback.on_step_end(None, None, None)
+    assert state.counters["shared_prompt_tokens_saved_total"] == 860.0  # the other rank's second tally

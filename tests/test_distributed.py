@@ -189,7 +189,8 @@ class TestTwoProcessRuns:
 
     def test_zppo_decisions_identical_and_reformulations_dealt_over_ranks(self, runs):
         assert [r["student_client"] for r in runs["zppo"]] == ["NoneType", "NoneType"]  # rollouts in the trainer
-        check_zppo_run(runs["zppo"])
+        check_zppo_run(runs["zppo"])  # the counters too: each rank's shared-prompt savings, summed on every rank
+        assert runs["zppo"][0]["counters"]["shared_prompt_tokens_saved_total"] > 0
 
     # ---------------------------------------------------------------------- rows that train without RL
 

@@ -422,7 +422,7 @@ def test_the_trainers_packed_pass_equals_its_padded_pass_in_chunks(tmp_path):
     (logps, entropies, _), (packed_logps, packed_entropies, _) = run(False), run(True)
     torch.testing.assert_close(packed_logps, logps * mask[:, -keep:], rtol=0, atol=ATOL)
     torch.testing.assert_close(packed_entropies, entropies * mask[:, -keep:], rtol=0, atol=ATOL)
-    assert trainer.counters["padded_micro_batches_total"] == 0
+    assert trainer.zppo_state.rank_tally["padded_micro_batches_total"] == 0
 
 
 def test_the_trainers_packed_pass_with_images_equals_its_padded_pass(tmp_path):
@@ -440,7 +440,7 @@ def test_the_trainers_packed_pass_with_images_equals_its_padded_pass(tmp_path):
     (logps, entropies, _), (packed_logps, packed_entropies, _) = run(False), run(True)
     torch.testing.assert_close(packed_logps, logps * mask[:, -keep:], rtol=0, atol=ATOL)
     torch.testing.assert_close(packed_entropies, entropies * mask[:, -keep:], rtol=0, atol=ATOL)
-    assert trainer.counters["padded_micro_batches_total"] == 0
+    assert trainer.zppo_state.rank_tally["padded_micro_batches_total"] == 0
 
 
 def test_a_model_that_cannot_be_packed_runs_padded_warned_once_and_counted(tmp_path, caplog):
@@ -458,7 +458,7 @@ def test_a_model_that_cannot_be_packed_runs_padded_warned_once_and_counted(tmp_p
             logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep, batch_size=2)
     warnings = [r.getMessage() for r in caplog.records if "padding_free" in r.getMessage()]
     assert len(warnings) == 1 and "mistral" in warnings[0] and "not one packing was checked on" in warnings[0]
-    assert trainer.counters["padded_micro_batches_total"] == 3 * 2  # two chunks of 2 rows per call
+    assert trainer.zppo_state.rank_tally["padded_micro_batches_total"] == 3 * 2  # two chunks of 2 rows per call
     torch.testing.assert_close(logps, expected, rtol=0, atol=ATOL)
 
 
@@ -477,4 +477,4 @@ def test_batches_that_cannot_be_packed_run_padded_warned_once_per_reason(tmp_pat
     assert "qwen3" in warnings[0] and "padding between its tokens" in warnings[0]
     assert "multimodal inputs (mm_token_type_ids)" in warnings[1]
     # per call: the holed chunk (rows 0-1; rows 2-3 are packed) and the multimodal batch's one chunk
-    assert trainer.counters["padded_micro_batches_total"] == 2 * (1 + 1)
+    assert trainer.zppo_state.rank_tally["padded_micro_batches_total"] == 2 * (1 + 1)

@@ -85,7 +85,7 @@ def test_the_shared_pass_equals_the_padded_pass_with_its_gradients(tmp_path, bui
     assert grads.keys() == s_grads.keys() and grads
     for name in grads:
         torch.testing.assert_close(s_grads[name], grads[name], **GRAD_TOL, msg=name)
-    assert trainer.counters["unshared_micro_batches_total"] == 0
+    assert trainer.zppo_state.rank_tally["unshared_micro_batches_total"] == 0
 
 
 def test_models_and_batches_it_was_not_checked_on_run_unshared_warned_once_and_counted(tmp_path, caplog, monkeypatch):
@@ -101,22 +101,22 @@ def test_models_and_batches_it_was_not_checked_on_run_unshared_warned_once_and_c
     torch.testing.assert_close(logps, expected, rtol=0, atol=0)
     warnings = [r.getMessage() for r in caplog.records if "shared_prompt_forward" in r.getMessage()]
     assert len(warnings) == 1 and "llama" in warnings[0] and "not sdpa" in warnings[0]
-    assert trainer.counters["unshared_micro_batches_total"] == 2 * 2  # two chunks of 4 and 3 rows per call
+    assert trainer.zppo_state.rank_tally["unshared_micro_batches_total"] == 2 * 2  # two chunks of 4 and 3 rows per call
 
     trainer = _packing_trainer(tmp_path, _llama("sdpa"), tiny_tokenizer(), padding_free=False)
     trainer.args.shared_prompt_forward = True
     holed = mask.clone()
     holed[1, 20] = 0  # padding inside row 1's prompt: its chunk runs padded, the other is shared
     trainer._get_per_token_logps_and_entropies(trainer.model, ids, holed, keep, batch_size=4)
-    assert trainer.counters["unshared_micro_batches_total"] == 1
+    assert trainer.zppo_state.rank_tally["unshared_micro_batches_total"] == 1
 
     # a micro-batch whose shared row would pass the cap runs packed with padding_free (the same numbers)
     monkeypatch.setattr("zppo_trl.shared_prompts.MAX_SHARED_TOKENS", 60)
     trainer.args.padding_free = True
     with caplog.at_level(logging.WARNING, logger="zppo_trl.logp_paths"):
         logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep, batch_size=4)
-    assert trainer.counters["unshared_micro_batches_total"] == 1 + 1  # rows 0-3 (67 tokens shared), not 4-6 (56)
-    assert trainer.counters["padded_micro_batches_total"] == 0
+    assert trainer.zppo_state.rank_tally["unshared_micro_batches_total"] == 1 + 1  # rows 0-3 (67 tokens shared), not 4-6 (56)
+    assert trainer.zppo_state.rank_tally["padded_micro_batches_total"] == 0
     assert any("more than 60 tokens" in r.getMessage() for r in caplog.records)
     trainer.args.shared_prompt_forward = trainer.args.padding_free = False
     expected, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep, batch_size=4)

@@ -13,10 +13,11 @@ import os
 import random
 import shutil
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
 
 from .replay import PromptReplayBuffer
 from .step_metrics import admission_bins, bin_label
@@ -24,6 +25,7 @@ from .step_metrics import admission_bins, bin_label
 __all__ = [
     "ZPPO_STATE_NAME",
     "CheckpointWriteError",
+    "RankTallyCallback",
     "ZPPOState",
     "checkpoint_written",
     "last_complete_checkpoint",
@@ -127,6 +129,17 @@ def resume_checkpoint(output_dir: str, resume: str | bool | None) -> str | bool 
     return found
 
 
+class RankTallyCallback(TrainerCallback):
+    """After every optimizer update, fold every rank's tally into the run's counters (:meth:`ZPPOState.fold`): one
+    small object gather, on every rank, before any checkpoint of that update is written."""
+
+    def __init__(self, state: ZPPOState, gather: Callable[[Any], list]):
+        self.state, self.gather = state, gather
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.state.fold(self.gather(dict(self.state.rank_tally)))
+
+
 class ZPPOState:
     """The run's state that Algorithm 1 carries from one rollout step to the next, beyond the weights and the
     optimizer: the replay buffer, each resident's plain accuracy at admission, the cumulative counters, the RNG every
@@ -151,6 +164,9 @@ class ZPPOState:
         self.rng = rng
         self.admitted_at: dict[Any, float] = {}  # resident -> plain accuracy at admission (for the bin metrics)
         self.counters: defaultdict[str, float] = defaultdict(float)
+        # Counts of this rank's own work (its micro-batches' layouts), which differ by rank: summed over the ranks
+        # into ``counters`` after every update (RankTallyCallback), so that every rank holds the same counters.
+        self.rank_tally: defaultdict[str, float] = defaultdict(float)
         self.group_size = group_size
         self.terms = list(terms)
 
@@ -181,6 +197,14 @@ class ZPPOState:
             self.admitted_at.pop(key, None)
         metrics["buffer_size"] = len(self.replay_buffer)
         return metrics
+
+    def fold(self, tallies: Sequence[Mapping[str, float]]) -> None:
+        """Add every rank's :attr:`rank_tally` (gathered: the same list on every rank) to the counters; this rank's
+        starts again from zero."""
+        for tally in tallies:
+            for name, value in tally.items():
+                self.counters[name] += value
+        self.rank_tally.clear()
 
     def state_dict(self) -> dict:
         """The buffer, admission accuracies, counters, the RNG's state and the terms' (JSON-serialisable)."""

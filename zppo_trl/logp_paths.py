@@ -66,8 +66,9 @@ class TokenLogProbs:
         padded: TRL's ``_get_per_token_logps_and_entropies`` (the padded computation).
         unwrap_model: the accelerator's ``unwrap_model``; ``autocast``: its autocast context.
         args: the configuration (its ``padding_free``, read at every call).
-        counters: the run's counters (``padded_micro_batches_total``, ``unshared_micro_batches_total``,
-            ``shared_prompt_tokens_saved_total``).
+        counters: this rank's tally of its own work (``padded_micro_batches_total``, ``unshared_micro_batches_total``,
+            ``shared_prompt_tokens_saved_total``): the run's :attr:`~zppo_trl.checkpoint_state.ZPPOState.rank_tally`,
+            summed over the ranks into the run's counters after every update.
         token_types: token ids -> the image/video placeholder types TRL marks.
     """
 
@@ -208,7 +209,7 @@ class TokenLogProbs:
 
     def _count_unshared(self, model, reason: str, micro_batches: int) -> None:
         """Count micro-batches that ``shared_prompt_forward`` could not lay out with their prompts shared
-        (``zppo/unshared_micro_batches_total``, this rank's), warning once per reason: they run as they would without
+        (``zppo/unshared_micro_batches_total``, all ranks'), warning once per reason: they run as they would without
         it, never wrongly."""
         self.counters["unshared_micro_batches_total"] += micro_batches
         if f"shared: {reason}" not in self._warned:
@@ -218,7 +219,7 @@ class TokenLogProbs:
 
     def _count_padded(self, model, reason: str, micro_batches: int) -> None:
         """Count micro-batches that ``padding_free`` could not pack (``zppo/padded_micro_batches_total``,
-        this rank's), warning once per reason: they run padded, never packed wrongly."""
+        all ranks'), warning once per reason: they run padded, never packed wrongly."""
         self.counters["padded_micro_batches_total"] += micro_batches
         if reason not in self._warned:
             self._warned.add(reason)

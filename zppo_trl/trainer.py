@@ -57,7 +57,7 @@ from . import data, host_memory
 from .augmentations import AugmentationInputs, BuiltGroups, Source
 from .backbones import backbone_family
 from .callbacks import console_callbacks
-from .checkpoint_state import ZPPO_STATE_NAME, ZPPOState, checkpoint_written, resume_checkpoint
+from .checkpoint_state import ZPPO_STATE_NAME, RankTallyCallback, ZPPOState, checkpoint_written, resume_checkpoint
 from .config import ZPPOConfig
 from .dataset_formats import IMAGE, PROMPT, prepare_datasets
 from .deprecations import trl_deprecated_calls
@@ -175,6 +175,7 @@ class ZPPOTrainer(GRPOTrainer):
         self._build_row_parts(args, teacher, distill_teacher_model, random.Random(args.seed))
         self._build_step_collaborators(args)
         console_callbacks(self.callback_handler, args.full_console_logs)  # one line per rollout step
+        self.add_callback(RankTallyCallback(self.zppo_state, self.ranks.gather))  # before a preemption's checkpoint
         agree, save = lambda flag: bool(self.ranks.largest(flag)), lambda: self._save_checkpoint(self.model, None)
         self.preemption = Preemption(args.preemption_grace_seconds, agree, StepSnapshot(self.zppo_state), save)
         self.add_callback(PreemptionCallback(self.preemption, args.num_partitions))
@@ -253,7 +254,7 @@ class ZPPOTrainer(GRPOTrainer):
         )  # fmt: skip
         self.token_logps = TokenLogProbs(
             super()._get_per_token_logps_and_entropies, unwrap_model=self.accelerator.unwrap_model,
-            autocast=self.accelerator.autocast, args=args, counters=state.counters, token_types=self._token_types,
+            autocast=self.accelerator.autocast, args=args, counters=state.rank_tally, token_types=self._token_types,
         )  # fmt: skip
         reads = self.objective_loss.reads_old_logps
         self.old_logps = OldLogProbs(
