@@ -32,6 +32,7 @@ from zppo_trl.checkpoint_state import CheckpointWriteError, last_complete_checkp
 from zppo_trl.data import DatasetError, load_questions
 from zppo_trl.plan import dry_run
 from zppo_trl.preemption import PREEMPTED_EXIT
+from zppo_trl.rank_digest import RankDigestCallback
 from zppo_trl.recipe import (
     RecipeError,
     ScriptArguments,
@@ -79,6 +80,8 @@ def train(
         model_license=script_args.model_license,
         callbacks=[JsonlMetricsCallback(), *(callbacks or [])],
     )
+    if script_args.rank_digests:  # each rank's weights and decisions, for checking that the ranks agree
+        trainer.add_callback(RankDigestCallback(trainer.zppo_state, trainer.accelerator.process_index))
     checkpoint = args.resume_from_checkpoint
     if checkpoint is None and os.path.isdir(args.output_dir):
         checkpoint = last_complete_checkpoint(args.output_dir)

@@ -23,12 +23,14 @@ from unittest import mock
 import pytest
 import yaml
 from boxed_models import toy_rows
+from transformers import AutoModelForCausalLM
 from trl import ModelConfig
 
 from zppo_trl.callbacks import read_metrics
 from zppo_trl.checkpoint_state import last_complete_checkpoint
 from zppo_trl.data import write_jsonl
 from zppo_trl.preemption import PREEMPTED_EXIT
+from zppo_trl.rank_digest import params_digest, read_rank_digests, state_digest
 from zppo_trl.recipe import ScriptArguments, load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
@@ -396,6 +398,7 @@ def test_recipe_trains_checkpoints_resumes_and_writes_its_card(boxed_text_studen
         "max_steps": 6, "save_strategy": "steps", "save_steps": 100, "logging_steps": 1, "seed": 0,
         "output_dir": str(out), "disable_tqdm": True,
         "shared_prompt_forward": True,  # as the demo: micro-batches of 4 groups, each prompt through the model once
+        "rank_digests": True,  # the rank's weights and ZPPO state after each update (zppo_trl.rank_digest)
     }  # fmt: skip
     config = tmp_path / "toy.yaml"
     config.write_text(yaml.safe_dump(settings))
@@ -436,6 +439,13 @@ def test_recipe_trains_checkpoints_resumes_and_writes_its_card(boxed_text_studen
     steps = [r["step"] for r in rows if "loss" in r]
     assert steps == sorted(set(steps)) == list(range(1, 7))  # each update once
     assert rows[-1].get("train_runtime") is not None
+    # the rank's digests: one line per update across both runs, the last one the saved model and the checkpoint
+    digests = read_rank_digests(out)[0]
+    assert [d["step"] for d in digests] == list(range(1, 7)) and {d["host"] for d in digests} == {socket.gethostname()}
+    assert digests[-1]["state"] == state_digest(resumed)
+    assert digests[-1]["counters"]["bcq_total"] == resumed["counters"]["bcq_total"]
+    final = AutoModelForCausalLM.from_pretrained(out)
+    assert digests[-1]["params"] == params_digest(final) != digests[0]["params"]
     card = (out / "README.md").read_text()
     for text in (
         "## Training procedure", "trained with **ZPPO (\u03c1_replay=0.50)**",

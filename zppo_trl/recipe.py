@@ -109,6 +109,13 @@ class ScriptArguments:
             "when unset)."
         },
     )
+    rank_digests: bool = field(
+        default=False,
+        metadata={
+            "help": "Every rank appends a digest of its weights and ZPPO state after each update to "
+            "output_dir/rank_digests/rank<R>.jsonl, to check that the ranks agree (zppo_trl.rank_digest)."
+        },
+    )
     print_server_lengths: bool = field(
         default=False,
         metadata={
