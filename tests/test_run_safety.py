@@ -30,7 +30,7 @@ from zppo_trl import ZPPOConfig, ZPPOTrainer
 from zppo_trl.callbacks import JsonlMetricsCallback, read_metrics
 from zppo_trl.checkpoint_state import ZPPO_STATE_NAME, last_complete_checkpoint
 from zppo_trl.rewards import judged_accuracy_reward
-from zppo_trl.run_lock import LOCK_NAME, RunLocked, run_lock
+from zppo_trl.run_lock import LOCK_NAME, RunLocked, release_job_lock, run_lock
 from zppo_trl.storage_plan import checkpoint_size
 from zppo_trl.teacher import TeacherClient
 
@@ -89,6 +89,23 @@ def test_a_requeued_job_takes_over_its_own_lock_on_another_host_and_nothing_else
         with pytest.raises(RunLocked, match=r"in use by another run \(PID 1 on node-07"):
             with run_lock(str(out)):
                 pass
+
+
+def test_the_job_whose_node_died_releases_its_own_lock_and_no_other(tmp_path, monkeypatch):
+    """A lost node leaves its run's lock; the job that launched the run (the Slurm script, once its training step has
+    ended) removes it, so that a resubmission on other nodes takes the output_dir. Only this incarnation's lock."""
+    out = tmp_path / "out"
+    monkeypatch.delenv("ZPPO_JOB_ID", raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    for job in (dict(job="4242", restart=0), dict(job="4243", restart=1), {}):  # another incarnation or job: kept
+        _write_lock(out, 1, host="node-07", **job)
+        assert release_job_lock(str(out)) is None and (out / LOCK_NAME).exists()
+    _write_lock(out, 1, host="node-07", job="4242", restart=1)
+    released = release_job_lock(str(out))
+    assert released == "PID 1 on node-07, started 2026-11-28 08:00:00 UTC, job 4242 restart 1"
+    assert not (out / LOCK_NAME).exists()
+    assert release_job_lock(str(out)) is None  # gone: nothing to release
 
 
 def test_a_torn_last_metrics_line_is_dropped_and_an_earlier_bad_line_named(tmp_path, caplog):

@@ -12,7 +12,9 @@ preempted run removes its lock. A lock is taken over, with a warning, when its h
   same job with a restart count not below this one's is a live sibling (two launches in one allocation), refused.
 
 Any other lock from another host cannot be checked from here: it is refused, saying how to remove it if that run is
-over.
+over. A run whose node died leaves its lock behind; the job that launched it knows the run is over once its training
+step has ended, and :func:`release_job_lock` (called by ``recipes/launch/slurm_zppo.sbatch``) removes the lock this
+incarnation of the job wrote, so that a resubmission, on other nodes, resumes.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import socket
 import time
 from collections.abc import Iterator
 
-__all__ = ["LOCK_NAME", "RunLocked", "run_lock"]
+__all__ = ["LOCK_NAME", "RunLocked", "release_job_lock", "run_lock"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +76,21 @@ def run_lock(output_dir: str, active: bool = True) -> Iterator[None]:
         if _read(path) == mine:  # never remove a lock another run has taken over since
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
+
+
+def release_job_lock(output_dir: str) -> str | None:
+    """Remove ``output_dir``'s lock where this very incarnation of this process's scheduler job wrote it (its job id
+    and restart count), for a job whose training step has ended without releasing it (a node lost); the removed
+    holder's description, or None where the lock is absent or another run's."""
+    path = os.path.join(output_dir, LOCK_NAME)
+    holder, job = _read(path), _job()
+    if holder is None or job is None or holder.get("job") != job["job"]:
+        return None
+    if int(holder.get("restart", 0)) != job["restart"]:
+        return None
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+    return _describe(holder)
 
 
 def _read(path: str) -> dict | None:
