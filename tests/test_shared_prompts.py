@@ -101,7 +101,8 @@ def test_models_and_batches_it_was_not_checked_on_run_unshared_warned_once_and_c
     torch.testing.assert_close(logps, expected, rtol=0, atol=0)
     warnings = [r.getMessage() for r in caplog.records if "shared_prompt_forward" in r.getMessage()]
     assert len(warnings) == 1 and "llama" in warnings[0] and "not sdpa" in warnings[0]
-    assert trainer.zppo_state.rank_tally["unshared_micro_batches_total"] == 2 * 2  # two chunks of 4 and 3 rows per call
+    tally = trainer.zppo_state.rank_tally
+    assert tally["unshared_micro_batches_total"] == 2 * 2  # two chunks of 4 and 3 rows per call
 
     trainer = _packing_trainer(tmp_path, _llama("sdpa"), tiny_tokenizer(), padding_free=False)
     trainer.args.shared_prompt_forward = True
@@ -109,13 +110,20 @@ def test_models_and_batches_it_was_not_checked_on_run_unshared_warned_once_and_c
     holed[1, 20] = 0  # padding inside row 1's prompt: its chunk runs padded, the other is shared
     trainer._get_per_token_logps_and_entropies(trainer.model, ids, holed, keep, batch_size=4)
     assert trainer.zppo_state.rank_tally["unshared_micro_batches_total"] == 1
+    # a micro-batch of zero-weight rows only (a rank's share with every rollout empty) runs padded: all zeros
+    bare = mask.clone()
+    bare[:, -keep:] = 0
+    logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, bare, keep, batch_size=4)
+    assert logps.shape == (ids.size(0), keep)
+    assert trainer.zppo_state.rank_tally["unshared_micro_batches_total"] == 1 + 2  # both chunks
 
     # a micro-batch whose shared row would pass the cap runs packed with padding_free (the same numbers)
     monkeypatch.setattr("zppo_trl.shared_prompts.MAX_SHARED_TOKENS", 60)
     trainer.args.padding_free = True
     with caplog.at_level(logging.WARNING, logger="zppo_trl.logp_paths"):
         logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep, batch_size=4)
-    assert trainer.zppo_state.rank_tally["unshared_micro_batches_total"] == 1 + 1  # rows 0-3 (67 tokens shared), not 4-6 (56)
+    tally = trainer.zppo_state.rank_tally
+    assert tally["unshared_micro_batches_total"] == 3 + 1  # rows 0-3 (67 tokens shared), not 4-6 (56)
     assert trainer.zppo_state.rank_tally["padded_micro_batches_total"] == 0
     assert any("more than 60 tokens" in r.getMessage() for r in caplog.records)
     trainer.args.shared_prompt_forward = trainer.args.padding_free = False

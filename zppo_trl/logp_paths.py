@@ -187,12 +187,17 @@ class TokenLogProbs:
             end = min(start + batch_size, input_ids.size(0))
             ids, mask = input_ids[start:end], attention_mask[start:end]
             refusal = batch_refusal(mask, logits_to_keep)
+            # a rank's micro-batch of zero-weight rows only (every rollout empty): there is nothing to lay out, and the
+            # model must still run (DDP reduces every rank's gradients), so it runs padded
+            empty = not bool(mask[:, mask.size(1) - logits_to_keep :].any())
+            if refusal is None and empty:
+                refusal = "no row holds a completion token"
             shared = share_prompts(ids, mask, logits_to_keep) if refusal is None else None
             if isinstance(shared, int):
                 refusal = f"a shared row would hold more than {shared_prompts.MAX_SHARED_TOKENS:,} tokens"
             if refusal is not None:
                 self._count_unshared(model, refusal, 1)
-                if self.args.padding_free:
+                if self.args.padding_free and not empty:
                     chunk = self._packed(model, ids, mask, logits_to_keep, end - start, compute_entropy, False, {})
                 else:
                     chunk = self.padded(model, ids, mask, logits_to_keep, compute_entropy=compute_entropy)
