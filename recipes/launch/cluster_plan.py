@@ -164,7 +164,9 @@ def plan(
             trainer_gpus=_gpu_list(0, gpus_per_node),
         )
     if gpus_per_node == 0:
-        raise PlanError("the colocate layout needs GPUs (vLLM runs inside each training rank); CPU nodes: LAYOUT=server")
+        raise PlanError(
+            "the colocate layout needs GPUs (vLLM runs inside each training rank); CPU nodes: LAYOUT=server"
+        )
     if gpus_per_node < 4 or gpus_per_node % 4:
         raise PlanError(
             f"the colocate layout splits each node 3:1 between training ranks and its teacher (the paper's 6/2 of 8), "
