@@ -199,7 +199,7 @@ def _settings(run: dict, outdir: Path) -> tuple[dict, list[dict], object]:
         )
         if run["mode"] == "on-distill":
             settings.update(distillation="on", distill_teacher=run["distill_teacher"])
-        if run["mode"] == "zppo":  # each rank counts its own shared-prompt savings; check_zppo_run: the ranks' sums agree
+        if run["mode"] == "zppo":  # each rank counts its own shared-prompt savings; check_zppo_run: the sums agree
             settings.update(shared_prompt_forward=True)
         rows, reward = toy_rows("text"), boxed_accuracy_reward
     if run.get("student_url"):

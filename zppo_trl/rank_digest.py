@@ -47,7 +47,7 @@ def params_digest(model: torch.nn.Module) -> str:
 
 
 def state_digest(state: dict) -> str:
-    """sha256 of a JSON-serialisable state (:meth:`zppo_trl.checkpoint_state.ZPPOState.state_dict`), key order aside."""
+    """sha256 of a JSON-serialisable state (:meth:`zppo_trl.checkpoint_state.ZPPOState.state_dict`), keys sorted."""
     return hashlib.sha256(json.dumps(state, sort_keys=True, default=str).encode()).hexdigest()
 
 
