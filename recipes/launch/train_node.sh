@@ -22,6 +22,10 @@ set -uo pipefail
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
+    sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
+    exit 0
+fi
 (($# >= 8)) || die "usage: train_node.sh ACCELERATE_CONFIG|cpu MACHINES PROCESSES HEAD PORT GPUS STATUS_DIR SCRIPT [ARGS...]" 2
 accel=$1 machines=$2 processes=$3 head=$4 port=$5 gpus=$6 status_dir=$7
 shift 7
