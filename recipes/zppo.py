@@ -88,7 +88,9 @@ def train(
     if checkpoint:
         logger.info("resuming from %s (replay buffer and ZPPO counters included)", checkpoint)
     trainer.train(resume_from_checkpoint=checkpoint)
-    if trainer.preemption.preempted:  # a stop signal: the last rollout step is checkpointed; the job is requeued
+    # a stop signal: the last rollout step is checkpointed, the job is requeued. Where that step was the run's last,
+    # the run ends here instead (its final model and card), rather than a requeue that would only write them.
+    if trainer.preemption.preempted and trainer.state.global_step < trainer.state.max_steps:
         return PREEMPTED_EXIT
     trainer.save_model(args.output_dir)
     trainer.create_model_card()

@@ -411,12 +411,14 @@ def test_recipe_trains_checkpoints_resumes_and_writes_its_card(boxed_text_studen
     )  # fmt: skip
     _signal_once_logged(first, out / "metrics.jsonl", step=3)
     _, stderr = first.communicate(timeout=600)
-    assert first.returncode == PREEMPTED_EXIT, stderr[-4000:]
-    stopped = 4 if (out / "checkpoint-4").is_dir() else 6  # 6: a signal that came after update 4 (a loaded machine)
+    # 6: a signal that came after update 4 (a loaded machine): the stopped step is the run's last, and it ends there
+    stopped = 4 if (out / "checkpoint-4").is_dir() else 6
+    assert first.returncode == (PREEMPTED_EXIT if stopped < 6 else 0), stderr[-4000:]
     assert "SIGTERM received: finishing the rollout step in progress" in stderr
     assert f"stopped by a signal after {stopped} optimizer updates, all in {out / f'checkpoint-{stopped}'}" in stderr
     assert last_complete_checkpoint(str(out)) == str(out / f"checkpoint-{stopped}")
-    assert not (out / "zppo.lock").exists() and not (out / "model.safetensors").exists()  # no final model yet
+    assert not (out / "zppo.lock").exists()
+    assert (out / "model.safetensors").exists() == (stopped == 6)  # no final model before the last update
     state = json.loads((out / f"checkpoint-{stopped}" / "zppo_state.json").read_text())
     assert state["counters"]["rollout_steps"] == stopped // 2 and state["buffer"]["residents"]
     rows = read_metrics(out / "metrics.jsonl")

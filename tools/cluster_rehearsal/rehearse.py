@@ -327,7 +327,7 @@ class Rehearsal:
             end = self.wait_end(job, 1500)
         finally:
             prober.stop()
-        self.found["b"].update(probes=prober.probes, probe_errors=prober.errors)
+        self.found["b"].update(probes=prober.probes, probe_errors=prober.errors, syncs=prober.syncs)
         self.found["b"]["restarts"] = self.cluster.job(job).get("Restarts")
         out = self.output(job, log_dir)
         requeues = out.count("requeueing job")
@@ -404,19 +404,24 @@ class Rehearsal:
             run = self.found[label]
             rank0 = self.cluster.address(run["trainers"][0])
             clients = {ip for ip, path in access_log(run["log_dir"] / "student_vllm.log") if path in WEIGHT_ENDPOINTS}
-            if clients != {rank0}:
+            if not clients <= {rank0}:
                 raise RehearsalFailed(f"job {label}: weights sent to the student server from {clients}, not {rank0}")
             syncs[label] = sum(
                 path == "/collective_rpc" for _, path in access_log(run["log_dir"] / "student_vllm.log")
             )
+        if not syncs["a"]:
+            raise RehearsalFailed("job a's student server logged no weight sync")
         probes = self.found["b"]["probes"]
-        final = self.found["b"]["restarts"]
-        after = [p for p in probes if p["restarts"] == final and p["syncs"] == syncs["b"]]
+        # The last sync of the run: in the last of job b's runs that synced (a run resumed at the last checkpoint
+        # trains, and syncs, nothing); the probe after it, before the server was stopped.
+        synced_runs = self.found["b"]["syncs"]
+        last_run = max(synced_runs, key=int, default=None)
+        after = [p for p in probes if p["restarts"] == last_run and p["syncs"] == synced_runs.get(last_run)]
         last = max(after, key=lambda p: p["time"], default=None)
         if last is None:
             seen = [(p["restarts"], p["syncs"]) for p in probes]
             raise RehearsalFailed(
-                f"no probe of the student server after its last weight sync (run {final}, sync {syncs['b']}; probed "
+                f"no probe of the student server after its last weight sync (syncs per run {synced_runs}; probed "
                 f"{seen}; errors {self.found['b']['probe_errors'][-3:]})"
             )
         synced = self.run_dir / f"checkpoint-{MAX_STEPS - SAVE_STEPS}"  # the weights of the last rollout step
@@ -437,7 +442,7 @@ class Rehearsal:
             )
         self.found["sync"] = dict(to_synced=to_synced, to_initial=to_initial, syncs=syncs)
         return (
-            f"weights sent by rank 0's node only ({syncs['a']} syncs in job a, {syncs['b']} in job b's last run); "
+            f"weights sent by rank 0's node only ({syncs['a']} syncs in job a; in job b's runs {synced_runs}); "
             f"after the last, the server's log-probs are {synced.name}'s within {to_synced:.1e} "
             f"(the initial weights': {to_initial:.1e} away)"
         )
@@ -501,6 +506,7 @@ class SyncProber(threading.Thread):
         self.url = f"http://{rehearsal.cluster.address(node)}:8001"
         self.probes: list[dict] = []
         self.errors: list[str] = []
+        self.syncs: dict[str, int] = {}  # the job's run (its restart count) -> the weight syncs its server logged
         self._halt = threading.Event()
 
     def stop(self) -> None:
@@ -515,6 +521,8 @@ class SyncProber(threading.Thread):
         while not self._halt.wait(1):
             syncs = sum(path == "/collective_rpc" for _, path in access_log(self.server_log))
             restarts = self.rehearsal.cluster.job(self.job).get("Restarts")
+            if syncs:
+                self.syncs[restarts] = max(self.syncs.get(restarts, 0), syncs)
             if (restarts, syncs) == seen or syncs == 0:
                 continue
             try:
