@@ -53,7 +53,10 @@ from cluster import Cluster, ClusterError, install_slurm  # noqa: E402
 
 MODEL = ".cache/demo/SmolLM2-135M-Instruct"
 NODES = 6
-MAX_STEPS = 12  # 6 rollout steps of 2 updates: 3 or so in the first job, the rest after the resumes
+# 8 rollout steps of 2 updates: 3 or 4 in the first job (it is stopped once the teacher is back), so that the
+# resubmission has 4 or more left, more than one run of it trains before its time limit's signal (at 12 updates a
+# resubmission with 2 steps left finished in its first run, and no requeue was rehearsed)
+MAX_STEPS = 16
 SAVE_STEPS = 2  # a checkpoint at every rollout step
 TIME_LIMIT_MIN, SIGNAL_LEAD_S = 5, 120
 WEIGHT_ENDPOINTS = ("/collective_rpc", "/init_weight_transfer_engine", "/update_named_param", "/finish_weight_update")
