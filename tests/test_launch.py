@@ -370,6 +370,82 @@ def test_wait_for_http_against_a_real_server():
     assert exited.returncode == 1 and "exited before answering" in exited.stderr
 
 
+# A stand-in server with a process tree: a child (its PID in argv[2]) and, with argv[3] == "serve", /health on
+# port argv[1]; otherwise it never answers.
+_FAKE_SERVER = """
+import http.server, subprocess, sys, time
+child = subprocess.Popen(["sleep", "300"])
+open(sys.argv[2], "w").write(str(child.pid))
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+if sys.argv[3] == "serve":
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+time.sleep(300)
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"
+
+
+def _start_server(tmp_path: Path, port: int, mode: str, foreground: int, **env) -> subprocess.Popen:
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "server.py").write_text(_FAKE_SERVER)
+    script = (
+        f"source recipes/launch/common.sh; foreground={foreground} timeout=1; start_server 'fake server' "
+        f"http://127.0.0.1:{port}/health {tmp_path / 'server.log'} {sys.executable} {tmp_path / 'server.py'} {port} "
+        f"{tmp_path / 'child'} {mode}"
+    )
+    full_env = {**os.environ, **env}
+    return subprocess.Popen(["bash", "-c", script], cwd=REPO, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def test_a_stopped_server_step_leaves_no_process_and_a_taken_port_is_refused(tmp_path):
+    """A Slurm step's server (--foreground) signalled with TERM stops its whole process tree before the script exits:
+    Slurm's process tracking by parent PID loses a process whose parent died, and one that outlived its step kept the
+    student's port on a rehearsal node for the next jobs, whose health checks it answered. A port still taken is
+    refused, naming it, rather than answered by the old server."""
+    port = _free_port()
+    step = _start_server(tmp_path, port, "serve", foreground=1)
+    for line in step.stdout:
+        if "fake server is up" in line:
+            break
+    server, child = int((tmp_path / "server.log.pid").read_text()), int((tmp_path / "child").read_text())
+    refused = _start_server(tmp_path / "second", port, "serve", foreground=0, PORT_WAIT="0")
+    _, err = refused.communicate(timeout=30)
+    assert refused.returncode == 1 and f"still listens on port {port}" in err
+    step.terminate()  # what Slurm sends a step's processes first
+    assert step.wait(timeout=30) == 143
+    assert not _alive(server) and not _alive(child)
+
+
+def test_a_server_that_never_answers_is_stopped_with_its_children(tmp_path):
+    """A server that does not come up within the wait is stopped, child processes included, before the script fails:
+    the server-never-up case left one running for minutes on its node."""
+    never = _start_server(tmp_path, _free_port(), "wait", foreground=1)
+    _, err = never.communicate(timeout=60)
+    assert never.returncode == 1 and "did not answer" in err
+    server, child = int((tmp_path / "server.log.pid").read_text()), int((tmp_path / "child").read_text())
+    assert not _alive(server) and not _alive(child)
+
+
 def test_the_demo_never_writes_over_a_run(tmp_path):
     earlier = tmp_path / "runs" / "20260101-120000"
     earlier.mkdir(parents=True)

@@ -136,38 +136,89 @@ print(int(tuple(int(n) for n in re.findall(r"[0-9]+", m.version("vllm"))[:2]) < 
     if [[ "$older" == 1 ]]; then scale_out=(); else scale_out=(--enable-scale-out); fi
 }
 
+# process_tree PID: PID and every process descended from it, parents first.
+process_tree() {
+    local children child
+    echo "$1"
+    children=$(cat /proc/"$1"/task/*/children 2>/dev/null) || true
+    for child in $children; do process_tree "$child"; done
+}
+
+# stop_tree PID...: SIGTERM to those processes, SIGKILL to any still there 10 s later.
+stop_tree() {
+    kill -TERM "$@" 2>/dev/null || true
+    local _ pid alive
+    for _ in $(seq 20); do
+        alive=0
+        for pid in "$@"; do if kill -0 "$pid" 2>/dev/null; then alive=1; break; fi; done
+        ((alive)) || return 0
+        sleep 0.5
+    done
+    kill -KILL "$@" 2>/dev/null || true
+}
+
+# port_free HEALTH_URL NAME: wait up to PORT_WAIT seconds (default 60) for nothing to listen on
+# HEALTH_URL's host and port (a server an earlier job left there, shutting down), then fail naming
+# it: a new server could not bind it, and its health check would be answered by the old one.
+port_free() {
+    local address=${1#*://}
+    address=${address%%/*}
+    local host=${address%:*} port=${address##*:} waited=0
+    while (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null; do
+        if ((waited >= ${PORT_WAIT:-60})); then
+            echo "error: $2 cannot start: something on $(hostname) still listens on port $port after ${waited}s (PORT_WAIT; a server an earlier job left running?)" >&2
+            return 1
+        fi
+        sleep 5
+        waited=$((waited + 5))
+    done
+}
+
 # start_server NAME HEALTH_URL LOG CMD...: run CMD in the background on $gpus (or the CPU
 # where the caller set cpu=1; logging to LOG, PID in LOG.pid) and wait for HEALTH_URL; with
-# DRY_RUN=1 only print it. Where the caller set foreground=1, then wait for the server itself and
-# return its exit status: a Slurm step (or any supervisor) lasts as long as its server, since Slurm
-# ends a step's every process when its first one exits.
+# DRY_RUN=1 only print it. Fails at once where HEALTH_URL's port is taken (port_free). Where the
+# caller set foreground=1, then wait for the server itself and return its exit status: a Slurm step
+# (or any supervisor) lasts as long as its server, since Slurm ends a step's every process when its
+# first one exits. A server that does not come up is stopped before this fails, and a TERM, INT or
+# HUP while it starts (in the foreground: while it runs) stops its whole process tree before the
+# script exits: no part of it outlives the script. (A process whose parent died is invisible to
+# Slurm's process tracking by parent PID, proctrack/linuxproc, and would hold its port for good.)
 start_server() {
     local name=$1 health=$2 log=$3
     shift 3
+    if [[ "${DRY_RUN:-0}" != 1 ]]; then port_free "$health" "$name" || return 1; fi
     if [[ -n "${gpus:-}" ]]; then export CUDA_VISIBLE_DEVICES=$gpus; fi
     if [[ "${cpu:-0}" == 1 ]]; then
         echo "$name on the CPU, log: $log"
     else
         echo "$name on GPUs ${gpus:-all}, log: $log"
     fi
-    local pid=""
     if [[ "${DRY_RUN:-0}" == 1 ]]; then
         run "$@"
-    else
-        show "$@"
-        # Started directly, not through `run`: $! must be the server's own PID (a function in the
-        # background is a subshell, and killing that would leave the server running).
-        "$@" >"$log" 2>&1 &
-        pid=$!
-        echo "$pid" >"$log.pid"
+        wait_for_http "$health" "${timeout:-1800}" "$name"
+        return
     fi
-    wait_for_http "$health" "${timeout:-1800}" "$name" "$pid"
-    if [[ "${foreground:-0}" == 1 && -n "$pid" ]]; then
-        local status=0
-        wait "$pid" || status=$?
-        echo "$name exited (status $status)"
-        return "$status"
+    show "$@"
+    # Started directly, not through `run`: $! must be the server's own PID (a function in the
+    # background is a subshell, and killing that would leave the server running).
+    "$@" >"$log" 2>&1 &
+    local pid=$!
+    echo "$pid" >"$log.pid"
+    # shellcheck disable=SC2064 # this server's PID, now
+    trap "stop_tree \$(process_tree $pid); exit 143" TERM INT HUP
+    if ! wait_for_http "$health" "${timeout:-1800}" "$name" "$pid"; then
+        # shellcheck disable=SC2046 # one PID per word
+        stop_tree $(process_tree "$pid")
+        return 1
     fi
+    if [[ "${foreground:-0}" != 1 ]]; then
+        trap - TERM INT HUP # up: the caller stops it (LOG.pid)
+        return 0
+    fi
+    local status=0
+    wait "$pid" || status=$?
+    echo "$name exited (status $status)"
+    return "$status"
 }
 
 # recipe_field CONFIG NAME: NAME's value in a recipe YAML, else in the base: recipe it builds on
