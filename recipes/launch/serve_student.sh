@@ -36,7 +36,9 @@ usage: serve_student.sh --model MODEL [options]
   -- ARGS...           further arguments for the vLLM server itself (e.g. -- --dtype float32)
 
 Runs in the background and returns once healthy (with --foreground: when the server exits); the
-server's PID is written to FILE.pid.
+server's PID is written to FILE.pid. A port still in use is waited for \$PORT_WAIT seconds (default
+60), then refused; a server that does not come up, or a TERM/INT to this script, stops the
+server's whole process tree.
 USAGE
 }
 

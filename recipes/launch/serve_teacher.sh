@@ -35,7 +35,9 @@ usage: serve_teacher.sh [options]
 
 The API key, if any, is read from \$TEACHER_API_KEY (never passed on the command line).
 Runs in the background and returns once healthy (with --foreground: when the server exits); the
-server's PID is written to FILE.pid.
+server's PID is written to FILE.pid. A port still in use is waited for \$PORT_WAIT seconds (default
+60), then refused; a server that does not come up, or a TERM/INT to this script, stops the
+server's whole process tree.
 USAGE
 }
 

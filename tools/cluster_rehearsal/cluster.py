@@ -59,14 +59,20 @@ class Cluster:
         cpus: the CPUs each node declares (all of them share the machine's cores).
         slurmd_timeout: Slurm's SlurmdTimeout (seconds until a silent node is DOWN).
         kill_wait: Slurm's KillWait (seconds from a step's SIGTERM to its SIGKILL).
+        cred_expire: munge's credential lifetime (AuthInfo's cred_expire), which is also how long a requeued job
+            waits before it may start again: Slurm's default is 120 s; 30 here, where steps launch at once.
     """
 
-    def __init__(self, folder: Path, nodes: int = 6, cpus: int = 2, slurmd_timeout: int = 30, kill_wait: int = 10):
+    def __init__(
+        self, folder: Path, nodes: int = 6, cpus: int = 2, slurmd_timeout: int = 30, kill_wait: int = 10,
+        cred_expire: int = 30,
+    ):  # fmt: skip
         self.folder = Path(folder).resolve()
         self.names = [f"{PREFIX}{i}" for i in range(1, nodes + 1)]
         self.cpus = cpus
         self.slurmd_timeout = slurmd_timeout
         self.kill_wait = kill_wait
+        self.cred_expire = cred_expire
         self.controller = socket.gethostname()
         self.env = dict(os.environ, SLURM_CONF=str(self.folder / "slurm.conf"))
 
@@ -134,7 +140,7 @@ SlurmctldHost={self.controller}({SUBNET}.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket={f / "munge" / "munge.socket"}
+AuthInfo=socket={f / "munge" / "munge.socket"},cred_expire={self.cred_expire}
 CredType=cred/munge
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -201,6 +207,19 @@ PartitionName=rehearsal Nodes={",".join(self.names)} Default=YES MaxTime=INFINIT
         """Every process in ``node``'s network namespace."""
         out = _run("ip", "netns", "pids", node, check=False).stdout
         return [int(pid) for pid in out.split()]
+
+    def job_processes(self, node: str, daemons: tuple[str, ...] = ("slurmd", "slurmstepd")) -> list[str]:
+        """What runs on ``node`` besides its Slurm daemons: ``PID command`` of each."""
+        found = []
+        for pid in self.pids(node):
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() in daemons:
+                    continue
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except FileNotFoundError:
+                continue
+            found.append(f"{pid} {command.strip()[:120]}")
+        return found
 
     def kill_node_processes(self, node: str, keep: tuple[str, ...] = ("slurmd", "slurmstepd")) -> list[str]:
         """SIGKILL every process on ``node`` but ``keep`` (the node's Slurm daemons); the commands killed."""

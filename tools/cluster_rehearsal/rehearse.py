@@ -14,16 +14,18 @@ meeting at the third node's address. Then, in order (one line per phase, with it
    starts it again, the steps without it train without BCQ and count the failures, a later step has it back. Once
    that step's checkpoint is whole, the first training node's processes are killed (SIGKILL): the job ends, naming
    the node and the last whole checkpoint.
-4. ``job-b``: the killed node drained, the job resubmitted away from the first job's training nodes, with a time limit
-   of 5 minutes and ``--signal=B:USR1@120``: Slurm signals it, the run stops at a checkpoint, the job is requeued and
-   resumes, as many times as it takes, and COMPLETES. While it runs, after each weight sync, the student's server
-   is asked for the log-probs of a fixed text.
+4. ``job-b``: the killed node drained, the job resubmitted away from the first job's training nodes with
+   ``--signal=B:USR1@120``. Once its first run has written a checkpoint, its time limit is brought forward to the
+   next whole minute 120 s away (:meth:`Rehearsal.reach_time_limit` says why): Slurm signals it, the run stops at a
+   checkpoint, the job is requeued (its limit put back) and resumes, and COMPLETES. While it runs, after each
+   weight sync, the student's server is asked for the log-probs of a fixed text.
 5. ``checks``, from the run's own records: every job's end (Slurm's job completion log); both ranks' digests equal
    at every update (``zppo_trl.rank_digest``), the last one the saved model's; the weight syncs from the first
    training node only, and the server's log-probs after the last sync those of the weights it was sent; every
    server request from a training node's address; every checkpoint whole, with its buffer; the teacher's outage and
    recovery in the metrics.
 
+After each job, nothing of it may be left on its nodes, and no server may have been restarted but the one killed.
 Everything is torn down at the end, on failure and on Ctrl-C; every log stays in the folder, which is printed. Exit 0
 only when every check passed. Needs root, the project's environments (`make envs`) and the demo's model.
 """
@@ -53,12 +55,14 @@ from cluster import Cluster, ClusterError, install_slurm  # noqa: E402
 
 MODEL = ".cache/demo/SmolLM2-135M-Instruct"
 NODES = 6
-# 8 rollout steps of 2 updates: 3 or 4 in the first job (it is stopped once the teacher is back), so that the
-# resubmission has 4 or more left, more than one run of it trains before its time limit's signal (at 12 updates a
-# resubmission with 2 steps left finished in its first run, and no requeue was rehearsed)
-MAX_STEPS = 16
+# 13 rollout steps of 2 updates. The first job is stopped once the teacher is back (after 3 or 4 rollout steps);
+# the resubmission's first run is signalled within about a minute of its first new checkpoint (Slurm's resolution):
+# at 12 s a rollout step (an AMD EPYC core), up to 6 more steps, and it must still have work left when the signal lands
+MAX_STEPS = 26
 SAVE_STEPS = 2  # a checkpoint at every rollout step
-TIME_LIMIT_MIN, SIGNAL_LEAD_S = 5, 120
+# The resubmission asks for a limit it would not reach and USR1 that long before it; once its first run has written a
+# checkpoint, the rehearsal brings the limit forward to the next whole minute past SIGNAL_LEAD_S from then
+TIME_LIMIT_MIN, SIGNAL_LEAD_S = 30, 120
 WEIGHT_ENDPOINTS = ("/collective_rpc", "/init_weight_transfer_engine", "/update_named_param", "/finish_weight_update")
 PROBE_TEXT = "Question: Tom has 3 apples and buys 4 more. How many apples does he have? Answer: \\boxed{7}"
 
@@ -163,12 +167,23 @@ class Rehearsal:
             value = condition()
             if value:
                 return value
-            if job and any(r.get("JobState") != "REQUEUED" for r in self.ends(job)):
+            # a requeued run's end is recorded with the state the job went back to: PENDING (see check_jobs)
+            if job and any(r.get("JobState") not in ("REQUEUED", "PENDING") for r in self.ends(job)):
                 raise RehearsalFailed(
                     f"job {job} ended while waiting for {what}: {self.ends(job)[-1].get('JobState')}"
                 )
             time.sleep(1)
         raise RehearsalFailed(f"no {what} within {timeout:.0f}s")
+
+    def left_nothing(self, job: str, nodes: list[str], timeout: float = 60) -> None:
+        """Once ``job`` has ended, nothing of it may stay on its nodes (Slurm's KillWait, 10 s here, then its
+        SIGKILL): a process that outlives its job keeps its port and its memory, and the next job on the node
+        finds them."""
+        deadline = time.monotonic() + timeout
+        while left := {node: found for node in nodes if (found := self.cluster.job_processes(node))}:
+            if time.monotonic() > deadline:
+                raise RehearsalFailed(f"job {job} ended but its processes did not, {timeout:.0f} s later: {left}")
+            time.sleep(1)
 
     def allocation(self, job: str) -> list[str]:
         nodelist = self.wait_for(f"job {job} to start", lambda: self._nodelist(job), 120)
@@ -219,6 +234,7 @@ class Rehearsal:
         elapsed = time.monotonic() - start
         out = self.output(job, log_dir)
         nodes = self.cluster.slurm("scontrol", "show", "hostnames", end["NodeList"]).stdout.split()
+        self.left_nothing(job, nodes)  # the servers it gave up on included
         expected = f"the student server on {nodes[0]} is not up"  # did not answer, or its step gave up waiting first
         if end["JobState"] != "FAILED" or expected not in out:
             raise RehearsalFailed(f"job {job} ({end['JobState']}) did not fail naming the server: see {log_dir}")
@@ -238,6 +254,7 @@ class Rehearsal:
             start = time.monotonic()
             end = self.wait_end(job, 180)
             elapsed = time.monotonic() - start
+            self.left_nothing(job, nodes)
         finally:
             hosts.write_text(original)
         out = self.output(job, log_dir)
@@ -257,16 +274,14 @@ class Rehearsal:
         self.found["a"] = dict(job=job, nodes=nodes, trainers=trainers, log_dir=log_dir)
         self.wait_for("first rollout step", lambda: len(self.metrics()) >= 1, 900, job)
         # The teacher's server dies: its processes on the teacher's node, not the node's Slurm daemons.
+        restarted, up = f"the teacher server on {teacher} exited", "teacher vLLM server is up at"
+        before = self.output(job, log_dir)
+        if before.count(restarted) or before.count(up) != 1:
+            raise RehearsalFailed(f"job {job}'s teacher server restarted before it was killed: see {log_dir}")
         killed = self.cluster.kill_node_processes(teacher)
         teacher_killed = time.monotonic()
-        restarted = f"the teacher server on {teacher} exited"
         self.wait_for("the teacher's restart", lambda: restarted in self.output(job, log_dir), 60, job)
-        back = self.wait_for(
-            "the teacher answering again",
-            lambda: self.output(job, log_dir).count("teacher vLLM server is up at") >= 2,
-            300,
-            job,
-        )
+        back = self.wait_for("the teacher answering again", lambda: self.output(job, log_dir).count(up) == 2, 300, job)
         teacher_back = time.monotonic() - teacher_killed if back else None
 
         def recovered():
@@ -292,11 +307,16 @@ class Rehearsal:
         killed_at = time.monotonic()
         end = self.wait_end(job, 300)
         ended_after = time.monotonic() - killed_at
+        self.left_nothing(job, nodes)
         out = self.output(job, log_dir)
         lost = f"error: training node {victim} (ranks 0-0) was lost"
         named = f"the last whole checkpoint is {self.run_dir / checkpoint}"
         if end["JobState"] != "FAILED" or lost not in out or named not in out:
             raise RehearsalFailed(f"job {job} ({end['JobState']}) did not end naming {victim} and {checkpoint}")
+        if server_restarts(out) != [f"teacher server on {teacher}"]:
+            raise RehearsalFailed(
+                f"job {job}: server restarts {server_restarts(out)}, only the killed teacher's expected"
+            )
         self.found["a"].update(
             victim=victim, checkpoint=checkpoint, ended_after=ended_after, teacher_back=teacher_back,
             degraded=degraded, recovery=recovery, teacher_killed=len(killed), trainer_killed=len(processes),
@@ -327,17 +347,21 @@ class Rehearsal:
         prober = SyncProber(self, nodes[0], log_dir / "student_vllm.log", job)
         prober.start()
         try:
+            limit = self.reach_time_limit(job, a["checkpoint"], log_dir)
             end = self.wait_end(job, 1500)
         finally:
             prober.stop()
-        self.found["b"].update(probes=prober.probes, probe_errors=prober.errors, syncs=prober.syncs)
+        self.found["b"].update(probes=prober.probes, probe_errors=prober.errors, syncs=prober.syncs, limit=limit)
         self.found["b"]["restarts"] = self.cluster.job(job).get("Restarts")
+        self.left_nothing(job, nodes)
         out = self.output(job, log_dir)
         requeues = out.count("requeueing job")
         if end["JobState"] != "COMPLETED":
             raise RehearsalFailed(f"job {job} ended {end['JobState']}: see {log_dir}")
         if not requeues:
             raise RehearsalFailed(f"job {job} was never stopped by its time limit's signal: see {log_dir}")
+        if server_restarts(out):
+            raise RehearsalFailed(f"job {job}: servers restarted though none was killed: {server_restarts(out)}")
         # each line comes from both ranks
         resumed = list(dict.fromkeys(re.findall(r"resuming from \S*/(checkpoint-\d+)", out)))
         stops = list(dict.fromkeys(re.findall(r"stopped by a signal after (\d+) optimizer updates", out)))
@@ -345,9 +369,44 @@ class Rehearsal:
         if not resumed or resumed[0] != a["checkpoint"]:
             raise RehearsalFailed(f"job {job} resumed from {resumed[:1]}, not job a's {a['checkpoint']}")
         return (
-            f"job {job} on {','.join(nodes)} ({victim} drained); resumed from {', '.join(resumed)}; stopped by "
-            f"Slurm's USR1 {requeues} time(s) (after updates {', '.join(stops)}) and requeued; COMPLETED"
+            f"job {job} on {','.join(nodes)} ({victim} drained); resumed from {', '.join(resumed)}; time limit "
+            f"brought to {limit['minutes']} min at {limit['run_time']} s of its run: Slurm's USR1 "
+            f"{limit['signalled_after']:.0f} s later, stopped {requeues} time(s) (after updates {', '.join(stops)}), "
+            f"requeued and back {limit['back_after']:.0f} s later; COMPLETED"
         )
+
+    def reach_time_limit(self, job: str, after: str, log_dir: Path) -> dict:
+        """The job runs into its time limit: once its first run has written a checkpoint past ``after`` (so it has
+        trained), its limit is brought forward to the first whole minute at least SIGNAL_LEAD_S from now, and Slurm
+        sends the ``--signal`` the job asked for within about a minute (the resolution its man page states). Once
+        the job is requeued the limit goes back to TIME_LIMIT_MIN, so that the rerun, whose clock starts again,
+        finishes. A fixed short limit would not do: with Slurm's minute of slack it lands anywhere in a run that is
+        itself a minute or two on one machine and three times that on another."""
+        first = int(after.split("-")[1])
+
+        def trained() -> bool:
+            checkpoint = self.whole_checkpoint()
+            return checkpoint is not None and int(checkpoint.rsplit("-", 1)[1]) > first
+
+        self.wait_for(f"job {job}'s first checkpoint after {after}", trained, 900, job)
+        run_time = run_seconds(self.cluster.job(job)["RunTime"])
+        minutes = -(-(run_time + SIGNAL_LEAD_S) // 60)
+        self.cluster.slurm("scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}")
+        limited = time.monotonic()
+        self.wait_for(
+            f"Slurm's signal ahead of job {job}'s time limit",
+            lambda: "stop signal:" in self.output(job, log_dir),
+            SIGNAL_LEAD_S + 90,
+            job,
+        )
+        signalled = time.monotonic()
+        self.wait_for(f"job {job}'s requeue", lambda: self.cluster.job(job).get("JobState") == "PENDING", 300, job)
+        self.cluster.slurm("scontrol", "update", f"JobId={job}", f"TimeLimit={TIME_LIMIT_MIN}")
+        self.wait_for(f"job {job} running again", lambda: self.cluster.job(job).get("JobState") == "RUNNING", 300)
+        return dict(
+            minutes=minutes, run_time=run_time, signalled_after=signalled - limited,
+            back_after=time.monotonic() - signalled,
+        )  # fmt: skip
 
     def checks(self) -> str:
         results = [
@@ -415,17 +474,17 @@ class Rehearsal:
         if not syncs["a"]:
             raise RehearsalFailed("job a's student server logged no weight sync")
         probes = self.found["b"]["probes"]
-        # The last sync of the run: in the last of job b's runs that synced (a run resumed at the last checkpoint
-        # trains, and syncs, nothing); the probe after it, before the server was stopped.
-        synced_runs = self.found["b"]["syncs"]
-        last_run = max(synced_runs, key=int, default=None)
-        after = [p for p in probes if p["restarts"] == last_run and p["syncs"] == synced_runs.get(last_run)]
+        # The last sync of the run: by the last of job b's servers that logged syncs (a run resumed at the last
+        # checkpoint trains, and syncs, nothing); the probe after it, before the server was stopped.
+        synced_runs = self.found["b"]["syncs"]  # server PID -> its syncs, in the order the servers ran
+        last_server = list(synced_runs)[-1] if synced_runs else None
+        after = [p for p in probes if p["server"] == last_server and p["syncs"] == synced_runs.get(last_server)]
         last = max(after, key=lambda p: p["time"], default=None)
         if last is None:
-            seen = [(p["restarts"], p["syncs"]) for p in probes]
+            seen = [(p["server"], p["syncs"]) for p in probes]
             raise RehearsalFailed(
-                f"no probe of the student server after its last weight sync (syncs per run {synced_runs}; probed "
-                f"{seen}; errors {self.found['b']['probe_errors'][-3:]})"
+                f"no probe of the student server after its last weight sync (syncs per server {synced_runs}; "
+                f"probed {seen}; errors {self.found['b']['probe_errors'][-3:]})"
             )
         synced = self.run_dir / f"checkpoint-{MAX_STEPS - SAVE_STEPS}"  # the weights of the last rollout step
         ids, served = last["ids"], torch.tensor(last["logprobs"])
@@ -445,7 +504,8 @@ class Rehearsal:
             )
         self.found["sync"] = dict(to_synced=to_synced, to_initial=to_initial, syncs=syncs)
         return (
-            f"weights sent by rank 0's node only ({syncs['a']} syncs in job a; in job b's runs {synced_runs}); "
+            f"weights sent by rank 0's node only ({syncs['a']} syncs in job a; in job b's runs "
+            f"{list(synced_runs.values())}); "
             f"after the last, the server's log-probs are {synced.name}'s within {to_synced:.1e} "
             f"(the initial weights': {to_initial:.1e} away)"
         )
@@ -491,6 +551,18 @@ class Rehearsal:
         )
 
 
+def server_restarts(out: str) -> list[str]:
+    """The servers a job's supervisor started again (``the teacher server on zr2 exited (status 137): ...``)."""
+    return re.findall(r"the (\w+ server on \S+) exited \(status \d+\)", out)
+
+
+def run_seconds(value: str) -> int:
+    """Slurm's ``RunTime`` (``[D-]HH:MM:SS``) in seconds."""
+    days, _, clock = value.rpartition("-")
+    hours, minutes, seconds = (int(part) for part in clock.split(":"))
+    return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
 def access_log(path: Path) -> list[tuple[str, str]]:
     """``(client address, path)`` of every request in a vLLM server's log (uvicorn's access lines)."""
     if not path.exists():
@@ -501,7 +573,8 @@ def access_log(path: Path) -> list[tuple[str, str]]:
 
 class SyncProber(threading.Thread):
     """While a job runs: after each weight sync the student's server logs, ask it for the log-probs of a fixed text
-    (from the controller's address), and keep them with the number of syncs it had then."""
+    (from the controller's address), and keep them with the server (its PID: each of the job's runs starts its own,
+    which writes a new log) and the number of syncs it had logged then."""
 
     def __init__(self, rehearsal: Rehearsal, node: str, server_log: Path, job: str):
         super().__init__(daemon=True)
@@ -509,32 +582,40 @@ class SyncProber(threading.Thread):
         self.url = f"http://{rehearsal.cluster.address(node)}:8001"
         self.probes: list[dict] = []
         self.errors: list[str] = []
-        self.syncs: dict[str, int] = {}  # the job's run (its restart count) -> the weight syncs its server logged
+        self.syncs: dict[str, int] = {}  # the server's PID -> the weight syncs it logged, in the order they ran
         self._halt = threading.Event()
 
     def stop(self) -> None:
         self._halt.set()
         self.join(timeout=30)
 
+    def server(self) -> str | None:
+        """The PID of the server now writing the log (start_server truncates the log, then writes its PID file)."""
+        path = Path(f"{self.server_log}.pid")
+        return path.read_text().strip() or None if path.exists() else None
+
     def run(self) -> None:
         from transformers import AutoTokenizer
 
         ids = AutoTokenizer.from_pretrained(REPO / MODEL)(PROBE_TEXT)["input_ids"]
-        seen = (None, -1)
+        seen = (None, 0)
         while not self._halt.wait(1):
+            server = self.server()  # before the log: a log read after a newer server truncated it counts fewer
             syncs = sum(path == "/collective_rpc" for _, path in access_log(self.server_log))
-            restarts = self.rehearsal.cluster.job(self.job).get("Restarts")
-            if syncs:
-                self.syncs[restarts] = max(self.syncs.get(restarts, 0), syncs)
-            if (restarts, syncs) == seen or syncs == 0:
+            if server is None or syncs == 0:
+                continue
+            self.syncs[server] = max(self.syncs.get(server, 0), syncs)
+            if (server, syncs) == seen:
                 continue
             try:
                 logprobs = self._score(ids)
             except Exception as err:  # the server between runs, or a reply not as expected: kept for the report
                 self.errors.append(f"{type(err).__name__}: {err}")
                 continue
-            self.probes.append(dict(time=time.time(), restarts=restarts, syncs=syncs, ids=ids, logprobs=logprobs))
-            seen = (restarts, syncs)
+            if self.server() != server:  # another server answered
+                continue
+            self.probes.append(dict(time=time.time(), server=server, syncs=syncs, ids=ids, logprobs=logprobs))
+            seen = (server, syncs)
 
     def _score(self, ids: list[int]) -> list[float]:
         with urllib.request.urlopen(f"{self.url}/v1/models", timeout=10) as reply:
