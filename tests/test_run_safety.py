@@ -224,6 +224,14 @@ def test_a_run_killed_mid_save_resumes_from_the_last_whole_checkpoint(tiny_text_
     state = json.loads((out / "checkpoint-6" / ZPPO_STATE_NAME).read_text())
     assert state["buffer"] == trainer.replay_buffer.state_dict()
     assert last_complete_checkpoint(str(out)) == str(out / "checkpoint-6")
+    # resumed once more, at max_steps (a resubmission of a run killed after its last checkpoint): nothing left to
+    # train, where transformers' loop would run one update more before it looks at max_steps
+    done = _trainer(tiny_text_model_dir, out, max_steps=6, save_only_model=True)
+    done.train(resume_from_checkpoint=True)
+    assert done.state.global_step == 6 and not (out / "checkpoint-7").exists()
+    for (name, a), b in zip(done.model.named_parameters(), trainer.model.parameters()):
+        assert torch.equal(a, b), name
+    assert [row["step"] for row in read_metrics(out / "metrics.jsonl") if "loss" in row] == steps
 
 
 class SignalAtStepBegin(TrainerCallback):

@@ -152,8 +152,7 @@ class ZPPOTrainer(GRPOTrainer):
         **kwargs: Any,
     ):
         args, reward_funcs = _checked_arguments(model, reward_funcs, args)
-        # Large CPU tensors in pages of their own: freed activations leave the process (zppo_trl.host_memory)
-        host_memory.keep_heap_small()
+        host_memory.keep_heap_small()  # large CPU tensors in pages of their own, which leave when freed
         # TRL's dataset formats or ZPPO's schema, checked against what the reward functions and the row read
         train_dataset, self.dataset_format, row_of = prepare_datasets(train_dataset, eval_dataset, reward_funcs, args)
         # TRL's student vLLM generation, or its server mode with weights synced through shared memory
@@ -162,8 +161,7 @@ class ZPPOTrainer(GRPOTrainer):
         self._prepare_student(args)
         self.ranks = Ranks(self.accelerator)
         self.dataset_name, self.model_license = dataset_name, model_license
-        # prefetch_teacher_samples: the training loop's batches, readable ahead (zppo_trl.prefetch)
-        self._lookahead = BatchLookahead()
+        self._lookahead = BatchLookahead()  # the loop's batches, readable ahead (prefetch_teacher_samples)
         # audit_traces / log_groups: the trace-overlap audit's and every scored group's files (main process)
         self.trace_log = TraceLog(os.path.join(args.output_dir, TRACE_LOG_NAME)) if args.audit_traces else None
         self.group_log = GroupLog(os.path.join(args.output_dir, GROUP_LOG_NAME)) if args.log_groups else None
@@ -350,8 +348,10 @@ class ZPPOTrainer(GRPOTrainer):
         return torch.zeros((), device=self.accelerator.device)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        # The epoch's batches pass through a lookahead so that a rollout step can read the next one's
-        # (prefetch_teacher_samples); the loop still gets every batch, in order.
+        if self.state.global_step >= self.state.max_steps:  # resumed at max_steps: HF would train one update more
+            self.control.should_training_stop = True
+            return [], None
+        # through a lookahead, so that a rollout step can read the next one's batch (prefetch_teacher_samples)
         if self._lookahead.source is not epoch_iterator:  # a new epoch
             self._lookahead = BatchLookahead(epoch_iterator)
         return super().get_batch_samples(self._lookahead, num_batches, device)
