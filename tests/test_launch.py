@@ -371,19 +371,15 @@ def test_wait_for_http_against_a_real_server():
 
 
 # A stand-in server with a process tree: a child (its PID in argv[2]) and, with argv[3] == "serve", /health on
-# port argv[1]; otherwise it never answers.
-_FAKE_SERVER = """
+# port argv[1] (_Health); otherwise it never answers.
+_FAKE_SERVER = f"""
 import http.server, subprocess, sys, time
 child = subprocess.Popen(["sleep", "300"])
 open(sys.argv[2], "w").write(str(child.pid))
-class Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 404)
-        self.end_headers()
-    def log_message(self, *args):
-        pass
 if sys.argv[3] == "serve":
-    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+    sys.path.insert(0, {str(REPO / "tests")!r})
+    from test_launch import _Health
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), _Health).serve_forever()
 time.sleep(300)
 """
 
