@@ -208,31 +208,38 @@ PartitionName=rehearsal Nodes={",".join(self.names)} Default=YES MaxTime=INFINIT
         out = _run("ip", "netns", "pids", node, check=False).stdout
         return [int(pid) for pid in out.split()]
 
-    def job_processes(self, node: str, daemons: tuple[str, ...] = ("slurmd", "slurmstepd")) -> list[str]:
-        """What runs on ``node`` besides its Slurm daemons: ``PID command`` of each."""
+    def _job_pids(self, node: str) -> list[tuple[int, str]]:
+        """``(PID, name)`` of every process on ``node`` but its Slurm daemons (slurmd, slurmstepd)."""
         found = []
         for pid in self.pids(node):
             try:
-                if Path(f"/proc/{pid}/comm").read_text().strip() in daemons:
-                    continue
+                name = Path(f"/proc/{pid}/comm").read_text().strip()
+            except FileNotFoundError:
+                continue
+            if name not in ("slurmd", "slurmstepd"):
+                found.append((pid, name))
+        return found
+
+    def job_processes(self, node: str) -> list[str]:
+        """What runs on ``node`` besides its Slurm daemons: ``PID command`` of each."""
+        found = []
+        for pid, _ in self._job_pids(node):
+            try:
                 command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except FileNotFoundError:
                 continue
             found.append(f"{pid} {command.strip()[:120]}")
         return found
 
-    def kill_node_processes(self, node: str, keep: tuple[str, ...] = ("slurmd", "slurmstepd")) -> list[str]:
-        """SIGKILL every process on ``node`` but ``keep`` (the node's Slurm daemons); the commands killed."""
+    def kill_node_processes(self, node: str) -> list[str]:
+        """SIGKILL every process on ``node`` but its Slurm daemons; the names of those killed."""
         killed = []
-        for pid in self.pids(node):
+        for pid, name in self._job_pids(node):
             try:
-                name = Path(f"/proc/{pid}/comm").read_text().strip()
-                if name in keep:
-                    continue
                 os.kill(pid, signal.SIGKILL)
-                killed.append(name)
-            except (FileNotFoundError, ProcessLookupError):
+            except ProcessLookupError:
                 continue
+            killed.append(name)
         return killed
 
     # ------------------------------------------------------------------ taking down
